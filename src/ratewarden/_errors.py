@@ -1,0 +1,38 @@
+"""The one error tree of ratewarden.
+
+    RatewardenError
+    ├── ConfigurationError (also ValueError)   bad rate, algorithm, cost or option
+    ├── RateLimitTimeout                       acquire() got no permit by its deadline
+    └── StoreError                             a backend failed (wrapped with ``raise ... from``)
+
+Being over the limit is not an error: ``hit`` returns a denied ``Decision``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigurationError", "RateLimitTimeout", "RatewardenError", "StoreError"]
+
+
+class RatewardenError(Exception):
+    """Base of every error ratewarden raises on purpose."""
+
+
+class ConfigurationError(RatewardenError, ValueError):
+    """A rate, algorithm, cost or option is malformed; the message names the bad part."""
+
+
+class RateLimitTimeout(RatewardenError):
+    """``acquire`` could not get a permit within ``max_wait``.
+
+    ``retry_after`` is the wait (seconds) the last attempt reported, ``inf`` when
+    the cost can never be granted by the limit.
+    """
+
+    def __init__(self, message: str, *, key: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.key = key
+        self.retry_after = retry_after
+
+
+class StoreError(RatewardenError):
+    """The store failed; the backend's own exception is the ``__cause__``."""
