@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from .._decision import Decision
+
+__all__ = ["INF", "Algorithm", "Params", "State", "Step"]
+
+INF = math.inf
+
+# A state is a tuple whose element 0 is ``full_at``: the tick from which the state
+# means the same as no state at all. Stores rely on that to expire idle keys
+# without knowing the algorithm.
+State: TypeAlias = tuple[int, ...]
+Step: TypeAlias = Callable[[State | None, int, int, "Params"], tuple[Decision, State]]
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """A limit compiled for integer ticks (nanoseconds in the memory store).
+
+    ``scale``/``unit`` express the emission interval ``period/limit`` exactly:
+    the buckets count time in units of ``1/scale`` tick and a token costs
+    ``unit`` of them, where ``unit/scale == period/limit`` in lowest terms.
+    """
+
+    limit: int
+    period: int  # ticks
+    burst: int  # bucket capacity; equals limit unless set
+    tick: float  # seconds per tick
+    rule: str | None
+    scale: int
+    unit: int
+    capacity: int  # burst * unit: the bucket's size in scaled units
+
+    @classmethod
+    def build(
+        cls, limit: int, period: int, *, burst: int | None = None, tick: float = 1e-9,
+        rule: str | None = None,
+    ) -> Params:  # fmt: skip
+        g = math.gcd(period, limit)
+        burst = limit if burst is None else burst
+        return cls(limit, period, burst, tick, rule, limit // g, period // g, burst * (period // g))
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    """A named pure step function: ``step(state, now, cost, params) -> (Decision, state)``."""
+
+    name: str
+    step: Step
+    uses_burst: bool
+    description: str
+
+    def __repr__(self) -> str:
+        return f"<Algorithm {self.name}>"
+
+
+def describe(step: Any) -> str:
+    doc: str = step.__doc__ or ""
+    return doc.strip().splitlines()[0] if doc else ""

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from bisect import bisect_right
+
+from .._decision import Decision
+from ._params import INF, Params, State
+
+__all__ = ["sliding_window_log"]
+
+
+def sliding_window_log(
+    state: State | None, now: int, cost: int, p: Params
+) -> tuple[Decision, State]:
+    """Sliding window log: at most ``limit`` in any ``period``-long window ``(t - period, t]``.
+
+    Exact, and memory grows with the limit: one entry per admitted unit of cost.
+    State: ``(full_at, e1, ..., en)`` where ``e`` are the ticks at which admitted units
+    leave the window, ascending, and ``full_at == en``.
+    """
+    limit = p.limit
+    if state is None:
+        live: State = ()
+    else:
+        live = state[bisect_right(state, now, 1) :]  # units whose expiry is still ahead
+    count = len(live)
+    if count + cost <= limit:
+        expiry = now + p.period
+        new = (expiry, *live, *((expiry,) * cost))
+        return (
+            Decision(True, limit, limit - count - cost, p.period * p.tick, 0.0, p.rule),
+            new,
+        )
+    # Passes once the oldest ``count + cost - limit`` units have left the window.
+    retry = INF if cost > limit else (live[count + cost - limit - 1] - now) * p.tick
+    if count:
+        return (
+            Decision(False, limit, limit - count, (live[-1] - now) * p.tick, retry, p.rule),
+            (live[-1], *live),
+        )
+    return Decision(False, limit, limit, 0.0, retry, p.rule), (now,)
