@@ -30,9 +30,11 @@ class Model:
         """True when the state at ``now`` is as if nothing had ever been admitted."""
         raise NotImplementedError
 
+    bucket = False  # buckets hold ``burst``, windows ``limit``
+
     @property
     def capacity(self) -> int:
-        return self.limit
+        return self.burst if self.bucket else self.limit
 
     # -- derived by brute force ---------------------------------------------------
     def horizon(self) -> int:
@@ -105,6 +107,8 @@ class SlidingWindowCounter(Model):
 class TokenBucket(Model):
     """Tokens: start full at ``burst``, refill ``limit/period`` per tick, capped."""
 
+    bucket = True
+
     def tokens(self, now: int) -> Fraction:
         tokens, last = Fraction(self.burst), None
         rate = Fraction(self.limit, self.period)
@@ -114,10 +118,6 @@ class TokenBucket(Model):
             tokens -= c
             last = t
         return tokens
-
-    @property
-    def capacity(self) -> int:
-        return self.burst
 
     def allows(self, now: int, cost: int) -> bool:
         return self.tokens(now) >= cost
@@ -130,6 +130,8 @@ class LeakyBucket(Model):
     """A meter: each admitted unit adds to a level that leaks ``limit/period`` per tick;
     a request passes if the level plus its cost stays within ``burst``."""
 
+    bucket = True
+
     def level(self, now: int) -> Fraction:
         level, last = Fraction(0), None
         leak = Fraction(self.limit, self.period)
@@ -139,10 +141,6 @@ class LeakyBucket(Model):
             level += c
             last = t
         return level
-
-    @property
-    def capacity(self) -> int:
-        return self.burst
 
     def allows(self, now: int, cost: int) -> bool:
         return self.level(now) + cost <= self.burst
@@ -156,16 +154,14 @@ class Gcra(Model):
     tau = (burst - 1) * T; a request of cost c conforms if it arrives no earlier than
     TAT - tau + (c - 1) * T (its last unit conforms), and then moves TAT to max(TAT, t) + c * T."""
 
+    bucket = True
+
     def tat(self) -> Fraction | None:
         interval = Fraction(self.period, self.limit)
         tat: Fraction | None = None
         for t, c in self.history:
             tat = max(tat if tat is not None else Fraction(t), Fraction(t)) + c * interval
         return tat
-
-    @property
-    def capacity(self) -> int:
-        return self.burst
 
     def allows(self, now: int, cost: int) -> bool:
         tat = self.tat()
@@ -184,6 +180,8 @@ class IntervalBucket(Model):
     """``burst`` tokens per period; the period starts at the first take from a full
     bucket and the bucket is full again, all at once, when it ends."""
 
+    bucket = True
+
     def tokens(self, now: int) -> int:
         tokens, refill_at = self.burst, None
         for t, c in [*self.history, (now, 0)]:
@@ -193,10 +191,6 @@ class IntervalBucket(Model):
                 refill_at = t + self.period
             tokens -= c
         return tokens
-
-    @property
-    def capacity(self) -> int:
-        return self.burst
 
     def allows(self, now: int, cost: int) -> bool:
         return self.tokens(now) >= cost

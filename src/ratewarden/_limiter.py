@@ -9,6 +9,7 @@ themselves, so a hit costs one Python call into the store and no more.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from ._decision import Decision
 from ._errors import ConfigurationError
@@ -16,29 +17,37 @@ from ._rate import Rate, parse_rate
 from ._waiting import AsyncTurns, Turns, check_max_wait, deadline_ns, next_wait, timed_out
 from .algorithms import Algorithm, Refill, get_algorithm
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
-from .stores._base import AsyncHitFn, AsyncResetFn, HitFn, ResetFn
+from .stores._base import AsyncHitFn, AsyncResetFn, BindOptions, HitFn, ResetFn
 
-__all__ = ["AsyncLimiter", "Limiter"]
+__all__ = ["AsyncLimiter", "Limiter", "LimiterOptions"]
 
 DEFAULT_ALGORITHM = "sliding_window_counter"
+
+
+class LimiterOptions(TypedDict, total=False):
+    """The options `Limiter` and `AsyncLimiter` share (see `Limiter`)."""
+
+    algorithm: str
+    burst: int | None
+    refill: Refill
+    name: str | None
 
 
 @dataclass(frozen=True, slots=True)
 class _Config:
     rate: Rate
     algorithm: Algorithm
-    burst: int | None
-    name: str | None
-    prefix: str
+    options: BindOptions
 
     @classmethod
     def make(
         cls,
         rate: str | Rate,
-        algorithm: str,
-        burst: int | None,
-        refill: Refill,
-        name: str | None,
+        *,
+        algorithm: str = DEFAULT_ALGORITHM,
+        burst: int | None = None,
+        refill: Refill = "continuous",
+        name: str | None = None,
     ) -> _Config:
         parsed = parse_rate(rate)
         algo = get_algorithm(algorithm, refill=refill)
@@ -58,23 +67,39 @@ class _Config:
             prefix = tag + ":"
         else:
             prefix = f"{name}:" if name else ""
-        return cls(parsed, algo, burst, name, prefix)
+        return cls(parsed, algo, BindOptions(burst=burst, prefix=prefix, rule=name))
 
-    def describe(self, cls: str, store: object) -> str:
-        burst = "" if self.burst is None else f", burst={self.burst}"
-        name = "" if self.name is None else f", name={self.name!r}"
+
+class _Shell:
+    """What the twins share: configuration, names and repr. No I/O here."""
+
+    _config: _Config
+    store: Store | AsyncStore
+
+    @property
+    def rate(self) -> Rate:
+        return self._config.rate
+
+    @property
+    def algorithm(self) -> str:
+        return self._config.algorithm.name
+
+    def __repr__(self) -> str:
+        options = self._config.options
+        burst = "" if options["burst"] is None else f", burst={options['burst']}"
+        name = "" if options["rule"] is None else f", name={options['rule']!r}"
         return (
-            f"{cls}({str(self.rate)!r}, algorithm={self.algorithm.name!r}{burst}{name},"
-            f" store={store!r})"
+            f"{type(self).__name__}({str(self.rate)!r}, algorithm={self.algorithm!r}{burst}"
+            f"{name}, store={self.store!r})"
         )
 
 
-class Limiter:
-    """Limits ``key``s to ``rate`` with ``algorithm``, in ``store`` (a fresh
-    `MemoryStore` unless given).
+class Limiter(_Shell):
+    """Limits ``key``s to ``rate`` with ``algorithm`` (default ``sliding_window_counter``),
+    in ``store`` (a fresh `MemoryStore` unless given).
 
     - ``hit(key, cost=1)`` counts the request if it fits and returns a `Decision`;
-    - ``peek(key, cost=1)`` returns the Decision such a hit would get, counting nothing;
+    - ``peek(key, cost=1)`` what such a hit would be told, counting nothing;
     - ``reset(key)`` forgets the key;
     - ``acquire(key, max_wait, cost=1)`` waits up to ``max_wait`` seconds for a
       permit, then raises `RateLimitTimeout`; ``max_wait=0`` tries once.
@@ -88,31 +113,17 @@ class Limiter:
     hit: HitFn
     peek: HitFn
     reset: ResetFn
+    store: Store
 
     def __init__(
-        self,
-        rate: str | Rate,
-        *,
-        algorithm: str = DEFAULT_ALGORITHM,
-        burst: int | None = None,
-        refill: Refill = "continuous",
-        store: Store | None = None,
-        name: str | None = None,
+        self, rate: str | Rate, *, store: Store | None = None, **options: Unpack[LimiterOptions]
     ) -> None:
-        self._config = config = _Config.make(rate, algorithm, burst, refill, name)
-        self.store: Store = MemoryStore() if store is None else store
+        self._config = _Config.make(rate, **options)
+        self.store = MemoryStore() if store is None else store
         self.hit, self.peek, self.reset = self.store.bind(
-            config.algorithm, config.rate, burst=burst, prefix=config.prefix, rule=name
+            self._config.algorithm, self._config.rate, **self._config.options
         )
         self._turns = Turns()
-
-    @property
-    def rate(self) -> Rate:
-        return self._config.rate
-
-    @property
-    def algorithm(self) -> str:
-        return self._config.algorithm.name
 
     def acquire(self, key: str, max_wait: float, cost: int = 1) -> Decision:
         """Wait up to ``max_wait`` seconds for a permit; return its (allowed) Decision."""
@@ -130,42 +141,29 @@ class Limiter:
         finally:
             self._turns.leave(key)
 
-    def __repr__(self) -> str:
-        return self._config.describe("Limiter", self.store)
 
-
-class AsyncLimiter:
+class AsyncLimiter(_Shell):
     """The asyncio twin of `Limiter`: the same options, every call awaited, and
     ``acquire`` waits without blocking the event loop."""
 
     hit: AsyncHitFn
     peek: AsyncHitFn
     reset: AsyncResetFn
+    store: AsyncStore
 
     def __init__(
         self,
         rate: str | Rate,
         *,
-        algorithm: str = DEFAULT_ALGORITHM,
-        burst: int | None = None,
-        refill: Refill = "continuous",
         store: AsyncStore | None = None,
-        name: str | None = None,
+        **options: Unpack[LimiterOptions],
     ) -> None:
-        self._config = config = _Config.make(rate, algorithm, burst, refill, name)
-        self.store: AsyncStore = AsyncMemoryStore() if store is None else store
+        self._config = _Config.make(rate, **options)
+        self.store = AsyncMemoryStore() if store is None else store
         self.hit, self.peek, self.reset = self.store.bind(
-            config.algorithm, config.rate, burst=burst, prefix=config.prefix, rule=name
+            self._config.algorithm, self._config.rate, **self._config.options
         )
         self._turns = AsyncTurns()
-
-    @property
-    def rate(self) -> Rate:
-        return self._config.rate
-
-    @property
-    def algorithm(self) -> str:
-        return self._config.algorithm.name
 
     async def acquire(self, key: str, max_wait: float, cost: int = 1) -> Decision:
         """Wait up to ``max_wait`` seconds for a permit; return its (allowed) Decision."""
@@ -182,9 +180,6 @@ class AsyncLimiter:
                 await clock.asleep(next_wait(decision, key, clock.time_ns(), deadline, max_wait))
         finally:
             self._turns.leave(key)
-
-    def __repr__(self) -> str:
-        return self._config.describe("AsyncLimiter", self.store)
 
 
 def _seconds_left(deadline: float, now_ns: int) -> float:

@@ -1,14 +1,22 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypedDict, Unpack
 
 from .._clock import Clock
 from .._decision import Decision
 from .._rate import Rate
 from ..algorithms import Algorithm
 
-__all__ = ["AsyncBound", "AsyncStore", "Bound", "Store"]
+__all__ = ["AsyncBound", "AsyncStore", "BindOptions", "Bound", "Store"]
+
+
+class BindOptions(TypedDict):
+    """How a limit is bound to a store, beyond its algorithm and rate."""
+
+    burst: int | None  # bucket capacity; None: the rate's limit
+    prefix: str  # prepended to every key, so limits sharing a store keep apart
+    rule: str | None  # the name Decisions carry
 
 
 class HitFn(Protocol):
@@ -47,14 +55,12 @@ class Store(Protocol):
 
     clock: Clock
 
-    def bind(
-        self, algorithm: Algorithm, rate: Rate, *, burst: int | None, prefix: str, rule: str | None
-    ) -> Bound: ...
+    def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound: ...
 
 
 class AsyncStore(Protocol):
     clock: Clock
 
     def bind(
-        self, algorithm: Algorithm, rate: Rate, *, burst: int | None, prefix: str, rule: str | None
+        self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]
     ) -> AsyncBound: ...

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import threading
 from itertools import islice
+from typing import Unpack
 
 from .._clock import Clock, SystemClock
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._rate import Rate
 from ..algorithms import Algorithm, Params, State, peek
-from ._base import AsyncBound, Bound
+from ._base import AsyncBound, BindOptions, Bound
 
 __all__ = ["AsyncMemoryStore", "MemoryStore"]
 
@@ -50,16 +51,11 @@ class MemoryStore:
         self._grow_at = self._next_grow_at()
         self.evicted = 0  # live keys dropped by the max_keys bound, for metrics
 
-    def bind(
-        self,
-        algorithm: Algorithm,
-        rate: Rate,
-        *,
-        burst: int | None = None,
-        prefix: str = "",
-        rule: str | None = None,
-    ) -> Bound:
-        params = Params.build(rate.limit, rate.period_ns, burst=burst, tick=1e-9, rule=rule)
+    def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound:
+        params = Params.build(
+            rate.limit, rate.period_ns, burst=options["burst"], tick=1e-9, rule=options["rule"]
+        )
+        prefix = options["prefix"]
         step = algorithm.step
         data = self._data
         pop, get = data.pop, data.get
@@ -145,17 +141,8 @@ class AsyncMemoryStore:
         self.sync = MemoryStore(max_keys=max_keys, clock=clock)
         self.clock = self.sync.clock
 
-    def bind(
-        self,
-        algorithm: Algorithm,
-        rate: Rate,
-        *,
-        burst: int | None = None,
-        prefix: str = "",
-        rule: str | None = None,
-    ) -> AsyncBound:
-        bound = self.sync.bind(algorithm, rate, burst=burst, prefix=prefix, rule=rule)
-        sync_hit, sync_peek, sync_reset = bound
+    def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
+        sync_hit, sync_peek, sync_reset = self.sync.bind(algorithm, rate, **options)
 
         async def hit(key: str, cost: int = 1) -> Decision:
             return sync_hit(key, cost)
