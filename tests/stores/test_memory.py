@@ -101,6 +101,28 @@ def test_max_keys_evicts_least_recently_used() -> None:
     assert store.evicted >= 500
 
 
+def test_limits_sharing_a_bounded_store_give_up_keys_in_proportion() -> None:
+    store = MemoryStore(max_keys=1000, clock=FakeClock())
+    big = Limiter("5/minute", algorithm="fixed_window", store=store, name="big")
+    small = Limiter("5/minute", algorithm="token_bucket", store=store, name="small")
+    for i in range(900):
+        big.hit(f"b{i}")
+    for i in range(100):
+        small.hit(f"s{i}")
+    assert len(store) == 1000
+    small.hit("newest")  # overflows: both limits give up their oldest keys
+    assert len(store) <= 1000
+    assert small.peek("newest").remaining == 4  # the key just hit is never the one evicted
+    assert big.peek("b0").remaining == 5  # least recently used: gone
+    assert small.peek("s0").remaining == 5
+    assert big.peek("b899").remaining == 4  # recent ones stay
+    # 1% of the bound is 10 of 1001 keys: ceil(900 * 10/1001) = 9 from big and
+    # ceil(101 * 10/1001) = 2 from small
+    assert store.evicted == 11
+    assert small.peek("s1").remaining == 5
+    assert small.peek("s2").remaining == 4
+
+
 @pytest.mark.slow
 def test_a_million_keys_stay_bounded() -> None:
     store = MemoryStore(max_keys=100_000, clock=FakeClock())

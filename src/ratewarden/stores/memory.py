@@ -1,21 +1,25 @@
 """The in-memory store: one process, no server, exact under threads.
 
-Layout: one dict from ``prefix + key`` to the algorithm's state tuple. A hit pops
-the key and inserts it again, so the dict's order is least- to most-recently used
-at the price of a plain get/set. Memory stays bounded two ways:
+Layout: one dict per limit (per key prefix), from the caller's key to the
+algorithm's state tuple. Using the caller's string as it is, rather than a
+``prefix + key`` copy, saves building and hashing a new string on every hit and
+storing it. Memory stays bounded two ways:
 
 - states that are "full" again (element 0, ``full_at``, has passed) mean the same
-  as no state; a sweep drops them whenever the dict has doubled since the last one
+  as no state; a sweep drops them whenever the store has doubled since the last one
   (amortised O(1) per new key), and on `MemoryStore.sweep`;
-- with ``max_keys``, a new key that overflows the bound evicts the least recently
-  used keys, at least 1% of the bound at a time so that the scan over the dict's
-  front stays amortised O(1). An evicted key that was not full starts afresh:
-  size ``max_keys`` above the number of keys active within one period.
+- with ``max_keys``, each hit moves its key to the end of its dict (pop and
+  re-insert), so each dict runs from least to most recently used; a new key that
+  overflows the bound makes every limit give up its least recently used keys in
+  proportion to its size, at least 1% of the bound in all, so that the scans over
+  the dicts' fronts stay amortised O(1). An evicted key that was not full starts
+  afresh: size ``max_keys`` above the number of keys active within one period.
+  Without ``max_keys`` nothing is reordered.
 """
 
 from __future__ import annotations
 
-import threading
+import math
 from itertools import islice
 from typing import Unpack
 
@@ -25,10 +29,12 @@ from .._errors import ConfigurationError
 from .._rate import Rate
 from ..algorithms import Algorithm, Params, State, peek
 from ._base import AsyncBound, BindOptions, Bound
+from ._tokenlock import TokenLock
 
 __all__ = ["AsyncMemoryStore", "MemoryStore"]
 
 _MIN_SWEEP = 1024  # no sweep below this many keys: nothing worth reclaiming
+_ONE = 1  # the default cost: one identity test skips validating it
 
 
 def check_cost(cost: object) -> None:
@@ -45,8 +51,9 @@ class MemoryStore:
             raise ConfigurationError(f"max_keys must be a positive integer, got {max_keys!r}")
         self.clock: Clock = SystemClock() if clock is None else clock
         self.max_keys = max_keys
-        self._data: dict[str, State] = {}
-        self._lock = threading.Lock()
+        self._tables: dict[str, dict[str, State]] = {}  # key prefix -> key -> state
+        self._lock = TokenLock()
+        self._size = 0  # keys in all tables, kept under the lock
         self._sweep_at = _MIN_SWEEP
         self._grow_at = self._next_grow_at()
         self.evicted = 0  # live keys dropped by the max_keys bound, for metrics
@@ -55,37 +62,43 @@ class MemoryStore:
         params = Params.build(
             rate.limit, rate.period_ns, burst=options["burst"], tick=1e-9, rule=options["rule"]
         )
-        prefix = options["prefix"]
         step = algorithm.step
-        data = self._data
-        pop, get = data.pop, data.get
-        acquire, release = self._lock.acquire, self._lock.release
+        with self._lock:
+            data = self._tables.setdefault(options["prefix"], {})
+        # With a bound, pop and re-insert keeps each dict in least-recently-used order;
+        # without one, get and set in place is cheaper. Same call shape either way.
+        fetch = data.get if self.max_keys is None else data.pop
+        take, give, wait = self._lock.take, self._lock.give, self._lock.wait
         time_ns = self.clock.time_ns
 
         def hit(key: str, cost: int = 1) -> Decision:
-            if cost.__class__ is not int or cost < 1:
+            if cost is not _ONE:
                 check_cost(cost)
-            k = prefix + key
             now = time_ns()
-            acquire()
             try:
-                state = pop(k, None)  # re-inserted below: most recently used goes last
-                decision, data[k] = step(state, now, cost, params)
-                if state is None and len(data) > self._grow_at:
-                    self._grow(now)
+                take()
+            except IndexError:  # another thread holds the store: rare, see TokenLock
+                wait()
+            try:
+                state = fetch(key, None)
+                decision, data[key] = step(state, now, cost, params)
+                if state is None:
+                    self._size += 1
+                    if self._size > self._grow_at:
+                        self._grow(now)
             finally:
-                release()
+                give(1)
             return decision
 
         def peek_(key: str, cost: int = 1) -> Decision:
             check_cost(cost)
             now = time_ns()
-            return peek(step, get(prefix + key), now, cost, params)  # one atomic read, then pure
+            return peek(step, data.get(key), now, cost, params)  # one atomic read, then pure
 
         def reset(key: str) -> None:
-            k = prefix + key
-            with self._lock:  # not between another hit's pop and its store
-                pop(k, None)
+            with self._lock:  # not between another hit's read and its store
+                if data.pop(key, None) is not None:
+                    self._size -= 1
 
         return Bound(hit, peek_, reset)
 
@@ -93,44 +106,55 @@ class MemoryStore:
         return self._sweep_at if self.max_keys is None else min(self._sweep_at, self.max_keys)
 
     def _grow(self, now: int) -> None:
-        """Called under the lock when a new key pushed the dict past a threshold."""
-        data = self._data
-        if len(data) > self._sweep_at:
+        """Called under the lock when a new key pushed the store past a threshold."""
+        if self._size > self._sweep_at:
             self._drop_full(now)
-            self._sweep_at = max(2 * len(data), _MIN_SWEEP)
-        if self.max_keys is not None and len(data) > self.max_keys:
-            excess = max(len(data) - self.max_keys, self.max_keys // 100)
-            for key in list(islice(data, excess)):  # the front is least recently used
-                del data[key]
-            self.evicted += excess
+            self._sweep_at = max(2 * self._size, _MIN_SWEEP)
+        if self.max_keys is not None and self._size > self.max_keys:
+            excess = max(self._size - self.max_keys, self.max_keys // 100)
+            share = excess / self._size
+            for data in self._tables.values():
+                # Each share rounded up covers the excess; each table keeps its most
+                # recent key (the one just hit), so only a store bound below its number
+                # of limits can stay over the bound, by at most one key per limit.
+                count = min(math.ceil(len(data) * share), len(data) - 1)
+                for key in list(islice(data, count)):  # the front is least recently used
+                    del data[key]
+                self._size -= max(count, 0)
+                self.evicted += max(count, 0)
         self._grow_at = self._next_grow_at()
 
     def _drop_full(self, now: int) -> int:
-        data = self._data
-        full = [key for key, state in data.items() if state[0] <= now]
-        for key in full:
-            del data[key]
-        return len(full)
+        dropped = 0
+        for data in self._tables.values():
+            full = [key for key, state in data.items() if state[0] <= now]
+            for key in full:
+                del data[key]
+            dropped += len(full)
+        self._size -= dropped
+        return dropped
 
     def sweep(self) -> int:
         """Drop every key whose state is full again; return how many went."""
         now = self.clock.time_ns()
         with self._lock:
             dropped = self._drop_full(now)
-            self._sweep_at = max(2 * len(self._data), _MIN_SWEEP)
+            self._sweep_at = max(2 * self._size, _MIN_SWEEP)
             self._grow_at = self._next_grow_at()
         return dropped
 
     def clear(self) -> None:
         with self._lock:
-            self._data.clear()
+            for data in self._tables.values():
+                data.clear()
+            self._size = 0
 
     def __len__(self) -> int:
-        return len(self._data)
+        return self._size
 
     def __repr__(self) -> str:
         bound = "" if self.max_keys is None else f", max_keys={self.max_keys}"
-        return f"<MemoryStore keys={len(self._data)}{bound}, clock={self.clock!r}>"
+        return f"<MemoryStore keys={self._size}{bound}, clock={self.clock!r}>"
 
 
 class AsyncMemoryStore:
