@@ -35,6 +35,7 @@ class Params:
     scale: int
     unit: int
     capacity: int  # burst * unit: the bucket's size in scaled units
+    span: int  # limit * period: a window's size in request-ticks
 
     @classmethod
     def build(
@@ -43,7 +44,8 @@ class Params:
     ) -> Params:  # fmt: skip
         g = math.gcd(period, limit)
         burst = limit if burst is None else burst
-        return cls(limit, period, burst, tick, rule, limit // g, period // g, burst * (period // g))
+        unit = period // g
+        return cls(limit, period, burst, tick, rule, limit // g, unit, burst * unit, limit * period)
 
 
 @dataclass(frozen=True, slots=True)

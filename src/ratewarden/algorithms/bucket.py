@@ -23,28 +23,33 @@ def bucket(state: State | None, now: int, cost: int, p: Params) -> tuple[Decisio
     """Continuous bucket (token bucket = leaky bucket meter = GCRA): capacity ``burst``,
     refilled at ``limit`` per ``period``.
 
-    State: ``(full_at, tat)`` where ``tat`` is the scaled tick at which the bucket is
-    full again and ``full_at = ceil(tat / scale)``.
+    State: ``(full_at, rem)``: the bucket is full again at the exact scaled tick
+    ``full_at * scale - rem`` (``0 <= rem < scale``, so ``full_at`` is that rounded
+    up to a whole tick). The step works on the debt (missing tokens, in scaled
+    units) relative to ``now``: small numbers, not the epoch scaled up.
     """
     scale = p.scale
-    now_s = now * scale
-    tat = now_s if state is None or state[1] <= now_s else state[1]
-    new_tat = tat + cost * p.unit
-    if new_tat - now_s <= p.capacity:
-        full_at = -(-new_tat // scale)
+    debt = 0 if state is None or state[0] <= now else (state[0] - now) * scale - state[1]
+    new_debt = debt + cost * p.unit
+    if new_debt <= p.capacity:
+        if scale == 1:  # the emission interval is whole ticks: no rounding to do
+            wait, rem = new_debt, 0
+        else:
+            wait = -(-new_debt // scale)  # whole ticks until full again
+            rem = wait * scale - new_debt
         return (
-            Decision(True, p.burst, (p.capacity - new_tat + now_s) // p.unit,
-                     (full_at - now) * p.tick, 0.0, p.rule),
-            (full_at, new_tat),
+            Decision(True, p.burst, (p.capacity - new_debt) // p.unit, wait * p.tick, 0.0,
+                     p.rule),
+            (now + wait, rem),
         )  # fmt: skip
-    # ceil((new_tat - capacity) / scale): when enough has drained for this cost
-    retry = INF if cost > p.burst else (-((p.capacity - new_tat) // scale) - now) * p.tick
-    if state is None or tat == now_s:
-        return Decision(False, p.burst, p.burst, 0.0, retry, p.rule), (now, now_s)
+    # ceil((new_debt - capacity) / scale): when enough has drained for this cost
+    retry = INF if cost > p.burst else -((p.capacity - new_debt) // scale) * p.tick
+    if not debt:
+        return Decision(False, p.burst, p.burst, 0.0, retry, p.rule), (now, 0)
     return (
-        Decision(False, p.burst, (p.capacity - tat + now_s) // p.unit,
-                 (state[0] - now) * p.tick, retry, p.rule),
-        state,
+        Decision(False, p.burst, (p.capacity - debt) // p.unit, (state[0] - now) * p.tick,  # type: ignore[index]
+                 retry, p.rule),
+        state,  # type: ignore[return-value]
     )  # fmt: skip
 
 

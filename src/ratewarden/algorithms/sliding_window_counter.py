@@ -24,42 +24,34 @@ def sliding_window_counter(
     else:
         full_at, prev, curr = state
         end = full_at - period if curr else full_at
-        if now >= end:
+        if now >= end:  # roll to the window holding now
             prev = curr if now < end + period else 0
             curr = 0
             end = now - now % period + period
     weighted = prev * (end - now)  # request-ticks of the previous window still in view
-    if weighted + (curr + cost) * period <= limit * period:
+    # limit - curr - ceil(weighted / period): what cost-1 requests could still pass
+    remaining = limit - curr + (-weighted // period) if weighted else limit - curr
+    if weighted + (curr + cost) * period <= p.span:
         curr += cost
         full_at = end + period
-        remaining = limit - curr + (-weighted // period)  # limit - curr - ceil(weighted/period)
         return (
-            Decision(True, limit, remaining, (full_at - now) * p.tick, 0.0, p.rule),
+            Decision(True, limit, remaining - cost, (full_at - now) * p.tick, 0.0, p.rule),
             (full_at, prev, curr),
         )
+    if cost > limit:
+        retry = INF
+    else:
+        # The earliest tick this cost passes, by cases in time order:
+        # - still in this window, only the previous window's weight can shrink enough,
+        #   at t where prev * (end - t) <= (limit - curr - cost) * period;
+        # - in the next window curr is the weighted one, from end on:
+        #   curr * (end + period - t) <= (limit - cost) * period;
+        # - two windows on, everything has faded (and cost <= limit).
+        room = limit - curr - cost
+        t = end - room * period // prev if room >= 0 and prev else end
+        if t >= end:
+            t = max(end, end + period - (limit - cost) * period // curr) if curr else end
+        retry = (t - now) * p.tick
     full_at = end + period if curr else end if prev else now  # nothing counted: full now
-    remaining = limit - curr + (-weighted // period)
-    retry = INF if cost > limit else (_first_pass(end, p, prev, curr, cost) - now) * p.tick
     reset = (full_at - now) * p.tick if prev or curr else 0.0
     return Decision(False, limit, remaining, reset, retry, p.rule), (full_at, prev, curr)
-
-
-def _first_pass(end: int, p: Params, prev: int, curr: int, cost: int) -> int:
-    """The earliest tick at which ``cost`` passes, when it does not pass now.
-
-    Cases, in time order:
-    - still in this window: only the previous window's weight can shrink enough,
-      at ``t`` where ``prev * (end - t) <= (limit - curr - cost) * period``;
-    - in the next window, ``curr`` becomes the weighted one:
-      ``curr * (end + period - t) <= (limit - cost) * period``, from ``end`` on;
-    - two windows on, everything has faded (cost <= limit holds here).
-    """
-    limit, period = p.limit, p.period
-    room = limit - curr - cost
-    if room >= 0 and prev:
-        t = end - room * period // prev
-        if t < end:
-            return t
-    if curr:
-        return max(end, end + period - (limit - cost) * period // curr)
-    return end

@@ -18,10 +18,8 @@ def sliding_window_log(
     leave the window, ascending, and ``full_at == en``.
     """
     limit = p.limit
-    if state is None:
-        live: State = ()
-    else:
-        live = state[bisect_right(state, now, 1) :]  # units whose expiry is still ahead
+    cut = 1 if state is None else bisect_right(state, now, 1)  # units before cut have left
+    live: State = () if state is None else state[cut:]
     count = len(live)
     if count + cost <= limit:
         expiry = now + p.period
@@ -35,6 +33,6 @@ def sliding_window_log(
     if count:
         return (
             Decision(False, limit, limit - count, (live[-1] - now) * p.tick, retry, p.rule),
-            (live[-1], *live),
+            state if cut == 1 else (live[-1], *live),  # type: ignore[return-value]
         )
     return Decision(False, limit, limit, 0.0, retry, p.rule), (now,)
