@@ -101,6 +101,22 @@ def test_max_keys_evicts_least_recently_used() -> None:
     assert store.evicted >= 500
 
 
+def test_at_the_bound_full_keys_go_before_live_ones() -> None:
+    clock = FakeClock()
+    store = MemoryStore(max_keys=1000, clock=clock)
+    daily = Limiter("5/day", algorithm="fixed_window", store=store, name="daily")
+    burst = Limiter("10/second", algorithm="token_bucket", store=store, name="burst")
+    for i in range(500):
+        daily.hit(f"d{i}")  # live all day, and the least recently used
+    for round_ in range(6):  # 500 live + 400 live fit; the full ones must make room
+        for i in range(400):
+            burst.hit(f"b{round_}-{i}")
+            assert len(store) <= 1000
+        clock.advance(1.0)  # the burst keys are full again: worth nothing
+    assert store.evicted == 0
+    assert all(daily.peek(f"d{i}").remaining == 4 for i in range(500))
+
+
 def test_limits_sharing_a_bounded_store_give_up_keys_in_proportion() -> None:
     store = MemoryStore(max_keys=1000, clock=FakeClock())
     big = Limiter("5/minute", algorithm="fixed_window", store=store, name="big")

@@ -34,6 +34,7 @@ from ._tokenlock import TokenLock
 __all__ = ["AsyncMemoryStore", "MemoryStore"]
 
 _MIN_SWEEP = 1024  # no sweep below this many keys: nothing worth reclaiming
+_SWEEP_SHARE = 8  # at the bound, sweep when 1/8 of it has come in since the last sweep
 _ONE = 1  # the default cost: one identity test skips validating it
 
 
@@ -56,6 +57,8 @@ class MemoryStore:
         self._size = 0  # keys in all tables, kept under the lock
         self._sweep_at = _MIN_SWEEP
         self._grow_at = self._next_grow_at()
+        self._swept_size = 0  # the size the last sweep left
+        self._churn = 0  # keys evicted since the last sweep
         self.evicted = 0  # live keys dropped by the max_keys bound, for metrics
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound:
@@ -111,20 +114,32 @@ class MemoryStore:
             self._drop_full(now)
             self._sweep_at = max(2 * self._size, _MIN_SWEEP)
         if self.max_keys is not None and self._size > self.max_keys:
-            excess = max(self._size - self.max_keys, self.max_keys // 100)
-            share = excess / self._size
-            for data in self._tables.values():
-                # Each share rounded up covers the excess; each table keeps its most
-                # recent key (the one just hit), so only a store bound below its number
-                # of limits can stay over the bound, by at most one key per limit.
-                count = min(math.ceil(len(data) * share), len(data) - 1)
-                for key in list(islice(data, count)):  # the front is least recently used
-                    del data[key]
-                self._size -= max(count, 0)
-                self.evicted += max(count, 0)
+            self._make_room(now, self.max_keys)
         self._grow_at = self._next_grow_at()
 
+    def _make_room(self, now: int, bound: int) -> None:
+        # At the bound the size stops growing, so sweeps keyed to growth stop too. Sweep
+        # before evicting once an eighth of the bound has come in since the last sweep,
+        # so that full keys go before live ones: at most 8 checks per new key, amortised.
+        if self._size - self._swept_size + self._churn >= bound // _SWEEP_SHARE:
+            self._drop_full(now)
+        if self._size <= bound:
+            return
+        excess = max(self._size - bound, bound // 100)
+        share = excess / self._size
+        for data in self._tables.values():
+            # Each share rounded up covers the excess; each table keeps its most recent
+            # key (the one just hit), so only a store bound below its number of limits
+            # can stay over the bound, by at most one key per limit.
+            count = max(0, min(math.ceil(len(data) * share), len(data) - 1))
+            for key in list(islice(data, count)):  # the front is least recently used
+                del data[key]
+            self._size -= count
+            self.evicted += count
+            self._churn += count
+
     def _drop_full(self, now: int) -> int:
+        """Drop every full state (under the lock); the sweep counters restart."""
         dropped = 0
         for data in self._tables.values():
             full = [key for key, state in data.items() if state[0] <= now]
@@ -132,6 +147,7 @@ class MemoryStore:
                 del data[key]
             dropped += len(full)
         self._size -= dropped
+        self._swept_size, self._churn = self._size, 0
         return dropped
 
     def sweep(self) -> int:

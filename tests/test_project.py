@@ -1,0 +1,35 @@
+"""Guards on the project's own configuration: strictness that silently vanishes
+(a deleted line, a renamed section) fails here instead."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_mypy_is_strict_on_src() -> None:
+    mypy = CONFIG["tool"]["mypy"]
+    assert mypy["strict"] is True
+    assert mypy["files"] == ["src"]
+    assert "ignore-without-code" in mypy["enable_error_code"]
+
+
+def test_pytest_is_strict() -> None:
+    pytest_config = CONFIG["tool"]["pytest"]["ini_options"]
+    assert {"--strict-markers", "--strict-config"} <= set(pytest_config["addopts"])
+    assert pytest_config["xfail_strict"] is True
+    assert pytest_config["filterwarnings"] == ["error"]
+
+
+def test_core_depends_on_no_server_package() -> None:
+    assert CONFIG["project"]["dependencies"] == ["msgspec>=0.18"]
+    assert (ROOT / "src" / "ratewarden" / "py.typed").exists()
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "./dev test" in readme
+    assert "exec ./dev test" in (ROOT / ".ci" / "run").read_text()
