@@ -1,0 +1,26 @@
+"""Every script under examples/ runs, and says what it should."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
+
+
+def test_there_are_examples() -> None:
+    assert EXAMPLES
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    if path.name == "login_and_partner_api.py":
+        lines = out.splitlines()
+        assert lines[4] == "login(alice, 'e') -> 401 wrong password"
+        assert lines[5] == "login(alice, 'hunter2') -> 429 Too Many Requests, Retry-After: 100"
+        assert lines[6:10] == [f"call {i} sent at t={i * 0.5:.1f}s" for i in range(4)]
+        assert lines[10].startswith("gave up: 'api.partner.example': no permit within")
