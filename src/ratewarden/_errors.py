@@ -25,7 +25,8 @@ class RateLimitTimeout(RatewardenError):
     """``acquire`` could not get a permit within ``max_wait``.
 
     ``retry_after`` is the wait (seconds) the last attempt reported, ``inf`` when
-    the cost can never be granted by the limit.
+    the cost can never be granted by the limit; a caller that never got its turn
+    (earlier callers of the same key still waiting) has the ``max_wait`` it gave up after.
     """
 
     def __init__(self, message: str, *, key: str, retry_after: float) -> None:

@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 from ._decision import Decision
 from ._errors import ConfigurationError, RateLimitTimeout
 
-__all__ = ["AsyncTurns", "Turns", "check_max_wait", "deadline_ns", "next_wait"]
+__all__ = ["AsyncTurns", "Turns", "check_max_wait", "deadline_ns", "next_wait", "timed_out"]
 
 W = TypeVar("W")
 

@@ -13,7 +13,7 @@ import msgspec
 
 from .._decision import Decision
 from .._errors import ConfigurationError
-from ._params import Algorithm, Params, State, Step, describe
+from ._params import Algorithm, Params, State, Step
 from .bucket import bucket, token_bucket_interval
 from .fixed_window import fixed_window
 from .sliding_window_counter import sliding_window_counter
@@ -24,22 +24,18 @@ __all__ = ["ALGORITHMS", "Algorithm", "Params", "State", "Step", "get_algorithm"
 Refill = Literal["continuous", "interval"]
 
 
-def _algorithm(name: str, step: Step, *, uses_burst: bool) -> Algorithm:
-    return Algorithm(name, step, uses_burst, describe(step))
-
-
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        _algorithm("fixed_window", fixed_window, uses_burst=False),
-        _algorithm("sliding_window_log", sliding_window_log, uses_burst=False),
-        _algorithm("sliding_window_counter", sliding_window_counter, uses_burst=False),
-        _algorithm("token_bucket", bucket, uses_burst=True),
-        _algorithm("leaky_bucket", bucket, uses_burst=True),
-        _algorithm("gcra", bucket, uses_burst=True),
+        Algorithm("fixed_window", fixed_window, uses_burst=False),
+        Algorithm("sliding_window_log", sliding_window_log, uses_burst=False),
+        Algorithm("sliding_window_counter", sliding_window_counter, uses_burst=False),
+        Algorithm("token_bucket", bucket, uses_burst=True),
+        Algorithm("leaky_bucket", bucket, uses_burst=True),
+        Algorithm("gcra", bucket, uses_burst=True),
     )
 }
-_INTERVAL = _algorithm("token_bucket", token_bucket_interval, uses_burst=True)
+_INTERVAL = Algorithm("token_bucket", token_bucket_interval, uses_burst=True)
 
 
 def get_algorithm(name: str, *, refill: Refill = "continuous") -> Algorithm:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from .._decision import Decision
 
@@ -55,12 +55,6 @@ class Algorithm:
     name: str
     step: Step
     uses_burst: bool
-    description: str
 
     def __repr__(self) -> str:
         return f"<Algorithm {self.name}>"
-
-
-def describe(step: Any) -> str:
-    doc: str = step.__doc__ or ""
-    return doc.strip().splitlines()[0] if doc else ""
