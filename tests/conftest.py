@@ -1,11 +1,22 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.redis_server import RedisServer, redis_server
 
 settings.register_profile(
     "default", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile("fast", max_examples=40, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(scope="session")
+def redis_single() -> Iterator[RedisServer]:
+    """One redis-server of our own for the whole run, on a free loopback port."""
+    with redis_server() as server:
+        yield server

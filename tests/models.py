@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from ratewarden.algorithms import Algorithm, get_algorithm
+
 History = list[tuple[int, int]]
 
 
@@ -207,4 +209,11 @@ MODELS: dict[str, type[Model]] = {
     "leaky_bucket": LeakyBucket,
     "gcra": Gcra,
     "token_bucket(interval)": IntervalBucket,
+}
+
+ALGOS: dict[str, Algorithm] = {
+    name: get_algorithm("token_bucket", refill="interval")
+    if name == "token_bucket(interval)"
+    else get_algorithm(name)
+    for name in MODELS
 }

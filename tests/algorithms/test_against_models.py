@@ -8,16 +8,10 @@ from fractions import Fraction
 import pytest
 from hypothesis import given
 
-from ratewarden.algorithms import Algorithm, Params, State, get_algorithm, peek
-from tests.models import MODELS, Model
+from ratewarden.algorithms import Algorithm, Params, State, peek
+from tests.models import ALGOS, MODELS, Model
 from tests.strategies import Scenario, scenarios
 
-ALGOS: dict[str, Algorithm] = {
-    name: get_algorithm("token_bucket", refill="interval")
-    if name == "token_bucket(interval)"
-    else get_algorithm(name)
-    for name in MODELS
-}
 PARAM = pytest.mark.parametrize("name", list(MODELS))
 
 

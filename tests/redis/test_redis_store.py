@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import math
+import uuid
+
+import pytest
+
+import redis
+from ratewarden import ConfigurationError, FakeClock, Limiter, RateLimitTimeout, StoreError
+from ratewarden.stores.redis import RedisStore
+from tests.redis_server import RedisServer
+
+
+def name() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket",
+     "leaky_bucket", "gcra"],
+)  # fmt: skip
+def test_limits_with_server_time(redis_single: RedisServer, algorithm: str) -> None:
+    limiter = Limiter("5/hour", algorithm=algorithm, store=RedisStore(redis_single.url),
+                      name=name())  # fmt: skip
+    decisions = [limiter.hit("user:1") for _ in range(6)]
+    assert [d.allowed for d in decisions] == [True] * 5 + [False]
+    assert decisions[4].remaining == 0
+    assert decisions[5].retry_after > 0
+    assert limiter.peek("user:1").remaining == 0
+    assert limiter.hit("user:2").allowed  # keys apart
+    limiter.reset("user:1")
+    assert limiter.hit("user:1").remaining == 4
+
+
+def test_a_test_clock_drives_it_exactly(redis_single: RedisServer) -> None:
+    clock = FakeClock(1_700_000_000)
+    store = RedisStore(redis_single.client(), clock=clock)
+    limiter = Limiter("2/second", algorithm="token_bucket", store=store, name=name())
+    assert limiter.hit("k", 2).allowed
+    denied = limiter.hit("k")
+    assert denied.retry_after == 0.5
+    start = clock.now_ns
+    assert limiter.acquire("k", max_wait=1.0).allowed
+    assert clock.now_ns - start == 500_000_000
+    with pytest.raises(RateLimitTimeout):
+        limiter.acquire("k", max_wait=0.1)
+    assert limiter.hit("k", 3).retry_after == math.inf
+
+
+def test_keys_expire_once_full(redis_single: RedisServer) -> None:
+    client = redis_single.client()
+    tag = name()
+    limiter = Limiter("10/minute", algorithm="fixed_window", store=RedisStore(client), name=tag)
+    limiter.hit("k")
+    ttl = client.pttl(f"{tag}:k")
+    assert 0 < ttl <= 60_000 + 1  # the window's end, at most a minute away
+    bucket = Limiter("10/second", algorithm="gcra", store=RedisStore(client), name=tag + "b")
+    bucket.hit("k")
+    assert 0 < client.pttl(f"{tag}b:k") <= 100 + 1  # one token's worth: 100 ms
+
+
+def test_scripts_reload_after_a_flush(redis_single: RedisServer) -> None:
+    client = redis_single.client()
+    limiter = Limiter("5/hour", store=RedisStore(client), name=name())
+    assert limiter.hit("k").allowed
+    client.script_flush()
+    assert limiter.hit("k").remaining == 3  # NOSCRIPT: loaded again, nothing lost
+
+
+def test_errors_are_store_errors() -> None:
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    limiter = Limiter("5/hour", store=RedisStore(dead))
+    with pytest.raises(StoreError, match="redis") as info:
+        limiter.hit("k")
+    assert isinstance(info.value.__cause__, redis.RedisError)
+
+
+def test_bad_input(redis_single: RedisServer) -> None:
+    with pytest.raises(ConfigurationError, match="Redis URL"):
+        RedisStore("http://nope")
+    with pytest.raises(ConfigurationError, match="microseconds"):
+        Limiter("1/0.0000001s", store=RedisStore(redis_single.url))
+    limiter = Limiter("5/hour", store=RedisStore(redis_single.url))
+    with pytest.raises(ConfigurationError, match="cost"):
+        limiter.hit("k", 0)
