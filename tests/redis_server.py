@@ -30,8 +30,9 @@ def free_port() -> int:
 @dataclass
 class RedisServer:
     port: int
-    process: subprocess.Popen[bytes]
+    args: list[str]
     log: Path
+    process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -39,6 +40,39 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port)
+
+    def start(self) -> None:
+        """Start (or start again, on the same port) and wait until it answers."""
+        self.process = subprocess.Popen(
+            self.args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client().ping()
+                return
+            except redis.ConnectionError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    text = self.log.read_text() if self.log.exists() else "(no log)"
+                    self.stop()
+                    pytest.fail(f"redis-server on port {self.port} did not start:\n{text[-2000:]}")
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to say goodbye, as when a machine dies."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 @contextmanager
@@ -51,28 +85,11 @@ def redis_server(*extra: str) -> Iterator[RedisServer]:
     with tempfile.TemporaryDirectory(prefix="rw-redis-") as workdir:
         port = free_port()
         log = Path(workdir) / "redis.log"
-        process = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", workdir, "--logfile", str(log), *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        server = RedisServer(port, process, log)
+        args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", workdir, "--logfile", str(log), *extra]  # fmt: skip
+        server = RedisServer(port, args, log)
         try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    server.client().ping()
-                    break
-                except redis.ConnectionError:
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        text = log.read_text() if log.exists() else "(no log)"
-                        pytest.fail(f"redis-server on port {port} did not start:\n{text[-2000:]}")
-                    time.sleep(0.02)
+            server.start()
             yield server
         finally:
-            process.terminate()
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            server.stop()  # whichever process is current, restarted ones included

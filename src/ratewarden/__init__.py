@@ -2,7 +2,13 @@
 
 from ._clock import Clock, FakeClock, SystemClock
 from ._decision import Decision
-from ._errors import ConfigurationError, RateLimitTimeout, RatewardenError, StoreError
+from ._errors import (
+    ConfigurationError,
+    RateLimitTimeout,
+    RatewardenError,
+    StoreError,
+    StoreUnavailable,
+)
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import Rate, parse_rate
 from .algorithms import ALGORITHMS
@@ -24,6 +30,7 @@ __all__ = [
     "RatewardenError",
     "Store",
     "StoreError",
+    "StoreUnavailable",
     "SystemClock",
     "parse_rate",
 ]

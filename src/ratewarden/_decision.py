@@ -16,7 +16,9 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
     ``reset_after``  seconds until the limit is whole again (0 when it is);
     ``retry_after``  seconds until this same request would pass: 0 when allowed,
                      ``inf`` when its cost exceeds what the limit can ever grant;
-    ``rule``         the name of the limit that decided, if it has one.
+    ``rule``         the name of the limit that decided, if it has one;
+    ``degraded``     the store could not decide and the limit's failure policy did
+                     (``fail_open`` or ``fail_closed``): the other fields are not counts.
 
     A Decision is truthy when allowed, so ``if limiter.hit(key): ...`` reads well.
     """
@@ -27,6 +29,7 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
     reset_after: float
     retry_after: float
     rule: str | None = None
+    degraded: bool = False
 
     def __bool__(self) -> bool:
         return self.allowed
@@ -36,6 +39,8 @@ class Decision(msgspec.Struct, frozen=True, gc=False):
         """Why the request was denied, in words; ``None`` when it was allowed."""
         if self.allowed:
             return None
+        if self.degraded:
+            return "the store is unavailable and the limit fails closed"
         if math.isinf(self.retry_after):
             return f"cost exceeds what a limit of {self.limit} can ever grant"
         return f"over the limit of {self.limit}; retry in {self.retry_after:.6g}s"

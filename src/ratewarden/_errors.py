@@ -4,13 +4,20 @@
     ├── ConfigurationError (also ValueError)   bad rate, algorithm, cost or option
     ├── RateLimitTimeout                       acquire() got no permit by its deadline
     └── StoreError                             a backend failed (wrapped with ``raise ... from``)
+        └── StoreUnavailable                   ...and the limit's policy is to raise
 
 Being over the limit is not an error: ``hit`` returns a denied ``Decision``.
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigurationError", "RateLimitTimeout", "RatewardenError", "StoreError"]
+__all__ = [
+    "ConfigurationError",
+    "RateLimitTimeout",
+    "RatewardenError",
+    "StoreError",
+    "StoreUnavailable",
+]
 
 
 class RatewardenError(Exception):
@@ -37,3 +44,8 @@ class RateLimitTimeout(RatewardenError):
 
 class StoreError(RatewardenError):
     """The store failed; the backend's own exception is the ``__cause__``."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not decide (down, timed out, or its circuit breaker is open)
+    and the limit's ``on_failure`` policy is ``"raise"``."""

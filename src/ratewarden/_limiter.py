@@ -18,6 +18,7 @@ from ._waiting import AsyncTurns, Turns, check_max_wait, deadline_ns, next_wait,
 from .algorithms import Algorithm, Refill, get_algorithm
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 from .stores._base import AsyncHitFn, AsyncResetFn, BindOptions, HitFn, ResetFn
+from .stores._failure import OnFailure, check_policy
 
 __all__ = ["AsyncLimiter", "Limiter", "LimiterOptions"]
 
@@ -31,6 +32,7 @@ class LimiterOptions(TypedDict, total=False):
     burst: int | None
     refill: Refill
     name: str | None
+    on_failure: OnFailure
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ class _Config:
         burst: int | None = None,
         refill: Refill = "continuous",
         name: str | None = None,
+        on_failure: OnFailure = "raise",
     ) -> _Config:
         parsed = parse_rate(rate)
         algo = get_algorithm(algorithm, refill=refill)
@@ -58,6 +61,7 @@ class _Config:
                 )
             if type(burst) is not int or burst < 1:
                 raise ConfigurationError(f"burst must be a positive integer, got {burst!r}")
+        check_policy(on_failure)
         if name is not None and not isinstance(name, str):
             raise ConfigurationError(f"name must be a string, got {name!r}")
         if name is None:
@@ -67,7 +71,8 @@ class _Config:
             prefix = tag + ":"
         else:
             prefix = f"{name}:" if name else ""
-        return cls(parsed, algo, BindOptions(burst=burst, prefix=prefix, rule=name))
+        options = BindOptions(burst=burst, prefix=prefix, rule=name, on_failure=on_failure)
+        return cls(parsed, algo, options)
 
 
 class _Shell:
@@ -107,6 +112,9 @@ class Limiter(_Shell):
     ``burst`` sets the bucket capacity of token_bucket, leaky_bucket and gcra (default:
     the rate's limit); ``refill="interval"`` makes token_bucket refill once per period.
     ``name`` prefixes the keys in the store (default: derived from the limit).
+    ``on_failure`` says what to answer when the store cannot decide (Redis down):
+    ``"raise"`` `StoreUnavailable` (the default), ``"fail_open"`` allow, or
+    ``"fail_closed"`` deny; the last two mark the Decision ``degraded``.
     A cost larger than the limit can ever grant is denied with ``retry_after=inf``.
     """
 

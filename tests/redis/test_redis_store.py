@@ -6,9 +6,16 @@ import uuid
 import pytest
 
 import redis
-from ratewarden import ConfigurationError, FakeClock, Limiter, RateLimitTimeout, StoreError
+from ratewarden import (
+    ConfigurationError,
+    FakeClock,
+    Limiter,
+    RateLimitTimeout,
+    StoreError,
+    StoreUnavailable,
+)
 from ratewarden.stores.redis import RedisStore
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, free_port
 
 
 def name() -> str:
@@ -68,12 +75,32 @@ def test_scripts_reload_after_a_flush(redis_single: RedisServer) -> None:
     assert limiter.hit("k").remaining == 3  # NOSCRIPT: loaded again, nothing lost
 
 
-def test_errors_are_store_errors() -> None:
-    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
-    limiter = Limiter("5/hour", store=RedisStore(dead))
-    with pytest.raises(StoreError, match="redis") as info:
+def dead_store() -> RedisStore:
+    return RedisStore(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+
+
+def test_errors_are_store_unavailable_by_default() -> None:
+    limiter = Limiter("5/hour", store=dead_store())
+    with pytest.raises(StoreUnavailable, match="redis") as info:
         limiter.hit("k")
+    assert isinstance(info.value, StoreError)
     assert isinstance(info.value.__cause__, redis.RedisError)
+    with pytest.raises(StoreUnavailable):
+        limiter.reset("k")
+
+
+@pytest.mark.parametrize(("policy", "allowed"), [("fail_open", True), ("fail_closed", False)])
+def test_policies_answer_degraded(policy: str, allowed: bool) -> None:
+    store = dead_store()
+    calls = []
+    real_call = store.scripts.call
+    store.scripts.call = lambda *a: calls.append(1) or real_call(*a)  # type: ignore[method-assign]
+    limiter = Limiter("5/hour", store=store, on_failure=policy)  # type: ignore[typeddict-item]
+    for _ in range(5):
+        decision = limiter.hit("k")
+        assert decision.allowed is allowed
+        assert decision.degraded
+    assert len(calls) == 2  # then the breaker stopped paying the timeout each call
 
 
 def test_bad_input(redis_single: RedisServer) -> None:

@@ -7,6 +7,7 @@ from .._clock import Clock
 from .._decision import Decision
 from .._rate import Rate
 from ..algorithms import Algorithm
+from ._failure import OnFailure
 
 __all__ = ["AsyncBound", "AsyncStore", "BindOptions", "Bound", "Store"]
 
@@ -17,6 +18,7 @@ class BindOptions(TypedDict):
     burst: int | None  # bucket capacity; None: the rate's limit
     prefix: str  # prepended to every key, so limits sharing a store keep apart
     rule: str | None  # the name Decisions carry
+    on_failure: OnFailure  # what to answer when the store cannot decide
 
 
 class HitFn(Protocol):

@@ -16,15 +16,19 @@ import math
 from importlib import resources
 from typing import Any, Unpack
 
-import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
+from redis.retry import Retry
+
+import redis
 
 from .._clock import Clock, SystemClock
 from .._decision import Decision
-from .._errors import ConfigurationError, StoreError
+from .._errors import ConfigurationError, StoreError, StoreUnavailable
 from .._rate import Rate
 from ..algorithms import Algorithm, Params
 from ._base import BindOptions, Bound
+from ._failure import Breaker, fallback
 from .memory import check_cost
 
 __all__ = ["RedisStore", "Scripts"]
@@ -59,7 +63,7 @@ class Scripts:
             self._shas[name] = self.client.script_load(source)
             return self.client.evalsha(self._shas[name], 1, key, *args)  # type: ignore[no-any-return]
         except RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
+            raise StoreUnavailable(f"redis: {exc}") from exc
 
 
 def script_args(params: Params, now_us: int | None, cost: int, mode: str) -> list[int | str]:
@@ -71,16 +75,29 @@ def script_args(params: Params, now_us: int | None, cost: int, mode: str) -> lis
 
 class RedisStore:
     """A store in Redis, from a URL (``redis://``, ``rediss://``, ``unix://``) or an
-    existing ``redis.Redis`` client. ``clock``: only for tests (see the module doc)."""
+    existing ``redis.Redis`` client. ``clock``: only for tests (see the module doc).
 
-    def __init__(self, client: Any, *, clock: Clock | None = None) -> None:
+    Built from a URL, the client connects and answers within ``timeout`` seconds
+    (default 50 ms), which bounds how long a decision can take while Redis is in
+    trouble; a client you pass keeps its own settings. A circuit breaker stops
+    calling Redis for a moment after repeated failures, so that a down server does
+    not cost the timeout on every call, and probes for its return.
+    """
+
+    def __init__(self, client: Any, *, timeout: float = 0.05, clock: Clock | None = None) -> None:
         if isinstance(client, str):
             try:
-                client = redis.Redis.from_url(client)
+                # No retries: a retry with backoff would blow the decision's time bound;
+                # the breaker and the next call do the retrying.
+                client = redis.Redis.from_url(
+                    client, socket_timeout=timeout, socket_connect_timeout=timeout,
+                    retry=Retry(NoBackoff(), 0),
+                )  # fmt: skip
             except ValueError as exc:
                 raise ConfigurationError(f"bad Redis URL {client!r}: {exc}") from exc
         self.client = client
         self.scripts = Scripts(client)
+        self.breaker = Breaker()
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock  # for acquire's waits
 
@@ -94,19 +111,25 @@ class RedisStore:
             rule=options["rule"],
         )  # fmt: skip
         size = params.burst if algorithm.uses_burst else params.limit
-        prefix, rule, call, test_clock = (
-            options["prefix"],
-            params.rule,
-            self.scripts.call,
-            self._test_clock,
-        )
+        prefix, rule, call = options["prefix"], params.rule, self.scripts.call
+        test_clock, breaker, policy = self._test_clock, self.breaker, options["on_failure"]
 
         def run(key: str, cost: int, mode: str) -> Decision:
             check_cost(cost)
+            if breaker.failures and not breaker.allow():
+                wait = breaker.retry_after()
+                error = StoreUnavailable(f"redis: circuit open, next probe in {wait:.3f}s")
+                return fallback(policy, size, rule, wait, error)
             now_us = None if test_clock is None else test_clock.time_ns() // 1000
-            allowed, remaining, reset_us, retry_us = call(
-                algorithm, prefix + key, script_args(params, now_us, cost, mode)
-            )
+            try:
+                allowed, remaining, reset_us, retry_us = call(
+                    algorithm, prefix + key, script_args(params, now_us, cost, mode)
+                )
+            except StoreError as exc:
+                breaker.failed()
+                return fallback(policy, size, rule, breaker.retry_after(), exc)
+            if breaker.failures:
+                breaker.succeeded()
             retry = INF if retry_us < 0 else retry_us * 1e-6
             return Decision(allowed == 1, size, remaining, reset_us * 1e-6, retry, rule)
 
@@ -120,7 +143,7 @@ class RedisStore:
             try:
                 self.client.delete(prefix + key)
             except RedisError as exc:
-                raise StoreError(f"redis: {exc}") from exc
+                raise StoreUnavailable(f"redis: {exc}") from exc
 
         return Bound(hit, peek, reset)
 
