@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.redis_server import RedisServer, redis_server
+from tests.redis_server import RedisCluster, RedisServer, redis_cluster, redis_server
 
 settings.register_profile(
     "default", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -20,3 +20,10 @@ def redis_single() -> Iterator[RedisServer]:
     """One redis-server of our own for the whole run, on a free loopback port."""
     with redis_server() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_6_nodes() -> Iterator[RedisCluster]:
+    """A real Redis Cluster of our own: 3 masters, 3 replicas, free loopback ports."""
+    with redis_cluster() as cluster:
+        yield cluster

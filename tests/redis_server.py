@@ -6,6 +6,8 @@ A test that cannot get its server fails with the reason; it never skips.
 
 from __future__ import annotations
 
+import contextlib
+import random
 import shutil
 import socket
 import subprocess
@@ -21,10 +23,26 @@ import pytest
 import redis
 
 
-def free_port() -> int:
+def free_port(*, cluster: bool = False) -> int:
+    """A free loopback port; for a cluster node, one whose bus port (+10000) is free too
+    and below 65536, as Redis requires."""
+    while True:
+        if not cluster:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                return int(sock.getsockname()[1])
+        port = random.randint(20_000, 55_535)
+        if all(_bindable(p) for p in (port, port + 10_000)):
+            return port
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 @dataclass
@@ -83,7 +101,7 @@ def redis_server(*extra: str) -> Iterator[RedisServer]:
             "redis-server is not installed; ./dev test installs it (apt-get install redis-server)"
         )
     with tempfile.TemporaryDirectory(prefix="rw-redis-") as workdir:
-        port = free_port()
+        port = free_port(cluster="--cluster-enabled" in extra)
         log = Path(workdir) / "redis.log"
         args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", workdir, "--logfile", str(log), *extra]  # fmt: skip
@@ -93,3 +111,57 @@ def redis_server(*extra: str) -> Iterator[RedisServer]:
             yield server
         finally:
             server.stop()  # whichever process is current, restarted ones included
+
+
+@dataclass
+class RedisCluster:
+    nodes: list[RedisServer]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def client(self) -> redis.RedisCluster:
+        return redis.RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+
+
+def _cluster_ready(nodes: list[RedisServer]) -> bool:
+    """cluster_state:ok on every node and every replica's link to its master up."""
+    for node in nodes:
+        client = node.client()
+        if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+            return False
+        info = client.info("replication")
+        if info["role"] == "slave" and info.get("master_link_status") != "up":
+            return False
+    return True
+
+
+@contextmanager
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A real 6-node cluster (3 masters, 3 replicas) of our own on free ports."""
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        pytest.fail(
+            "redis-cli is not installed; ./dev test installs it (apt-get install redis-tools)"
+        )
+    options = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+               "--repl-diskless-sync-delay", "0")  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        nodes = []
+        for _ in range(6):
+            node = stack.enter_context(redis_server(*options))
+            nodes.append(node)
+        create = subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
+             "--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        if create.returncode != 0:
+            pytest.fail(f"redis-cli --cluster create failed:\n{create.stdout}\n{create.stderr}")
+        deadline = time.monotonic() + 30
+        while not _cluster_ready(nodes):
+            if time.monotonic() > deadline:
+                pytest.fail("the test cluster did not reach cluster_state:ok with replicas up")
+            time.sleep(0.1)
+        yield RedisCluster(nodes)

@@ -16,7 +16,7 @@ from hypothesis import given
 from ratewarden.algorithms import Params, State, peek
 from ratewarden.stores.redis import Scripts, script_args
 from tests.models import ALGOS
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisCluster, RedisServer
 from tests.strategies import Scenario, scenarios
 
 EPOCH_US = 1_763_700_000_000_000  # 2025-11-21 in microseconds: realistic magnitudes
@@ -26,9 +26,15 @@ def as_ticks(allowed: bool, remaining: int, reset: float, retry: float) -> tuple
     return (int(allowed), remaining, int(reset), -1 if math.isinf(retry) else int(retry))
 
 
-@pytest.fixture(scope="module")
-def scripts(redis_single: RedisServer) -> Scripts:
-    return Scripts(redis_single.client())
+@pytest.fixture(scope="module", params=["single", "cluster"])
+def scripts(request: pytest.FixtureRequest) -> Scripts:
+    """The scripts on a single node, and on a real 6-node cluster (keys spread over
+    all three masters)."""
+    if request.param == "single":
+        server: RedisServer = request.getfixturevalue("redis_single")
+        return Scripts(server.client())
+    cluster: RedisCluster = request.getfixturevalue("redis_6_nodes")
+    return Scripts(cluster.client())
 
 
 @pytest.mark.parametrize("name", list(ALGOS))

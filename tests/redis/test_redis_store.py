@@ -15,7 +15,7 @@ from ratewarden import (
     StoreUnavailable,
 )
 from ratewarden.stores.redis import RedisStore
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisCluster, RedisServer, free_port
 
 
 def name() -> str:
@@ -111,3 +111,22 @@ def test_bad_input(redis_single: RedisServer) -> None:
     limiter = Limiter("5/hour", store=RedisStore(redis_single.url))
     with pytest.raises(ConfigurationError, match="cost"):
         limiter.hit("k", 0)
+
+
+def test_cluster_by_url_with_hash_tags(redis_6_nodes: RedisCluster) -> None:
+    store = RedisStore(redis_6_nodes.url)
+    limiter = Limiter("3/hour", algorithm="gcra", store=store, name=name())
+    users = [f"{{user-{i}}}" for i in range(30)]  # hash tags: one slot per user
+    for user in users:
+        assert [limiter.hit(user).allowed for _ in range(4)] == [True, True, True, False]
+    masters = {
+        store.client.get_node_from_key(f"x:{user}").name for user in users
+    }  # the keys really spread over the masters
+    assert len(masters) == 3
+
+
+def test_cluster_url_errors() -> None:
+    with pytest.raises(ConfigurationError, match="host:port"):
+        RedisStore("redis+cluster://127.0.0.1")
+    with pytest.raises(StoreUnavailable, match="cannot reach"):
+        RedisStore(f"redis+cluster://127.0.0.1:{free_port()}")

@@ -17,7 +17,8 @@ from importlib import resources
 from typing import Any, Unpack
 
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.retry import Retry
 
 import redis
@@ -31,9 +32,40 @@ from ._base import BindOptions, Bound
 from ._failure import Breaker, fallback
 from .memory import check_cost
 
-__all__ = ["RedisStore", "Scripts"]
+__all__ = ["RedisStore", "Scripts", "connect"]
 
 INF = math.inf
+CLUSTER_SCHEME = "redis+cluster://"
+_FAILURES = (RedisError, RedisClusterException)  # the latter is no RedisError
+
+
+def connect(url: str, timeout: float) -> Any:
+    """A client for ``url``: ``redis://``, ``rediss://``, ``unix://``, or
+    ``redis+cluster://host:port,host:port`` (any reachable nodes of a cluster).
+
+    Connect and command timeouts are ``timeout``; no retries: a retry with backoff
+    would break the decision's time bound, and the breaker does the retrying.
+    """
+    no_retry = Retry(NoBackoff(), 0)
+    try:
+        if url.startswith(CLUSTER_SCHEME):
+            nodes = []
+            for node in url[len(CLUSTER_SCHEME) :].split(","):
+                host, _, port = node.strip().rpartition(":")
+                if not host or not port.isdigit():
+                    raise ValueError(f"expected host:port, got {node!r}")
+                nodes.append(ClusterNode(host, int(port)))  # type: ignore[no-untyped-call]
+            return RedisCluster(
+                startup_nodes=nodes, socket_timeout=timeout, socket_connect_timeout=timeout,
+                retry=no_retry,
+            )  # fmt: skip
+        return redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=no_retry
+        )
+    except ValueError as exc:
+        raise ConfigurationError(f"bad Redis URL {url!r}: {exc}") from exc
+    except _FAILURES as exc:
+        raise StoreUnavailable(f"redis: cannot reach {url!r}: {exc}") from exc
 
 
 def _source(name: str) -> str:
@@ -62,7 +94,7 @@ class Scripts:
             source = self._sources.get(name) or self._sources.setdefault(name, _source(name))
             self._shas[name] = self.client.script_load(source)
             return self.client.evalsha(self._shas[name], 1, key, *args)  # type: ignore[no-any-return]
-        except RedisError as exc:
+        except _FAILURES as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
 
 
@@ -74,8 +106,11 @@ def script_args(params: Params, now_us: int | None, cost: int, mode: str) -> lis
 
 
 class RedisStore:
-    """A store in Redis, from a URL (``redis://``, ``rediss://``, ``unix://``) or an
-    existing ``redis.Redis`` client. ``clock``: only for tests (see the module doc).
+    """A store in Redis or Redis Cluster, from a URL (see `connect`) or an existing
+    ``redis.Redis`` / ``redis.RedisCluster`` client. ``clock``: only for tests.
+
+    In a cluster each key lives in its slot; keys that must share one (the tiers of
+    one request, later) take a hash tag chosen by the caller: ``"{user-123}:api"``.
 
     Built from a URL, the client connects and answers within ``timeout`` seconds
     (default 50 ms), which bounds how long a decision can take while Redis is in
@@ -86,15 +121,7 @@ class RedisStore:
 
     def __init__(self, client: Any, *, timeout: float = 0.05, clock: Clock | None = None) -> None:
         if isinstance(client, str):
-            try:
-                # No retries: a retry with backoff would blow the decision's time bound;
-                # the breaker and the next call do the retrying.
-                client = redis.Redis.from_url(
-                    client, socket_timeout=timeout, socket_connect_timeout=timeout,
-                    retry=Retry(NoBackoff(), 0),
-                )  # fmt: skip
-            except ValueError as exc:
-                raise ConfigurationError(f"bad Redis URL {client!r}: {exc}") from exc
+            client = connect(client, timeout)
         self.client = client
         self.scripts = Scripts(client)
         self.breaker = Breaker()
@@ -142,7 +169,7 @@ class RedisStore:
         def reset(key: str) -> None:
             try:
                 self.client.delete(prefix + key)
-            except RedisError as exc:
+            except _FAILURES as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
 
         return Bound(hit, peek, reset)
