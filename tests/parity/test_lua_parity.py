@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
 
 from ratewarden.algorithms import Params, State, peek
-from ratewarden.stores.redis import Scripts, script_args
+from ratewarden.stores.redis import Scripts, pack, script_args
 from tests.models import ALGOS
 from tests.redis_server import RedisCluster, RedisServer
 from tests.strategies import Scenario, scenarios
@@ -27,14 +28,17 @@ def as_ticks(allowed: bool, remaining: int, reset: float, retry: float) -> tuple
 
 
 @pytest.fixture(scope="module", params=["single", "cluster"])
-def scripts(request: pytest.FixtureRequest) -> Scripts:
+def scripts(request: pytest.FixtureRequest) -> Iterator[Scripts]:
     """The scripts on a single node, and on a real 6-node cluster (keys spread over
     all three masters)."""
     if request.param == "single":
         server: RedisServer = request.getfixturevalue("redis_single")
-        return Scripts(server.client())
-    cluster: RedisCluster = request.getfixturevalue("redis_6_nodes")
-    return Scripts(cluster.client())
+        client = server.client()
+    else:
+        cluster: RedisCluster = request.getfixturevalue("redis_6_nodes")
+        client = cluster.client()
+    with client:
+        yield Scripts(client)
 
 
 @pytest.mark.parametrize("name", list(ALGOS))
@@ -49,12 +53,12 @@ def test_lua_equals_python(name: str, sc: Scenario, scripts: Scripts) -> None:
     for gap, cost in sc.events:
         now += gap
         seen = peek(algorithm.step, state, now, cost, params)
-        lua_seen = scripts.call(algorithm, key, script_args(params, now, cost, "peek"))
+        lua_seen = scripts.call(algorithm, key, script_args(pack(params), now, cost, "peek"))
         assert tuple(lua_seen) == as_ticks(
             seen.allowed, seen.remaining, seen.reset_after, seen.retry_after
         ), f"peek at {now}, cost {cost}"
         decision, state = algorithm.step(state, now, cost, params)
-        lua = scripts.call(algorithm, key, script_args(params, now, cost, "hit"))
+        lua = scripts.call(algorithm, key, script_args(pack(params), now, cost, "hit"))
         assert tuple(lua) == as_ticks(
             decision.allowed, decision.remaining, decision.reset_after, decision.retry_after
         ), f"hit at {now}, cost {cost}"
@@ -71,7 +75,27 @@ def test_large_values_stay_exact(scripts: Scripts) -> None:
         for step in range(40):
             now += 142_857 if step % 3 else 1
             decision, state = algorithm.step(state, now, 1, params)
-            lua = scripts.call(algorithm, key, script_args(params, now, 1, "hit"))
+            lua = scripts.call(algorithm, key, script_args(pack(params), now, 1, "hit"))
             assert tuple(lua) == as_ticks(
                 decision.allowed, decision.remaining, decision.reset_after, decision.retry_after
             )
+
+
+@pytest.mark.parametrize("name", list(ALGOS))
+@given(sc=scenarios(max_events=15))
+def test_lua_in_millisecond_ticks(name: str, sc: Scenario, scripts: Scripts) -> None:
+    """A limit too large for microseconds counts in milliseconds: the script turns
+    its microsecond clock into ticks exactly as floor division does."""
+    algorithm = ALGOS[name]
+    burst = sc.burst if algorithm.uses_burst else sc.limit
+    params = Params.build(sc.limit, sc.period, burst=burst, tick=1.0)
+    key = f"parity-ms:{uuid.uuid4()}"
+    state: State | None = None
+    now_us = EPOCH_US + sc.start * 1000 + 777  # not on a tick boundary
+    for gap, cost in sc.events:
+        now_us += gap * 1000
+        decision, state = algorithm.step(state, now_us // 1000, cost, params)
+        lua = scripts.call(algorithm, key, script_args(pack(params, 1000), now_us, cost, "hit"))
+        assert tuple(lua) == as_ticks(
+            decision.allowed, decision.remaining, decision.reset_after, decision.retry_after
+        )

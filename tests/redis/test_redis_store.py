@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import contextlib
 import math
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,14 +24,24 @@ def name() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture
+def closing() -> Iterator[contextlib.ExitStack]:
+    """Everything a test opens (stores, clients) is closed when it ends: a socket left
+    for the garbage collector warns at some later, random moment."""
+    with contextlib.ExitStack() as stack:
+        yield stack
+
+
 @pytest.mark.parametrize(
     "algorithm",
     ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket",
      "leaky_bucket", "gcra"],
 )  # fmt: skip
-def test_limits_with_server_time(redis_single: RedisServer, algorithm: str) -> None:
-    limiter = Limiter("5/hour", algorithm=algorithm, store=RedisStore(redis_single.url),
-                      name=name())  # fmt: skip
+def test_limits_with_server_time(
+    redis_single: RedisServer, algorithm: str, closing: contextlib.ExitStack
+) -> None:
+    store = closing.enter_context(RedisStore(redis_single.url))
+    limiter = Limiter("5/hour", algorithm=algorithm, store=store, name=name())
     decisions = [limiter.hit("user:1") for _ in range(6)]
     assert [d.allowed for d in decisions] == [True] * 5 + [False]
     assert decisions[4].remaining == 0
@@ -40,9 +52,11 @@ def test_limits_with_server_time(redis_single: RedisServer, algorithm: str) -> N
     assert limiter.hit("user:1").remaining == 4
 
 
-def test_a_test_clock_drives_it_exactly(redis_single: RedisServer) -> None:
+def test_a_test_clock_drives_it_exactly(
+    redis_single: RedisServer, closing: contextlib.ExitStack
+) -> None:
     clock = FakeClock(1_700_000_000)
-    store = RedisStore(redis_single.client(), clock=clock)
+    store = RedisStore(closing.enter_context(redis_single.client()), clock=clock)
     limiter = Limiter("2/second", algorithm="token_bucket", store=store, name=name())
     assert limiter.hit("k", 2).allowed
     denied = limiter.hit("k")
@@ -55,8 +69,8 @@ def test_a_test_clock_drives_it_exactly(redis_single: RedisServer) -> None:
     assert limiter.hit("k", 3).retry_after == math.inf
 
 
-def test_keys_expire_once_full(redis_single: RedisServer) -> None:
-    client = redis_single.client()
+def test_keys_expire_once_full(redis_single: RedisServer, closing: contextlib.ExitStack) -> None:
+    client = closing.enter_context(redis_single.client())
     tag = name()
     limiter = Limiter("10/minute", algorithm="fixed_window", store=RedisStore(client), name=tag)
     limiter.hit("k")
@@ -67,8 +81,10 @@ def test_keys_expire_once_full(redis_single: RedisServer) -> None:
     assert 0 < client.pttl(f"{tag}b:k") <= 100 + 1  # one token's worth: 100 ms
 
 
-def test_scripts_reload_after_a_flush(redis_single: RedisServer) -> None:
-    client = redis_single.client()
+def test_scripts_reload_after_a_flush(
+    redis_single: RedisServer, closing: contextlib.ExitStack
+) -> None:
+    client = closing.enter_context(redis_single.client())
     limiter = Limiter("5/hour", store=RedisStore(client), name=name())
     assert limiter.hit("k").allowed
     client.script_flush()
@@ -103,18 +119,20 @@ def test_policies_answer_degraded(policy: str, allowed: bool) -> None:
     assert len(calls) == 2  # then the breaker stopped paying the timeout each call
 
 
-def test_bad_input(redis_single: RedisServer) -> None:
+def test_bad_input(redis_single: RedisServer, closing: contextlib.ExitStack) -> None:
     with pytest.raises(ConfigurationError, match="Redis URL"):
         RedisStore("http://nope")
     with pytest.raises(ConfigurationError, match="microseconds"):
-        Limiter("1/0.0000001s", store=RedisStore(redis_single.url))
-    limiter = Limiter("5/hour", store=RedisStore(redis_single.url))
+        Limiter("1/0.0000001s", store=closing.enter_context(RedisStore(redis_single.url)))
+    limiter = Limiter("5/hour", store=closing.enter_context(RedisStore(redis_single.url)))
     with pytest.raises(ConfigurationError, match="cost"):
         limiter.hit("k", 0)
 
 
-def test_cluster_by_url_with_hash_tags(redis_6_nodes: RedisCluster) -> None:
-    store = RedisStore(redis_6_nodes.url)
+def test_cluster_by_url_with_hash_tags(
+    redis_6_nodes: RedisCluster, closing: contextlib.ExitStack
+) -> None:
+    store = closing.enter_context(RedisStore(redis_6_nodes.url))
     limiter = Limiter("3/hour", algorithm="gcra", store=store, name=name())
     users = [f"{{user-{i}}}" for i in range(30)]  # hash tags: one slot per user
     for user in users:
@@ -130,3 +148,17 @@ def test_cluster_url_errors() -> None:
         RedisStore("redis+cluster://127.0.0.1")
     with pytest.raises(StoreUnavailable, match="cannot reach"):
         RedisStore(f"redis+cluster://127.0.0.1:{free_port()}")
+
+
+def test_large_limits_count_in_coarser_ticks(
+    redis_single: RedisServer, closing: contextlib.ExitStack
+) -> None:
+    store = closing.enter_context(RedisStore(redis_single.url))
+    daily = Limiter("1000000/day", algorithm="sliding_window_counter", store=store, name=name())
+    first = daily.hit("k", 999_999)
+    assert first.allowed
+    assert first.remaining == 1
+    assert not daily.hit("k", 2).allowed
+    assert daily.hit("k").remaining == 0
+    with pytest.raises(ConfigurationError, match="too large"):
+        Limiter("100000000000/year", algorithm="sliding_window_counter", store=store)

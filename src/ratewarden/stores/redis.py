@@ -13,6 +13,7 @@ multi-tier checks in one call, failure policies.
 from __future__ import annotations
 
 import math
+import struct
 from importlib import resources
 from typing import Any, Unpack
 
@@ -98,11 +99,42 @@ class Scripts:
             raise StoreUnavailable(f"redis: {exc}") from exc
 
 
-def script_args(params: Params, now_us: int | None, cost: int, mode: str) -> list[int | str]:
-    return [
-        "" if now_us is None else now_us, cost, params.limit, params.period, params.burst,
-        params.scale, params.unit, params.capacity, params.span, mode,
-    ]  # fmt: skip
+EXACT = 2**53  # Lua numbers are doubles: integers are exact below this
+TICKS_US = (1, 1_000, 1_000_000)  # microseconds, milliseconds, seconds
+
+
+def pack(params: Params, tick_us: int = 1) -> bytes:
+    """The limit's constants as the scripts read them: 8 big-endian doubles."""
+    return struct.pack(
+        ">8d", tick_us, params.limit, params.period, params.burst, params.scale,
+        params.unit, params.capacity, params.span,
+    )  # fmt: skip
+
+
+def script_args(packed: bytes, now_us: int | None, cost: int, mode: str) -> list[Any]:
+    return ["" if now_us is None else now_us, cost, packed, mode]
+
+
+def redis_params(rate: Rate, burst: int | None, rule: str | None) -> tuple[Params, int]:
+    """The limit in the finest tick (us, ms or s) at which the scripts count exactly:
+    every constant, and a window's worth of request-ticks, below 2^53."""
+    period_us, odd = divmod(rate.period_ns, 1000)
+    if odd:
+        raise ConfigurationError(
+            f"the Redis store counts in microseconds: period {rate.period}s is not whole"
+        )
+    for tick_us in TICKS_US:
+        if period_us % tick_us:
+            continue
+        params = Params.build(
+            rate.limit, period_us // tick_us, burst=burst, tick=tick_us * 1e-6, rule=rule
+        )
+        if max(params.span, params.capacity, params.burst * params.period) < EXACT:
+            return params, tick_us
+    raise ConfigurationError(
+        f"{rate} is too large for the Redis store to count exactly (limit x period must"
+        " stay below 2^53 seconds)"
+    )
 
 
 class RedisStore:
@@ -120,6 +152,7 @@ class RedisStore:
     """
 
     def __init__(self, client: Any, *, timeout: float = 0.05, clock: Clock | None = None) -> None:
+        self._owns_client = isinstance(client, str)
         if isinstance(client, str):
             client = connect(client, timeout)
         self.client = client
@@ -129,14 +162,8 @@ class RedisStore:
         self.clock: Clock = SystemClock() if clock is None else clock  # for acquire's waits
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound:
-        if rate.period_ns % 1000:
-            raise ConfigurationError(
-                f"the Redis store counts in microseconds: period {rate.period}s is not whole"
-            )
-        params = Params.build(
-            rate.limit, rate.period_ns // 1000, burst=options["burst"], tick=1e-6,
-            rule=options["rule"],
-        )  # fmt: skip
+        params, tick_us = redis_params(rate, options["burst"], options["rule"])
+        packed, tick = pack(params, tick_us), params.tick
         size = params.burst if algorithm.uses_burst else params.limit
         prefix, rule, call = options["prefix"], params.rule, self.scripts.call
         test_clock, breaker, policy = self._test_clock, self.breaker, options["on_failure"]
@@ -149,16 +176,22 @@ class RedisStore:
                 return fallback(policy, size, rule, wait, error)
             now_us = None if test_clock is None else test_clock.time_ns() // 1000
             try:
-                allowed, remaining, reset_us, retry_us = call(
-                    algorithm, prefix + key, script_args(params, now_us, cost, mode)
+                allowed, remaining, reset, retry = call(
+                    algorithm, prefix + key, script_args(packed, now_us, cost, mode)
                 )
             except StoreError as exc:
                 breaker.failed()
                 return fallback(policy, size, rule, breaker.retry_after(), exc)
             if breaker.failures:
                 breaker.succeeded()
-            retry = INF if retry_us < 0 else retry_us * 1e-6
-            return Decision(allowed == 1, size, remaining, reset_us * 1e-6, retry, rule)
+            return Decision(
+                allowed == 1,
+                size,
+                remaining,
+                reset * tick,
+                INF if retry < 0 else retry * tick,
+                rule,
+            )
 
         def hit(key: str, cost: int = 1) -> Decision:
             return run(key, cost, "hit")
@@ -173,6 +206,18 @@ class RedisStore:
                 raise StoreUnavailable(f"redis: {exc}") from exc
 
         return Bound(hit, peek, reset)
+
+    def close(self) -> None:
+        """Close the connections, if this store made its client from a URL (a client
+        you passed in stays yours to close)."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> RedisStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"<RedisStore {self.client!r}>"

@@ -2,12 +2,16 @@
 -- the algorithm's step and the epilogue). Mirrors ratewarden/algorithms/*.py exactly.
 --
 -- KEYS[1]  the key
--- ARGV     now_us ("" = Redis server TIME), cost, limit, period_us, burst, scale, unit,
---          capacity, span, mode ("hit" | "peek")
--- returns  {allowed (0|1), remaining, reset_after_us, retry_after_us (-1 = never)}
+-- ARGV     now_us ("" = Redis server TIME), cost, the limit's constants packed as 8
+--          big-endian doubles (tick_us, limit, period, burst, scale, unit, capacity,
+--          span: packed once per limit, unpacked by one C call), mode ("hit" | "peek")
+-- returns  {allowed (0|1), remaining, reset_after, retry_after (-1 = never)} in ticks
 --
--- Time is integer microseconds. Lua numbers are doubles, exact for integers below
--- 2^53; every quantity here stays integral, and fdiv is an exact floor division.
+-- Time is integer ticks of tick_us microseconds (1 unless the limit's numbers would
+-- not fit). Lua numbers are doubles, exact for integers below 2^53; every quantity
+-- here stays integral, and fdiv is an exact floor division.
+-- State is stored as packed big-endian doubles: exact, and far cheaper to read and
+-- write than text.
 local key = KEYS[1]
 local explicit_now = tonumber(ARGV[1])
 local now = explicit_now
@@ -16,10 +20,9 @@ if not now then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local cost = tonumber(ARGV[2])
-local limit, period, burst = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local scale, unit = tonumber(ARGV[6]), tonumber(ARGV[7])
-local capacity, span = tonumber(ARGV[8]), tonumber(ARGV[9])
-local mode = ARGV[10]
+local tick, limit, period, burst, scale, unit, capacity, span =
+  struct.unpack('>dddddddd', ARGV[3])
+local mode = ARGV[4]
 
 -- floor(a / b) for integers, b > 0, exact even where a / b rounds
 local function fdiv(a, b)
@@ -31,3 +34,5 @@ local function fdiv(a, b)
   end
   return q
 end
+
+if tick > 1 then now = fdiv(now, tick) end
