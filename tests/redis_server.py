@@ -67,7 +67,8 @@ class RedisServer:
         deadline = time.monotonic() + 10
         while True:
             try:
-                self.client().ping()
+                with self.client() as client:
+                    client.ping()
                 return
             except redis.ConnectionError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
@@ -128,12 +129,12 @@ class RedisCluster:
 def _cluster_ready(nodes: list[RedisServer]) -> bool:
     """cluster_state:ok on every node and every replica's link to its master up."""
     for node in nodes:
-        client = node.client()
-        if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
-            return False
-        info = client.info("replication")
-        if info["role"] == "slave" and info.get("master_link_status") != "up":
-            return False
+        with node.client() as client:
+            if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                return False
+            info = client.info("replication")
+            if info["role"] == "slave" and info.get("master_link_status") != "up":
+                return False
     return True
 
 

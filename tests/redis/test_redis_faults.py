@@ -47,6 +47,7 @@ def test_redis_fault_under_load(fault: str) -> None:
             os.kill(server.process.pid, signal.SIGCONT)
         back = time.monotonic()
         after = drive(limiter, 1.5)
+        store.close()
     assert during, "no decisions while redis was down"
     assert all(degraded and not allowed for _, _, allowed, degraded in during)
     worst = max(latency for _, latency, _, _ in during + after)
