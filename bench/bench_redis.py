@@ -12,6 +12,7 @@ same redis-py client: the floor any script-based limiter pays).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import statistics
 import sys
@@ -22,11 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from limits import parse, storage, strategies
+from limits.aio import storage as aio_storage
+from limits.aio import strategies as aio_strategies
 from tests.redis_server import redis_server
 
 import redis
-from ratewarden import Limiter
-from ratewarden.stores.redis import RedisStore
+from ratewarden import AsyncLimiter, Limiter
+from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 
 KEYS = [f"user:{i}" for i in range(1000)]
 
@@ -54,6 +57,47 @@ def candidates(url: str) -> dict[str, Callable[[str], object]]:
     return out
 
 
+def server_time(admin: redis.Redis) -> float:
+    """Microseconds Redis spent on the commands clients sent since the last reset
+    (scripts' inner calls are inside their EVALSHA's time, so they are not added)."""
+    stats = admin.info("commandstats")
+    return sum(
+        v["usec"] for k, v in stats.items() if k not in ("cmdstat_config", "cmdstat_info")
+        and not k.startswith("cmdstat_time") and not k.startswith("cmdstat_get")
+        and not k.startswith("cmdstat_set") and not k.startswith("cmdstat_del")
+    )  # fmt: skip
+
+
+async def async_rates(url: str, callers: int, per_caller: int) -> dict[str, float]:
+    """Checks per second with ``callers`` concurrent tasks, ours and limits' async."""
+    store = AsyncRedisStore(url)
+    ours = AsyncLimiter("1000000000/hour", algorithm="fixed_window", store=store, name="async")
+    item = parse("1000000000/hour")
+    theirs = aio_strategies.FixedWindowRateLimiter(
+        aio_storage.RedisStorage(f"async+{url}", implementation="redispy", key_prefix="LA")
+    )
+    candidates = {
+        "ratewarden AsyncRedisStore fixed_window": ours.hit,
+        "limits aio RedisStorage fixed_window (redis-py)": lambda k: theirs.hit(item, k),
+    }
+    rates: dict[str, float] = {}
+    for label, hit in candidates.items():
+
+        async def caller(i: int, hit: Callable[[str], object] = hit) -> None:
+            for j in range(per_caller):
+                await hit(KEYS[(i * per_caller + j) % len(KEYS)])  # type: ignore[misc]
+
+        await asyncio.gather(*(caller(i) for i in range(callers)))  # warm-up
+        best = 0.0
+        for _ in range(3):
+            start = time.perf_counter()
+            await asyncio.gather(*(caller(i) for i in range(callers)))
+            best = max(best, callers * per_caller / (time.perf_counter() - start))
+        rates[label] = best
+    await store.aclose()
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -66,21 +110,35 @@ def main() -> None:
             for k in KEYS[:50]:
                 f(k)
         times: dict[str, list[float]] = {name: [] for name in funcs}
+        server_us: dict[str, list[float]] = {name: [] for name in funcs}
         names = list(funcs)
-        for r in range(args.rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                f = funcs[name]
-                gc.collect()
-                start = time.perf_counter()
-                for k in keys:
-                    f(k)
-                times[name].append((time.perf_counter() - start) / len(keys) * 1e6)
+        with server.client() as admin:
+            for r in range(args.rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    f = funcs[name]
+                    gc.collect()
+                    admin.config_resetstat()
+                    start = time.perf_counter()
+                    for k in keys:
+                        f(k)
+                    times[name].append((time.perf_counter() - start) / len(keys) * 1e6)
+                    server_us[name].append(server_time(admin) / len(keys))
+        rates = asyncio.run(async_rates(server.url, 64, 100))
     raw = min(times["raw EVALSHA (trivial script)"])
     print(f"sync, one thread, {args.hits} checks x {args.rounds} rounds, 1000 keys cycled")
-    print(f"{'candidate':<40}{'min us':>9}{'median':>9}{'over raw':>10}")
+    print("client: wall time per check; server: Redis's own time per check (commandstats,")
+    print("every command a check sent, scripts' inner calls included)")
+    print(f"{'candidate':<40}{'min us':>9}{'median':>9}{'over raw':>10}{'server us':>11}")
     for name in names:
         low = min(times[name])
-        print(f"{name:<40}{low:>9.1f}{statistics.median(times[name]):>9.1f}{low - raw:>+10.1f}")
+        print(
+            f"{name:<40}{low:>9.1f}{statistics.median(times[name]):>9.1f}{low - raw:>+10.1f}"
+            f"{min(server_us[name]):>11.1f}"
+        )
+    print("\nasync, one process, 64 concurrent callers x 100 checks, best of 3")
+    base = rates["limits aio RedisStorage fixed_window (redis-py)"]
+    for label, rate in rates.items():
+        print(f"{label:<50}{rate:>10.0f} checks/s{rate / base:>8.1f}x limits")
 
 
 if __name__ == "__main__":

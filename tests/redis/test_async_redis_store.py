@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, StoreUnavailable
+from ratewarden.stores.redis import AsyncRedisStore
+from tests.redis_server import RedisServer, free_port
+
+
+def name() -> str:
+    return f"a{uuid.uuid4().hex[:8]}"
+
+
+def test_async_limits_exactly_under_64_concurrent_callers(redis_single: RedisServer) -> None:
+    async def main() -> tuple[int, int]:
+        async with AsyncRedisStore(redis_single.url) as store:
+            limiter = AsyncLimiter("500/hour", algorithm="token_bucket", store=store, name=name())
+            pipelines = 0
+            send = store._batcher._pipeline
+
+            async def counting(batch: list[object]) -> list[object]:
+                nonlocal pipelines
+                pipelines += 1
+                return await send(batch)  # type: ignore[arg-type]
+
+            store._batcher._pipeline = counting  # type: ignore[method-assign]
+
+            async def caller() -> int:
+                return sum([(await limiter.hit("shared")).allowed for _ in range(20)])
+
+            admitted = sum(await asyncio.gather(*(caller() for _ in range(64))))
+            return admitted, pipelines
+
+    admitted, pipelines = asyncio.run(main())
+    assert admitted == 500  # 1,280 checks, exactly the limit admitted
+    assert pipelines <= 1280 // 8  # coalesced: many checks per round trip
+
+
+def test_async_matches_the_sync_semantics(redis_single: RedisServer) -> None:
+    async def main() -> None:
+        clock = FakeClock(1_700_000_000)
+        async with AsyncRedisStore(redis_single.url, clock=clock) as store:
+            limiter = AsyncLimiter("2/second", algorithm="gcra", store=store, name=name())
+            assert (await limiter.hit("k", 2)).allowed
+            assert (await limiter.peek("k")).retry_after == 0.5
+            start = clock.now_ns
+            assert (await limiter.acquire("k", max_wait=1.0)).allowed
+            assert clock.now_ns - start == 500_000_000
+            await limiter.reset("k")
+            assert (await limiter.hit("k")).remaining == 1
+            await store.client.script_flush()  # NOSCRIPT inside a pipeline: reloaded
+            assert (await limiter.hit("k")).remaining == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("policy", "allowed"), [("fail_open", True), ("fail_closed", False)])
+def test_async_failure_policy(policy: str, allowed: bool) -> None:
+    async def main() -> None:
+        async with AsyncRedisStore(f"redis://127.0.0.1:{free_port()}/0") as store:
+            limiter = AsyncLimiter("5/hour", store=store, on_failure=policy)  # type: ignore[typeddict-item]
+            decisions = await asyncio.gather(*(limiter.hit("k") for _ in range(10)))
+            assert all(d.allowed is allowed and d.degraded for d in decisions)
+            strict = AsyncLimiter("5/hour", store=store)
+            with pytest.raises(StoreUnavailable):
+                await strict.hit("k")
+
+    asyncio.run(main())
+
+
+def test_async_cluster_is_not_yet_supported() -> None:
+    with pytest.raises(ConfigurationError, match="Cluster"):
+        AsyncRedisStore("redis+cluster://127.0.0.1:7000")
