@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis_server import RedisServer
+
 README = Path(__file__).parent.parent / "README.md"
+# ```python blocks run as they are; ```python notest blocks need a server (below)
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+SHOWN = re.findall(r"```python notest\n(.*?)```", README.read_text(), flags=re.DOTALL)
 
 
 def test_there_are_examples() -> None:
@@ -22,3 +26,15 @@ def test_example_runs(index: int, capsys: pytest.CaptureFixture[str]) -> None:
     if index == 0:
         assert out.splitlines()[0].startswith("0 True 4")
         assert out.splitlines()[-1].startswith("5 False 0")
+
+
+def test_the_redis_example_runs_against_our_own_server(redis_single: RedisServer) -> None:
+    """The README points at localhost:6379; the test swaps in a server of its own."""
+    (block,) = [b for b in SHOWN if "RedisStore(" in b]
+    assert "redis://localhost:6379/0" in block
+    code = block.replace("redis://localhost:6379/0", redis_single.url)
+    namespace: dict[str, object] = {"__name__": "readme"}
+    exec(compile(code, "README.md redis block", "exec"), namespace)
+    store = namespace["store"]
+    assert namespace["api"].hit("{user-42}").remaining == 998  # type: ignore[attr-defined]
+    store.close()  # type: ignore[attr-defined]
