@@ -74,3 +74,20 @@ def test_async_failure_policy(policy: str, allowed: bool) -> None:
 def test_async_cluster_is_not_yet_supported() -> None:
     with pytest.raises(ConfigurationError, match="Cluster"):
         AsyncRedisStore("redis+cluster://127.0.0.1:7000")
+
+
+def test_a_failing_batch_never_leaves_a_caller_waiting(redis_single: RedisServer) -> None:
+    async def main() -> None:
+        async with AsyncRedisStore(redis_single.url) as store:
+            limiter = AsyncLimiter("5/hour", store=store, name=name())
+
+            async def broken(batch: list[object]) -> list[object]:
+                raise TypeError("a bug in the pipeline")
+
+            store._batcher._pipeline = broken  # type: ignore[method-assign]
+            results = await asyncio.wait_for(
+                asyncio.gather(*(limiter.hit("k") for _ in range(3)), return_exceptions=True), 5
+            )
+            assert all(isinstance(r, TypeError) for r in results)
+
+    asyncio.run(main())

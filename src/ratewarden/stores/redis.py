@@ -311,6 +311,13 @@ class _Batcher:
             error = StoreUnavailable(f"redis: {exc}")
             error.__cause__ = exc
             results = [error] * len(batch)
+        except BaseException as exc:  # a bug, or the loop shutting down: no caller hangs
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(exc) if isinstance(exc, Exception) else future.cancel()
+            if isinstance(exc, Exception):
+                return  # each caller has it; the drain goes on with the next batch
+            raise
         for (*_, future), result in zip(batch, results, strict=True):
             if future.done():  # its caller was cancelled
                 continue
