@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -98,6 +101,20 @@ async def async_rates(url: str, callers: int, per_caller: int) -> dict[str, floa
     return rates
 
 
+def ceiling(port: int, sha: str) -> float:
+    """redis-benchmark's EVALSHA of the trivial script, 50 clients, pipelined 16 deep:
+    what this server on this machine can do at all, for context."""
+    exe = shutil.which("redis-benchmark")
+    if exe is None:
+        return float("nan")
+    out = subprocess.run(
+        [exe, "-p", str(port), "-n", "200000", "-P", "16", "-q", "EVALSHA", sha, "0"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    found = re.findall(r"([0-9.]+) requests per second", out)
+    return float(found[-1]) if found else float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -124,6 +141,8 @@ def main() -> None:
                     times[name].append((time.perf_counter() - start) / len(keys) * 1e6)
                     server_us[name].append(server_time(admin) / len(keys))
         rates = asyncio.run(async_rates(server.url, 64, 100))
+        with server.client() as admin:
+            top = ceiling(server.port, admin.script_load("return 1"))
     raw = min(times["raw EVALSHA (trivial script)"])
     print(f"sync, one thread, {args.hits} checks x {args.rounds} rounds, 1000 keys cycled")
     print("client: wall time per check; server: Redis's own time per check (commandstats,")
@@ -135,6 +154,7 @@ def main() -> None:
             f"{name:<40}{low:>9.1f}{statistics.median(times[name]):>9.1f}{low - raw:>+10.1f}"
             f"{min(server_us[name]):>11.1f}"
         )
+    print(f"\nredis-benchmark EVALSHA ceiling (trivial script, -P 16): {top:,.0f} requests/s")
     print("\nasync, one process, 64 concurrent callers x 100 checks, best of 3")
     base = rates["limits aio RedisStorage fixed_window (redis-py)"]
     for label, rate in rates.items():
