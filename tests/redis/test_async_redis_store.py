@@ -91,3 +91,12 @@ def test_a_failing_batch_never_leaves_a_caller_waiting(redis_single: RedisServer
             assert all(isinstance(r, TypeError) for r in results)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"max_batch": 0}, "max_batch"), ({"timeout": 0}, "timeout"), ({"timeout": "1"}, "timeout")],
+)
+def test_bad_options(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        AsyncRedisStore("redis://127.0.0.1:1/0", **kwargs)  # type: ignore[arg-type]

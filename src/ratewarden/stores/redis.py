@@ -43,15 +43,25 @@ CLUSTER_SCHEME = "redis+cluster://"
 _FAILURES = (RedisError, RedisClusterException)  # the latter is no RedisError
 
 
-def connect(url: str, timeout: float) -> Any:
+def connect(url: str, timeout: float, *, asynchronous: bool = False) -> Any:
     """A client for ``url``: ``redis://``, ``rediss://``, ``unix://``, or
-    ``redis+cluster://host:port,host:port`` (any reachable nodes of a cluster).
+    ``redis+cluster://host:port,host:port`` (any reachable nodes of a cluster);
+    a ``redis.asyncio`` one if ``asynchronous`` (single Redis only, for now).
 
     Connect and command timeouts are ``timeout``; no retries: a retry with backoff
     would break the decision's time bound, and the breaker does the retrying.
     """
+    if type(timeout) not in (int, float) or not timeout > 0:  # bool is no duration
+        raise ConfigurationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if asynchronous and url.startswith(CLUSTER_SCHEME):
+        raise ConfigurationError("AsyncRedisStore does not speak Redis Cluster yet")
     no_retry = Retry(NoBackoff(), 0)
     try:
+        if asynchronous:
+            return aioredis.Redis.from_url(
+                url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                retry=AsyncRetry(NoBackoff(), 0),
+            )  # fmt: skip
         if url.startswith(CLUSTER_SCHEME):
             nodes = []
             for node in url[len(CLUSTER_SCHEME) :].split(","):
@@ -344,17 +354,11 @@ class AsyncRedisStore:
         clock: Clock | None = None,
         max_batch: int = 128,
     ) -> None:
+        if type(max_batch) is not int or max_batch < 1:
+            raise ConfigurationError(f"max_batch must be a positive integer, got {max_batch!r}")
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
-            if client.startswith(CLUSTER_SCHEME):
-                raise ConfigurationError("AsyncRedisStore does not speak Redis Cluster yet")
-            try:
-                client = aioredis.Redis.from_url(
-                    client, socket_timeout=timeout, socket_connect_timeout=timeout,
-                    retry=AsyncRetry(NoBackoff(), 0),
-                )  # fmt: skip
-            except ValueError as exc:
-                raise ConfigurationError(f"bad Redis URL {client!r}: {exc}") from exc
+            client = connect(client, timeout, asynchronous=True)
         self.client = client
         self.scripts = Scripts(client)
         self.breaker = Breaker()
