@@ -127,15 +127,40 @@ class RedisCluster:
 
 
 def _cluster_ready(nodes: list[RedisServer]) -> bool:
-    """cluster_state:ok on every node and every replica's link to its master up."""
+    """cluster_state:ok on every node, and half the nodes replicas with their link to
+    the master up. (Counting matters: a node still becoming a replica reports itself
+    a master, so "every replica is up" alone passes while replication has not begun.)"""
+    linked = 0
     for node in nodes:
         with node.client() as client:
             if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
                 return False
             info = client.info("replication")
-            if info["role"] == "slave" and info.get("master_link_status") != "up":
-                return False
-    return True
+            if info["role"] == "slave" and info.get("master_link_status") == "up":
+                linked += 1
+    return linked == len(nodes) // 2
+
+
+def _wait_for_replication(cluster: RedisCluster, deadline: float) -> None:
+    """A replica can report its link up while the stream has not reached it yet
+    (offset 0, no data: seen here). Write through every master, then wait until each
+    replica's offset has caught up with its master's."""
+    with cluster.client() as client:
+        for i in range(64):  # hash tags spread over all three masters
+            client.set(f"{{probe-{i}}}", i)
+    while True:
+        offsets, behind = {}, []
+        for node in cluster.nodes:
+            with node.client() as c:
+                info = c.info("replication")
+                offsets[node.port] = info["master_repl_offset"]
+                if info["role"] == "slave":
+                    behind.append((info["master_port"], node.port))
+        if all(offsets[replica] >= offsets[master] > 0 for master, replica in behind):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"the test cluster's replicas did not catch up: {offsets}")
+        time.sleep(0.05)
 
 
 @contextmanager
@@ -165,4 +190,6 @@ def redis_cluster() -> Iterator[RedisCluster]:
             if time.monotonic() > deadline:
                 pytest.fail("the test cluster did not reach cluster_state:ok with replicas up")
             time.sleep(0.1)
-        yield RedisCluster(nodes)
+        cluster = RedisCluster(nodes)
+        _wait_for_replication(cluster, deadline)
+        yield cluster
