@@ -5,11 +5,18 @@ from typing import NamedTuple, Protocol, TypedDict, Unpack
 
 from .._clock import Clock
 from .._decision import Decision
+from .._errors import ConfigurationError
 from .._rate import Rate
 from ..algorithms import Algorithm
 from ._failure import OnFailure
 
-__all__ = ["AsyncBound", "AsyncStore", "BindOptions", "Bound", "Store"]
+__all__ = ["AsyncBound", "AsyncStore", "BindOptions", "Bound", "Store", "check_cost"]
+
+
+def check_cost(cost: object) -> None:
+    """Every store's check of a request's cost: a positive integer."""
+    if type(cost) is not int or cost < 1:
+        raise ConfigurationError(f"cost must be a positive integer, got {cost!r}")
 
 
 class BindOptions(TypedDict):

@@ -28,7 +28,7 @@ from .._decision import Decision
 from .._errors import ConfigurationError
 from .._rate import Rate
 from ..algorithms import Algorithm, Params, State, peek
-from ._base import AsyncBound, BindOptions, Bound
+from ._base import AsyncBound, BindOptions, Bound, check_cost
 from ._tokenlock import TokenLock
 
 __all__ = ["AsyncMemoryStore", "MemoryStore"]
@@ -36,11 +36,6 @@ __all__ = ["AsyncMemoryStore", "MemoryStore"]
 _MIN_SWEEP = 1024  # no sweep below this many keys: nothing worth reclaiming
 _SWEEP_SHARE = 8  # at the bound, sweep when 1/8 of it has come in since the last sweep
 _ONE = 1  # the default cost: one identity test skips validating it
-
-
-def check_cost(cost: object) -> None:
-    if type(cost) is not int or cost < 1:
-        raise ConfigurationError(f"cost must be a positive integer, got {cost!r}")
 
 
 class MemoryStore:
@@ -55,10 +50,9 @@ class MemoryStore:
         self._tables: dict[str, dict[str, State]] = {}  # key prefix -> key -> state
         self._lock = TokenLock()
         self._size = 0  # keys in all tables, kept under the lock
-        self._sweep_at = _MIN_SWEEP
-        self._grow_at = self._next_grow_at()
         self._swept_size = 0  # the size the last sweep left
         self._churn = 0  # keys evicted since the last sweep
+        self._grow_at = self._next_grow_at()
         self.evicted = 0  # live keys dropped by the max_keys bound, for metrics
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound:
@@ -105,14 +99,18 @@ class MemoryStore:
 
         return Bound(hit, peek_, reset)
 
+    def _sweep_at(self) -> int:
+        """Sweep for growth once the store has doubled since the last sweep."""
+        return max(2 * self._swept_size, _MIN_SWEEP)
+
     def _next_grow_at(self) -> int:
-        return self._sweep_at if self.max_keys is None else min(self._sweep_at, self.max_keys)
+        sweep_at = self._sweep_at()
+        return sweep_at if self.max_keys is None else min(sweep_at, self.max_keys)
 
     def _grow(self, now: int) -> None:
         """Called under the lock when a new key pushed the store past a threshold."""
-        if self._size > self._sweep_at:
+        if self._size > self._sweep_at():
             self._drop_full(now)
-            self._sweep_at = max(2 * self._size, _MIN_SWEEP)
         if self.max_keys is not None and self._size > self.max_keys:
             self._make_room(now, self.max_keys)
         self._grow_at = self._next_grow_at()
@@ -155,7 +153,6 @@ class MemoryStore:
         now = self.clock.time_ns()
         with self._lock:
             dropped = self._drop_full(now)
-            self._sweep_at = max(2 * self._size, _MIN_SWEEP)
             self._grow_at = self._next_grow_at()
         return dropped
 

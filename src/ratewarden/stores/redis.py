@@ -32,9 +32,8 @@ from .._decision import Decision
 from .._errors import ConfigurationError, StoreError, StoreUnavailable
 from .._rate import Rate
 from ..algorithms import Algorithm, Params
-from ._base import AsyncBound, BindOptions, Bound
+from ._base import AsyncBound, BindOptions, Bound, check_cost
 from ._failure import Breaker, fallback
-from .memory import check_cost
 
 __all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "connect"]
 
@@ -172,7 +171,6 @@ class _Limit:
         test_clock: Clock | None,
     ) -> None:
         params, tick_us = redis_params(rate, options["burst"], options["rule"])
-        self.algorithm = algorithm
         self.packed, self.tick, self.rule = pack(params, tick_us), params.tick, params.rule
         self.size = params.burst if algorithm.uses_burst else params.limit
         self.prefix, self.policy = options["prefix"], options["on_failure"]
