@@ -1,0 +1,490 @@
+"""A checked `RuleFile` compiled into a `RuleSet`: an index that answers "which
+limits apply to this request" without looking at every rule.
+
+Each rule is filed once under its most selective condition (its path patterns in
+the `PathIndex`; else its first attribute condition in a dict keyed by value;
+else its methods; else the short list of rules that apply everywhere). A request
+gathers the few candidates those lookups return, checks their remaining
+conditions, and keeps per group the candidate that ranks first. Pure logic: no
+store, no clock, no I/O; the engine binds limits to a store.
+
+Ranking, within a group: higher ``priority`` first; on equal priority the more
+specific rule (exact path > ``{param}`` > glob > prefix > no path; then more
+attribute conditions; then a method condition); then file order. A rule without
+a group is a group of its own, so it always applies when it matches.
+
+A rule whose ``by`` attribute is missing from a request does not apply to it, and
+the next rule of its group gets the chance: "per user, else per ip" is two
+rules in one group. Keying a missing user on a shared "unknown" counter would
+let one anonymous client lock out every other, and not applying at all would
+let anyone skip the limit by leaving the attribute out; a fallback rule in the
+same group is how an operator says which of the two they mean.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+from .._rate import Rate, parse_rate
+from ._errors import Problem
+from ._paths import PathIndex, Pattern, parse_pattern
+from ._schema import Action, ClientIP, Response, Rule, RuleFile, as_list, from_document
+from ._source import Document, parse_text, read_file
+
+__all__ = [
+    "Applicable",
+    "CompiledRule",
+    "Explanation",
+    "LimitSpec",
+    "RuleSet",
+    "compile_rules",
+    "load",
+    "loads",
+]
+
+KeyFn = Callable[[Mapping[str, object]], "str | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSpec:
+    """One rate of one rule: what the engine builds a limiter from."""
+
+    name: str
+    rate: Rate
+    algorithm: str
+    burst: int | None
+    refill: str
+    on_failure: str
+
+
+class CompiledRule:
+    """A rule ready to match; ``rule`` is the `Rule` as the file said it."""
+
+    __slots__ = (
+        "action",
+        "attributes",
+        "by",
+        "cost",
+        "cost_attribute",
+        "group",
+        "group_key",
+        "index",
+        "key",
+        "limits",
+        "line",
+        "max_wait",
+        "methods",
+        "name",
+        "paths",
+        "priority",
+        "rank",
+        "response",
+        "rule",
+        "slots",
+        "specificity",
+        "status",
+    )
+
+    def __init__(self, rule: Rule, index: int, line: int | None, file: RuleFile) -> None:
+        self.rule = rule
+        self.name = rule.name
+        self.index = index
+        self.line = line
+        self.group = rule.group
+        # Rules without a group never compete; a name cannot contain "\x00".
+        self.group_key = rule.group if rule.group is not None else "\x00" + rule.name
+        self.priority = rule.priority
+        self.action: Action = rule.action
+        self.status = rule.status if rule.status is not None else 429
+        self.max_wait = rule.max_wait
+        self.response = rule.response if rule.response is not None else Response()
+        match = rule.match
+        self.paths: tuple[Pattern, ...] = ()
+        self.methods: frozenset[str] | None = None
+        self.attributes: tuple[tuple[str, frozenset[str]], ...] = ()
+        if match is not None:
+            self.paths = tuple(parse_pattern(p) for p in as_list(match.paths))
+            methods = as_list(match.methods)
+            self.methods = frozenset(m.upper() for m in methods) if methods else None
+            self.attributes = tuple(
+                (name, frozenset(as_list(values)))
+                for name, values in sorted(match.attributes.items())
+            )
+        self.by = tuple(as_list(rule.by))
+        self.key: KeyFn = _key_function(self.by, _client_ip_function(file.client_ip))
+        if isinstance(rule.cost, int):
+            self.cost, self.cost_attribute = rule.cost, None
+        else:
+            self.cost, self.cost_attribute = rule.cost.default, rule.cost.attribute
+        algorithm = rule.algorithm or file.defaults.algorithm
+        on_failure = rule.on_failure or file.defaults.on_failure
+        self.limits = tuple(
+            LimitSpec(rule.name, parse_rate(r), algorithm, rule.burst, rule.refill, on_failure)
+            for r in as_list(rule.rate)
+        )
+        self.slots: tuple[int, ...] = ()
+        self.rank = 0
+        path_spec = min((p.specificity for p in self.paths), default=(0, 0))
+        self.specificity = (*path_spec, len(self.attributes), self.methods is not None)
+
+    def cost_of(self, attributes: Mapping[str, object]) -> int:
+        if self.cost_attribute is None:
+            return self.cost
+        value = attributes.get(self.cost_attribute)
+        if type(value) is int:
+            return value if value > 0 else 1
+        try:
+            number: int = int(value)  # type: ignore[call-overload]
+        except (TypeError, ValueError, OverflowError):
+            return self.cost
+        return max(1, number)  # every request is checked, even an empty one
+
+    def __repr__(self) -> str:
+        return f"<CompiledRule {self.name!r} group={self.group!r} rank={self.rank}>"
+
+
+class Applicable(msgspec.Struct, frozen=True, gc=False):
+    """One limit that applies to a request: the rule, which of its rates (``slot``
+    indexes the engine's limiters), the key built from ``by`` and the cost."""
+
+    rule: CompiledRule
+    slot: int
+    key: str
+    cost: int
+
+    @property
+    def limit(self) -> LimitSpec:
+        return self.rule.limits[self.rule.slots.index(self.slot)]
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """What one rule made of one request, for ``ratewarden explain``."""
+
+    rule: CompiledRule
+    verdict: str  # "applies", "lost", "no match", "skipped"
+    reason: str
+    key: str | None = None
+    cost: int | None = None
+
+
+def _escape(part: str) -> str:
+    return part.replace("%", "%25").replace("/", "%2F")
+
+
+def _key_function(
+    by: tuple[str, ...], client_ip: Callable[[Mapping[str, object]], object]
+) -> KeyFn:
+    """A function building the counter key from the ``by`` attributes, or ``None``
+    when one is missing or empty. One attribute: its value as it is. Several: the
+    values joined by '/', each with '%' and '/' escaped so no two differ only in
+    where a value ends."""
+    getters = [_getter(name, client_ip) for name in by]
+    if not getters:
+        return lambda attributes: ""
+    if len(getters) == 1 and by[0] not in ("ip",) and not by[0].startswith("header:"):
+        name = by[0]
+
+        def one(attributes: Mapping[str, object]) -> str | None:
+            value = attributes.get(name)
+            if value is None or value == "":
+                return None
+            return value if type(value) is str else str(value)
+
+        return one
+
+    def several(attributes: Mapping[str, object]) -> str | None:
+        parts = []
+        for get in getters:
+            value = get(attributes)
+            if value is None or value == "":
+                return None
+            parts.append(_escape(value if type(value) is str else str(value)))
+        return "/".join(parts)
+
+    return several
+
+
+def _getter(
+    name: str, client_ip: Callable[[Mapping[str, object]], object]
+) -> Callable[[Mapping[str, object]], object]:
+    if name == "ip":
+        return client_ip
+    if name.startswith("header:"):
+        header = name.removeprefix("header:").lower()
+
+        def get_header(attributes: Mapping[str, object]) -> object:
+            headers = attributes.get("headers")
+            return headers.get(header) if isinstance(headers, Mapping) else None
+
+        return get_header
+    return lambda attributes: attributes.get(name)
+
+
+def _client_ip_function(config: ClientIP) -> Callable[[Mapping[str, object]], object]:
+    """``ip``, unless the peer is a trusted proxy: then the right-most address in
+    the forwarding header that is not a trusted proxy (the left-most entries are
+    whatever the client chose to send and prove nothing)."""
+    networks = tuple(ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies)
+    if not networks:
+        return lambda attributes: attributes.get("ip")
+    header = config.header.lower()
+
+    @functools.lru_cache(maxsize=4096)
+    def trusted(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in networks)
+
+    def client_ip(attributes: Mapping[str, object]) -> object:
+        peer = attributes.get("ip")
+        if not isinstance(peer, str) or not trusted(peer):
+            return peer
+        headers = attributes.get("headers")
+        forwarded = headers.get(header) if isinstance(headers, Mapping) else None
+        if not isinstance(forwarded, str) or not forwarded.strip():
+            return peer
+        hops = [hop.strip() for hop in forwarded.split(",")]
+        for hop in reversed(hops):
+            if hop and not trusted(hop):
+                return hop
+        return hops[0] or peer  # every hop is ours: the first is as close as we get
+
+    return client_ip
+
+
+def _normal_method(attributes: Mapping[str, object]) -> object:
+    method = attributes.get("method")
+    if type(method) is str and not method.isupper():
+        return method.upper()
+    return method
+
+
+def _as_text(value: object) -> str | None:
+    if value is None or type(value) is str:
+        return value
+    return str(value)
+
+
+class RuleSet:
+    """A compiled rule file. ``evaluate(attributes)`` returns the `Applicable`
+    limits for one request, pure and quick; ``explain`` says why, rule by rule."""
+
+    def __init__(
+        self, rule_file: RuleFile, rules: list[CompiledRule], document: Document | None
+    ) -> None:
+        self.file = rule_file
+        self.source = None if document is None else document.filename
+        self.rules = tuple(rules)
+        self.by_name = {r.name: r for r in rules}
+        self.slot_count = sum(len(r.limits) for r in rules)
+        self.limits: tuple[LimitSpec, ...] = tuple(s for r in rules for s in r.limits)
+        self._always: list[CompiledRule] = []
+        self._paths: PathIndex[CompiledRule] = PathIndex()
+        self._by_method: dict[str, list[CompiledRule]] = {}
+        self._by_attribute: dict[str, dict[str, list[CompiledRule]]] = {}
+        for rule in rules:
+            if rule.paths:
+                for pattern in rule.paths:
+                    self._paths.add(pattern, rule)
+            elif rule.attributes:
+                name, values = rule.attributes[0]
+                table = self._by_attribute.setdefault(name, {})
+                for value in values:
+                    table.setdefault(value, []).append(rule)
+            elif rule.methods is not None:
+                for method in rule.methods:
+                    self._by_method.setdefault(method, []).append(rule)
+            else:
+                self._always.append(rule)
+        self._attribute_tables = tuple(self._by_attribute.items())
+        self.warnings: tuple[Problem, ...] = tuple(_unreachable(rules, self.source or "<rules>"))
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def __repr__(self) -> str:
+        source = "" if self.source is None else f" from {self.source!r}"
+        return f"<RuleSet {len(self.rules)} rules, {self.slot_count} limits{source}>"
+
+    def _candidates(self, attributes: Mapping[str, object]) -> list[CompiledRule]:
+        found = self._always.copy()
+        path = attributes.get("path")
+        if type(path) is str:
+            if "?" in path:
+                path = path.partition("?")[0]
+            found += self._paths.lookup(path)
+        if self._by_method:
+            rules = self._by_method.get(_as_text(_normal_method(attributes)) or "")
+            if rules:
+                found += rules
+        for name, table in self._attribute_tables:
+            value = attributes.get(name)
+            if value is not None:
+                rules = table.get(value if type(value) is str else str(value))
+                if rules:
+                    found += rules
+        return found
+
+    def evaluate(self, attributes: Mapping[str, object]) -> list[Applicable]:
+        """The limits that apply to a request described by ``attributes`` (method,
+        path, ip, user, api_key, plan, headers (lower-case names) ...), in rank
+        order. Pure: counts nothing."""
+        best: dict[str, tuple[CompiledRule, str]] = {}
+        method = _normal_method(attributes)
+        for rule in self._candidates(attributes):
+            if rule.methods is not None and method not in rule.methods:
+                continue
+            for name, values in rule.attributes:
+                if _as_text(attributes.get(name)) not in values:
+                    break
+            else:
+                key = rule.key(attributes)
+                if key is None:
+                    continue
+                current = best.get(rule.group_key)
+                if current is None or rule.rank < current[0].rank:
+                    best[rule.group_key] = (rule, key)
+        chosen = list(best.values())
+        if len(chosen) > 1:
+            chosen.sort(key=_rank)
+        out: list[Applicable] = []
+        for rule, key in chosen:
+            cost = rule.cost_of(attributes)
+            out.extend(Applicable(rule, slot, key, cost) for slot in rule.slots)
+        return out
+
+    def explain(self, attributes: Mapping[str, object]) -> list[Explanation]:
+        """Every rule's verdict on the request, in file order: it applies (with its
+        key and cost), it lost to a higher-ranked rule of its group, it does not
+        match (and why), or it was skipped for want of its ``by`` attribute."""
+        applied = {a.rule.name: a for a in self.evaluate(attributes)}
+        winners = {a.rule.group_key: a.rule for a in applied.values()}
+        out = []
+        method = _normal_method(attributes)
+        path = attributes.get("path")
+        for rule in self.rules:
+            reason = _mismatch(rule, attributes, method, path)
+            if reason is not None:
+                out.append(Explanation(rule, "no match", reason))
+                continue
+            key = rule.key(attributes)
+            if key is None:
+                missing = ", ".join(rule.by)
+                out.append(Explanation(rule, "skipped", f"no value for by: {missing}"))
+            elif rule.name in applied:
+                why = "matches" + (f"; first in group {rule.group!r}" if rule.group else "")
+                out.append(Explanation(rule, "applies", why, key, rule.cost_of(attributes)))
+            else:
+                winner = winners[rule.group_key]
+                why = f"matches, but {winner.name!r} ranks first in group {rule.group!r}"
+                out.append(Explanation(rule, "lost", why, key))
+        return out
+
+
+def _rank(item: tuple[CompiledRule, str]) -> int:
+    return item[0].rank
+
+
+def _mismatch(
+    rule: CompiledRule, attributes: Mapping[str, object], method: object, path: object
+) -> str | None:
+    if rule.paths:
+        text = path.partition("?")[0] if isinstance(path, str) else None
+        if text is None or not any(re.fullmatch(p.regex, text[1:]) for p in rule.paths):
+            wanted = ", ".join(p.text for p in rule.paths)
+            return f"path {path!r} is not {wanted}"
+    if rule.methods is not None and method not in rule.methods:
+        return f"method {method!r} is not {', '.join(sorted(rule.methods))}"
+    for name, values in rule.attributes:
+        if _as_text(attributes.get(name)) not in values:
+            wanted = ", ".join(sorted(values))
+            return f"{name} is {attributes.get(name)!r}, not {wanted}"
+    return None
+
+
+def _covers(a: CompiledRule, b: CompiledRule) -> bool:
+    """Whether every request ``b`` applies to, ``a`` applies to (conservatively:
+    False when unsure)."""
+    if not set(a.by) <= set(b.by):
+        return False
+    if a.methods is not None and (b.methods is None or not b.methods <= a.methods):
+        return False
+    b_attributes = dict(b.attributes)
+    for name, values in a.attributes:
+        if name not in b_attributes or not b_attributes[name] <= values:
+            return False
+    if not a.paths:
+        return True
+    if not b.paths:
+        return False
+    return all(any(_pattern_covers(p, q) for p in a.paths) for q in b.paths)
+
+
+def _pattern_covers(p: Pattern, q: Pattern) -> bool:
+    if p.text == q.text:
+        return True
+    # A prefix pattern's stem and tail are literal, so a pattern whose text starts
+    # with the same characters only matches paths that start with them too.
+    return p.kind == "prefix" and None not in p.stem and q.text.startswith(p.text[:-1])
+
+
+def _unreachable(rules: list[CompiledRule], filename: str) -> list[Problem]:
+    warnings = []
+    groups: dict[str, list[CompiledRule]] = {}
+    for rule in sorted(rules, key=lambda r: r.rank):
+        if rule.group is not None:
+            groups.setdefault(rule.group, []).append(rule)
+    for members in groups.values():
+        for i, rule in enumerate(members):
+            for earlier in members[:i]:
+                if _covers(earlier, rule):
+                    reason = (
+                        f"never applies: {earlier.name!r} (line {earlier.line}) ranks before it"
+                        f" in group {rule.group!r} and matches every request it matches"
+                    )
+                    warnings.append(Problem(filename, rule.line, rule.name, None, reason))
+                    break
+    return warnings
+
+
+def compile_rules(rule_file: RuleFile, document: Document | None = None) -> RuleSet:
+    """Compile a checked `RuleFile` (see `_schema.from_document`)."""
+    rules = []
+    for i, spec in enumerate(rule_file.rules):
+        line = None if document is None else document.line_of(f"$.rules[{i}]")
+        rules.append(CompiledRule(spec, i, line, rule_file))
+    ordered = sorted(rules, key=lambda r: (-r.priority, _negate(r.specificity), r.index))
+    for rank, rule in enumerate(ordered):
+        rule.rank = rank
+    slot = 0
+    for rule in rules:
+        rule.slots = tuple(range(slot, slot + len(rule.limits)))
+        slot += len(rule.limits)
+    return RuleSet(rule_file, rules, document)
+
+
+def _negate(specificity: tuple[int, int, int, bool]) -> tuple[int, ...]:
+    return tuple(-int(x) for x in specificity)
+
+
+def load(path: str | os.PathLike[str]) -> RuleSet:
+    """Read, check and compile the rule file at ``path``; `RuleFileError` (a
+    `ConfigurationError`) naming file, line, rule and field for anything wrong."""
+    document = read_file(path)
+    return compile_rules(from_document(document), document)
+
+
+def loads(text: str, filename: str = "<string>") -> RuleSet:
+    """`load` for rule-file text already in memory."""
+    document = parse_text(text, filename)
+    return compile_rules(from_document(document), document)
