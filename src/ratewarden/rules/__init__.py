@@ -11,6 +11,7 @@ ratewarden[rules]``); ``import ratewarden`` does not import this package.
 """
 
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
+from ._engine import AsyncRuleEngine, Outcome, RuleEngine, Watcher
 from ._errors import Problem, RuleFileError
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile, dump
 from ._source import MAX_BYTES
@@ -18,6 +19,7 @@ from ._source import MAX_BYTES
 __all__ = [
     "MAX_BYTES",
     "Applicable",
+    "AsyncRuleEngine",
     "ClientIP",
     "CompiledRule",
     "CostFrom",
@@ -25,12 +27,15 @@ __all__ = [
     "Explanation",
     "LimitSpec",
     "Match",
+    "Outcome",
     "Problem",
     "Response",
     "Rule",
+    "RuleEngine",
     "RuleFile",
     "RuleFileError",
     "RuleSet",
+    "Watcher",
     "dump",
     "load",
     "loads",

@@ -125,9 +125,13 @@ class CompiledRule:
             self.cost, self.cost_attribute = rule.cost.default, rule.cost.attribute
         algorithm = rule.algorithm or file.defaults.algorithm
         on_failure = rule.on_failure or file.defaults.on_failure
+        rates = [parse_rate(r) for r in as_list(rule.rate)]
+        # A rule's tiers are told apart by their rate, not their position, so that
+        # reordering them in the file keeps their counters.
+        names = [rule.name] if len(rates) == 1 else [f"{rule.name}@{r}" for r in rates]
         self.limits = tuple(
-            LimitSpec(rule.name, parse_rate(r), algorithm, rule.burst, rule.refill, on_failure)
-            for r in as_list(rule.rate)
+            LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure)
+            for name, rate in zip(names, rates, strict=True)
         )
         self.slots: tuple[int, ...] = ()
         self.rank = 0
@@ -286,6 +290,8 @@ class RuleSet:
         self.source = None if document is None else document.filename
         self.rules = tuple(rules)
         self.by_name = {r.name: r for r in rules}
+        # Decision.rule is a limiter's name: one per rate of a rule with several
+        self.by_limit_name = {spec.name: r for r in rules for spec in r.limits}
         self.slot_count = sum(len(r.limits) for r in rules)
         self.limits: tuple[LimitSpec, ...] = tuple(s for r in rules for s in r.limits)
         self._always: list[CompiledRule] = []
