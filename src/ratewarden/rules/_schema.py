@@ -318,4 +318,6 @@ class _Bad(Protocol):  # the per-rule reporter the helpers are given
 def dump(rule_file: RuleFile) -> str:
     """The rule file as YAML that loads back into an equal `RuleFile`."""
     data = msgspec.to_builtins(rule_file)
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+    # allow_unicode=False: PyYAML writes some characters (U+0085, U+2028) raw, and
+    # reads them back as line breaks; escaped, every string round-trips.
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=False, width=100)
