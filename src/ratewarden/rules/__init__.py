@@ -12,6 +12,7 @@ ratewarden[rules]``); ``import ratewarden`` does not import this package.
 
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
 from ._engine import AsyncRuleEngine, Outcome, RuleEngine, Watcher
+from ._envoy import AsyncEnvoyConfig, EnvoyConfig, EnvoyLimit, EnvoyResult
 from ._errors import Problem, RuleFileError
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile, dump
 from ._source import MAX_BYTES
@@ -19,11 +20,15 @@ from ._source import MAX_BYTES
 __all__ = [
     "MAX_BYTES",
     "Applicable",
+    "AsyncEnvoyConfig",
     "AsyncRuleEngine",
     "ClientIP",
     "CompiledRule",
     "CostFrom",
     "Defaults",
+    "EnvoyConfig",
+    "EnvoyLimit",
+    "EnvoyResult",
     "Explanation",
     "LimitSpec",
     "Match",
