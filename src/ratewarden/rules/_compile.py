@@ -193,16 +193,26 @@ def _key_function(
     getters = [_getter(name, client_ip) for name in by]
     if not getters:
         return lambda attributes: ""
-    if len(getters) == 1 and by[0] not in ("ip",) and not by[0].startswith("header:"):
-        name = by[0]
+    if len(getters) == 1:
+        get = getters[0]
+        if by[0] != "ip" and not by[0].startswith("header:"):
+            name = by[0]
 
-        def one(attributes: Mapping[str, object]) -> str | None:
-            value = attributes.get(name)
+            def one(attributes: Mapping[str, object]) -> str | None:
+                value = attributes.get(name)
+                if value is None or value == "":
+                    return None
+                return value if type(value) is str else str(value)
+
+            return one
+
+        def one_of_ip_or_header(attributes: Mapping[str, object]) -> str | None:
+            value = get(attributes)
             if value is None or value == "":
                 return None
             return value if type(value) is str else str(value)
 
-        return one
+        return one_of_ip_or_header
 
     def several(attributes: Mapping[str, object]) -> str | None:
         parts = []
@@ -266,11 +276,16 @@ def _client_ip_function(config: ClientIP) -> Callable[[Mapping[str, object]], ob
     return client_ip
 
 
-def _normal_method(attributes: Mapping[str, object]) -> object:
-    method = attributes.get("method")
-    if type(method) is str and not method.isupper():
-        return method.upper()
-    return method
+_METHODS = {m: m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")}
+
+
+def _normal_method(method: object) -> str | None:
+    """The method upper-case, as rules hold it (a dict lookup for the usual ones)."""
+    if method is None:
+        return None
+    if type(method) is not str:
+        method = str(method)
+    return method if method.isupper() else method.upper()
 
 
 def _as_text(value: object) -> str | None:
@@ -322,51 +337,57 @@ class RuleSet:
         source = "" if self.source is None else f" from {self.source!r}"
         return f"<RuleSet {len(self.rules)} rules, {self.slot_count} limits{source}>"
 
-    def _candidates(self, attributes: Mapping[str, object]) -> list[CompiledRule]:
+    def evaluate(self, attributes: Mapping[str, object]) -> list[Applicable]:
+        """The limits that apply to a request described by ``attributes`` (method,
+        path, ip, user, api_key, plan, headers (lower-case names) ...). Pure:
+        counts nothing. The order is the same for the same request and rules.
+
+        The hot path of every request, so written flat: one pass gathers the
+        candidates from the indexes, one pass checks them and keeps the first
+        of each group (a candidate whose group is already taken by a rule that
+        ranks first is dropped before its key is built)."""
+        get = attributes.get
+        method = get("method")
+        if method is not None:
+            method = _METHODS.get(method) or _normal_method(method)  # type: ignore[call-overload]
         found = self._always.copy()
-        path = attributes.get("path")
+        path = get("path")
         if type(path) is str:
             if "?" in path:
                 path = path.partition("?")[0]
-            found += self._paths.lookup(path)
+            self._paths.collect(path, found)
         if self._by_method:
-            rules = self._by_method.get(_as_text(_normal_method(attributes)) or "")
+            rules = self._by_method.get(method)  # type: ignore[arg-type]
             if rules:
                 found += rules
         for name, table in self._attribute_tables:
-            value = attributes.get(name)
+            value = get(name)
             if value is not None:
                 rules = table.get(value if type(value) is str else str(value))
                 if rules:
                     found += rules
-        return found
-
-    def evaluate(self, attributes: Mapping[str, object]) -> list[Applicable]:
-        """The limits that apply to a request described by ``attributes`` (method,
-        path, ip, user, api_key, plan, headers (lower-case names) ...), in rank
-        order. Pure: counts nothing."""
         best: dict[str, tuple[CompiledRule, str]] = {}
-        method = _normal_method(attributes)
-        for rule in self._candidates(attributes):
+        for rule in found:
+            current = best.get(rule.group_key)
+            if current is not None and current[0].rank < rule.rank:
+                continue
             if rule.methods is not None and method not in rule.methods:
                 continue
             for name, values in rule.attributes:
-                if _as_text(attributes.get(name)) not in values:
+                value = get(name)
+                if (value if type(value) is str else _as_text(value)) not in values:
                     break
             else:
                 key = rule.key(attributes)
-                if key is None:
-                    continue
-                current = best.get(rule.group_key)
-                if current is None or rule.rank < current[0].rank:
+                if key is not None:
                     best[rule.group_key] = (rule, key)
-        chosen = list(best.values())
-        if len(chosen) > 1:
-            chosen.sort(key=_rank)
         out: list[Applicable] = []
-        for rule, key in chosen:
-            cost = rule.cost_of(attributes)
-            out.extend(Applicable(rule, slot, key, cost) for slot in rule.slots)
+        for rule, key in best.values():
+            cost = rule.cost if rule.cost_attribute is None else rule.cost_of(attributes)
+            if len(rule.slots) == 1:
+                out.append(Applicable(rule, rule.slots[0], key, cost))
+            else:
+                out.extend(Applicable(rule, slot, key, cost) for slot in rule.slots)
         return out
 
     def explain(self, attributes: Mapping[str, object]) -> list[Explanation]:
@@ -376,7 +397,7 @@ class RuleSet:
         applied = {a.rule.name: a for a in self.evaluate(attributes)}
         winners = {a.rule.group_key: a.rule for a in applied.values()}
         out = []
-        method = _normal_method(attributes)
+        method = _normal_method(attributes.get("method"))
         path = attributes.get("path")
         for rule in self.rules:
             reason = _mismatch(rule, attributes, method, path)
@@ -395,10 +416,6 @@ class RuleSet:
                 why = f"matches, but {winner.name!r} ranks first in group {rule.group!r}"
                 out.append(Explanation(rule, "lost", why, key))
         return out
-
-
-def _rank(item: tuple[CompiledRule, str]) -> int:
-    return item[0].rank
 
 
 def _mismatch(

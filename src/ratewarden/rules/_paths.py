@@ -128,9 +128,10 @@ def _glob_regex(segments: list[str], text: str) -> str:
 
 
 class _Node(Generic[T]):
-    __slots__ = ("children", "ends", "globs", "param", "prefix_lengths", "prefixes")
+    __slots__ = ("children", "ends", "globs", "param", "plain", "prefix_lengths", "prefixes")
 
     def __init__(self) -> None:
+        self.plain = True  # no prefixes, globs or param child: the walk only follows children
         self.children: dict[str, _Node[T]] = {}
         self.param: _Node[T] | None = None
         self.ends: list[T] = []
@@ -160,6 +161,7 @@ class PathIndex(Generic[T]):
             if segment is None:
                 if node.param is None:
                     node.param = _Node()
+                    node.plain = False
                 node = node.param
             else:
                 node = node.children.setdefault(segment, _Node())
@@ -167,9 +169,11 @@ class PathIndex(Generic[T]):
             node.ends.append(item)
         elif pattern.kind == "prefix":
             node.prefixes.setdefault(pattern.tail, []).append(item)
+            node.plain = False
             node.prefix_lengths = tuple(sorted({len(p) for p in node.prefixes}))
         else:
             regex = re.compile(pattern.tail)
+            node.plain = False
             for existing, items in node.globs:
                 if existing.pattern == pattern.tail:
                     items.append(item)
@@ -178,33 +182,43 @@ class PathIndex(Generic[T]):
                 node.globs.append((regex, [item]))
 
     def lookup(self, path: str) -> list[T]:
-        found = self._exact.get(path)
-        out = [] if found is None else found.copy()
-        if not self._trie_used:
-            return out
-        segments = path[1:].split("/")
-        count = len(segments)
-        stack = [(self._root, 0)]
-        while stack:
-            node, i = stack.pop()
-            if i < count:
-                segment = segments[i]
-                if node.prefix_lengths:
-                    prefixes = node.prefixes
-                    for length in node.prefix_lengths:
-                        items = prefixes.get(segment[:length])
-                        if items is not None:
-                            out.extend(items)
-                if node.globs:
-                    rest = "/".join(segments[i:])
-                    for regex, items in node.globs:
-                        if regex.fullmatch(rest):
-                            out.extend(items)
-                child = node.children.get(segment)
-                if child is not None:
-                    stack.append((child, i + 1))
-                if node.param is not None and segment:
-                    stack.append((node.param, i + 1))
-            else:
-                out.extend(node.ends)
+        out: list[T] = []
+        self.collect(path, out)
         return out
+
+    def collect(self, path: str, out: list[T]) -> None:
+        """`lookup`, appending to ``out`` (the caller's list of candidates)."""
+        found = self._exact.get(path)
+        if found is not None:
+            out += found
+        if self._trie_used:
+            segments = path[1:].split("/")
+            _walk(self._root, segments, 0, len(segments), out)
+
+
+def _walk(node: _Node[T], segments: list[str], i: int, count: int, out: list[T]) -> None:
+    """Follow the literal children down the path, gathering the items of every
+    pattern that matches; a ``{param}`` child is a second branch, walked by a
+    recursive call (the only one: paths are short and params rare)."""
+    while i < count:
+        segment = segments[i]
+        if not node.plain:
+            if node.prefix_lengths:
+                prefixes = node.prefixes
+                for length in node.prefix_lengths:
+                    items = prefixes.get(segment[:length])
+                    if items is not None:
+                        out.extend(items)
+            if node.globs:
+                rest = "/".join(segments[i:])
+                for regex, items in node.globs:
+                    if regex.fullmatch(rest):
+                        out.extend(items)
+            if node.param is not None and segment:
+                _walk(node.param, segments, i + 1, count, out)
+        i += 1
+        child = node.children.get(segment)
+        if child is None:
+            return
+        node = child
+    out.extend(node.ends)
