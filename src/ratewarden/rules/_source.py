@@ -111,13 +111,21 @@ def parse_text(text: str, filename: str = "<string>", *, max_bytes: int = MAX_BY
         line = text.count("\n", 0, nul) + 1
         reason = "contains a NUL byte; is this a binary file?"
         raise RuleFileError(Problem(filename, line, None, None, reason))
-    loader = _Loader(text)
+    # libyaml composes ten times faster than PyYAML's Python parser (10,000 rules:
+    # 0.5 s instead of 5 s, a reload's whole cost), but cannot be told to refuse
+    # aliases as it meets them. It does not expand them either (an alias is the
+    # anchored node, shared), so a shared node found afterwards means an alias,
+    # and the Python loader then parses again to say where it is.
+    loader: yaml.SafeLoader | yaml.CSafeLoader = (
+        _Loader(text) if _CLoader is None else _CLoader(text)
+    )
     try:
         root = loader.get_single_node()
         if root is None:
             reason = "the file is empty: expected a mapping with a 'rules:' list"
             raise RuleFileError(Problem(filename, None, None, None, reason))
-        _refuse_duplicate_keys(root, filename)
+        if not _check_nodes(root, filename):
+            _Loader(text).get_single_node()  # raises at the first alias
         data = loader.construct_document(root)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -149,22 +157,32 @@ class _Loader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def _refuse_duplicate_keys(root: yaml.Node, filename: str) -> None:
+_CLoader = getattr(yaml, "CSafeLoader", None)
+
+
+def _check_nodes(root: yaml.Node, filename: str) -> bool:
+    """Refuse duplicate keys; False if some node is reached twice (an alias)."""
+    seen: set[int] = set()
     stack = [root]
     while stack:
         node = stack.pop()
+        if id(node) in seen:
+            return False
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            seen: dict[str, int] = {}
+            keys: dict[str, int] = {}
             for key, value in node.value:
                 if isinstance(key, yaml.ScalarNode):
                     line = int(key.start_mark.line) + 1
-                    if key.value in seen:
+                    if key.value in keys:
                         reason = (
-                            f"duplicate key {key.value!r} (first at line {seen[key.value]});"
+                            f"duplicate key {key.value!r} (first at line {keys[key.value]});"
                             " YAML would silently keep only the last"
                         )
                         raise RuleFileError(Problem(filename, line, None, None, reason))
-                    seen[key.value] = line
+                    keys[key.value] = line
+                stack.append(key)
                 stack.append(value)
         elif isinstance(node, yaml.SequenceNode):
             stack.extend(node.value)
+    return True
