@@ -29,7 +29,7 @@ from typing import Generic, Literal, TypeVar
 
 from .._errors import ConfigurationError
 
-__all__ = ["PathIndex", "Pattern", "parse_pattern"]
+__all__ = ["PathIndex", "Pattern", "parse_pattern", "walk"]
 
 T = TypeVar("T")
 Kind = Literal["exact", "param", "glob", "prefix"]
@@ -144,19 +144,19 @@ class PathIndex(Generic[T]):
     """Items (rules) filed under path patterns; ``lookup(path)`` returns the items
     of every pattern that matches, each once per matching pattern."""
 
-    __slots__ = ("_exact", "_root", "_trie_used")
+    __slots__ = ("exact", "root", "trie_used")  # read directly by RuleSet.evaluate
 
     def __init__(self) -> None:
-        self._exact: dict[str, list[T]] = {}
-        self._root: _Node[T] = _Node()
-        self._trie_used = False
+        self.exact: dict[str, list[T]] = {}
+        self.root: _Node[T] = _Node()
+        self.trie_used = False
 
     def add(self, pattern: Pattern, item: T) -> None:
         if pattern.kind == "exact":
-            self._exact.setdefault(pattern.text, []).append(item)
+            self.exact.setdefault(pattern.text, []).append(item)
             return
-        self._trie_used = True
-        node = self._root
+        self.trie_used = True
+        node = self.root
         for segment in pattern.stem:
             if segment is None:
                 if node.param is None:
@@ -188,15 +188,15 @@ class PathIndex(Generic[T]):
 
     def collect(self, path: str, out: list[T]) -> None:
         """`lookup`, appending to ``out`` (the caller's list of candidates)."""
-        found = self._exact.get(path)
+        found = self.exact.get(path)
         if found is not None:
             out += found
-        if self._trie_used:
+        if self.trie_used:
             segments = path[1:].split("/")
-            _walk(self._root, segments, 0, len(segments), out)
+            walk(self.root, segments, 0, len(segments), out)
 
 
-def _walk(node: _Node[T], segments: list[str], i: int, count: int, out: list[T]) -> None:
+def walk(node: _Node[T], segments: list[str], i: int, count: int, out: list[T]) -> None:
     """Follow the literal children down the path, gathering the items of every
     pattern that matches; a ``{param}`` child is a second branch, walked by a
     recursive call (the only one: paths are short and params rare)."""
@@ -215,7 +215,7 @@ def _walk(node: _Node[T], segments: list[str], i: int, count: int, out: list[T])
                     if regex.fullmatch(rest):
                         out.extend(items)
             if node.param is not None and segment:
-                _walk(node.param, segments, i + 1, count, out)
+                walk(node.param, segments, i + 1, count, out)
         i += 1
         child = node.children.get(segment)
         if child is None:
