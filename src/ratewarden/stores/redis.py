@@ -200,6 +200,7 @@ class _Limit:
         self.script = algorithm.step.__name__
         self.step_id = STEP_IDS[self.script]
         self.packed, self.tick_us = pack(params, tick_us), tick_us
+        self.head = struct.pack(">d", self.step_id)
         self.tick, self.rule = params.tick, params.rule
         self.size = params.burst if algorithm.uses_burst else params.limit
         self.prefix, self.policy = options["prefix"], options["on_failure"]
@@ -248,6 +249,9 @@ def _failed(limits: Sequence[_Limit], error: StoreError) -> Decision:
     return pick([fallback(lim.policy, lim.size, lim.rule, wait, error) for lim in limits])
 
 
+_DOUBLE = struct.Struct(">d")
+
+
 class _Many:
     """A multi-tier check planned for _many.lua: no I/O, shared by the twins."""
 
@@ -256,25 +260,25 @@ class _Many:
             raise ConfigurationError("hit_many needs at least one check")
         self.limits: list[_Limit] = []
         self.keys: list[str] = []
-        self.costs: list[int] = []
+        self.tiers: list[bytes] = []  # per tier: step number, cost, the limit's constants
         for limit, key, cost in checks:
             check_cost(cost)
             self.limits.append(limit)
             self.keys.append(limit.prefix + key)
-            self.costs.append(cost)
+            self.tiers.append(limit.head + _DOUBLE.pack(cost) + limit.packed)
         clock = self.limits[0].test_clock
         self.now = "" if clock is None else clock.time_ns() // 1000
 
     def args(self, tiers: Sequence[int], mode: str) -> list[Any]:
         """_many.lua's keys then arguments, for the tiers numbered ``tiers``."""
         args: list[Any] = [self.keys[i] for i in tiers]
-        args += (self.now, mode)
-        for i in tiers:
-            args += (self.limits[i].step_id, self.costs[i], self.limits[i].packed)
+        args += (self.now, mode, b"".join([self.tiers[i] for i in tiers]))
         return args
 
-    def answers(self, tiers: Sequence[int], out: list[Any]) -> list[Decision]:
-        return [self.limits[i].answer(out[4 * n : 4 * n + 4]) for n, i in enumerate(tiers)]
+    def answer(self, tiers: Sequence[int], out: list[Any]) -> tuple[int, Decision]:
+        """The tier _many.lua chose (see `pick`) and its Decision."""
+        tier: int = tiers[out[0] - 1]
+        return tier, self.limits[tier].answer(out[1:5])
 
     def slots(self, keyslot: Any) -> list[list[int]]:
         """The tiers grouped by cluster slot, in order of first appearance."""
@@ -366,29 +370,24 @@ class RedisStore:
         try:
             groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
             if len(groups) == 1:
-                return pick(
-                    many.answers(
-                        everything, call(MANY, len(many.keys), many.args(everything, "hit"))
-                    )
-                )
-            decisions: list[Decision] = [None] * len(many.keys)  # type: ignore[list-item]
+                out = call(MANY, len(many.keys), many.args(everything, "hit"))
+                return many.answer(everything, out)[1]
+            decisions: list[tuple[int, Decision]] = []
             counted: list[tuple[list[int], list[Any]]] = []
             denied = False
             for tiers in groups:
                 out = call(MANY, len(tiers), many.args(tiers, "dry" if denied else "keep"))
-                answers = many.answers(tiers, out)
-                for i, decision in zip(tiers, answers, strict=True):
-                    decisions[i] = decision
-                if all(answers):
-                    if not denied:
-                        counted.append((tiers, out[4 * len(tiers) :]))
-                else:
+                decisions.append(many.answer(tiers, out))
+                if not decisions[-1][1].allowed:
                     denied = True
+                elif not denied:
+                    counted.append((tiers, out[5:]))
             if denied:
                 for tiers, written in counted:
                     if written:
                         call(REFUND, len(written) // 3, many.refund_args(tiers, written))
-            return pick(decisions)
+            decisions.sort(key=lambda tier_decision: tier_decision[0])  # ties: tier order
+            return pick([decision for _, decision in decisions])
         except StoreError as exc:
             return _failed(many.limits, exc)
 
@@ -540,7 +539,7 @@ class AsyncRedisStore:
         everything = list(range(len(many.keys)))
         try:
             out = await self._batcher.submit(MANY, len(many.keys), many.args(everything, "hit"))
-            return pick(many.answers(everything, out))
+            return many.answer(everything, out)[1]
         except StoreError as exc:
             return _failed(many.limits, exc)
 

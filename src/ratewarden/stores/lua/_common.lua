@@ -13,6 +13,7 @@
 -- The limit being stepped: the step functions read these as upvalues.
 local tick, limit, period, burst, scale, unit, capacity, span
 local STEPS = {}  -- _many.lua: the step functions by number (see redis.py, STEP_IDS)
+local BUCKETS = 4  -- step numbers from here on size their limit by burst
 
 -- floor(a / b) for integers, b > 0, exact even where a / b rounds
 local function fdiv(a, b)
@@ -33,9 +34,22 @@ local function clock(arg)
   return tonumber(t[1]) * 1000000 + tonumber(t[2]), false
 end
 
+-- struct formats of n doubles, built once per length
+local FORMATS = setmetatable({}, {__index = function(formats, n)
+  local format = '>' .. string.rep('d', n)
+  formats[n] = format
+  return format
+end})
+
 local function load(key)
   local raw = redis.call('GET', key)
   if not raw then return nil end
+  local n = #raw / 8
+  if n <= 100 then
+    local state = {struct.unpack(FORMATS[n], raw)}
+    state[n + 1] = nil  -- unpack's last value is the next position
+    return state
+  end
   local state, at = {}, 1
   while at <= #raw do
     state[#state + 1], at = struct.unpack('>d', raw, at)
@@ -44,12 +58,13 @@ local function load(key)
 end
 
 local function encode(state)
+  local n = #state
+  if n <= 100 then return struct.pack(FORMATS[n], unpack(state)) end
   -- packed 100 at a time: unpack() of a long log would overflow Lua's C stack
   local parts = {}
-  for first = 1, #state, 100 do
-    local last = math.min(first + 99, #state)
-    parts[#parts + 1] = struct.pack('>' .. string.rep('d', last - first + 1),
-                                    unpack(state, first, last))
+  for first = 1, n, 100 do
+    local last = math.min(first + 99, n)
+    parts[#parts + 1] = struct.pack(FORMATS[last - first + 1], unpack(state, first, last))
   end
   return table.concat(parts)
 end
