@@ -31,10 +31,10 @@ from limits.aio import strategies as aio_strategies
 from tests.redis_server import redis_server
 
 import redis
-from ratewarden import AsyncLimiter, Limiter
+from ratewarden import AsyncLimiter, Limiter, hit_many
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 
-KEYS = [f"user:{i}" for i in range(1000)]
+KEYS = [f"{{user:{i}}}" for i in range(1000)]  # hash-tagged, as tiers in a cluster need
 
 
 def candidates(url: str) -> dict[str, Callable[[str], object]]:
@@ -48,6 +48,15 @@ def candidates(url: str) -> dict[str, Callable[[str], object]]:
         out[f"ratewarden {algorithm}"] = Limiter(
             "1000000000/hour", algorithm=algorithm, store=store, name=algorithm
         ).hit
+    big = "1000000000/{}"
+    tiers = [
+        Limiter(big.format("second"), algorithm="token_bucket", store=store, name="t1"),
+        Limiter(big.format("minute"), algorithm="sliding_window_counter", store=store, name="t2"),
+        Limiter(big.format("hour"), algorithm="fixed_window", store=store, name="t3"),
+        Limiter(big.format("day"), algorithm="gcra", store=store, name="t4"),
+    ]
+    out["ratewarden hit_many, 1 tier"] = lambda k: hit_many([(tiers[1], k)])
+    out["ratewarden hit_many, 4 tiers"] = lambda k: hit_many([(t, k) for t in tiers])
     item = parse("1000000000/hour")
     for label, kind in (
         ("fixed_window", strategies.FixedWindowRateLimiter),
@@ -154,6 +163,12 @@ def main() -> None:
             f"{name:<40}{low:>9.1f}{statistics.median(times[name]):>9.1f}{low - raw:>+10.1f}"
             f"{min(server_us[name]):>11.1f}"
         )
+    one, four = (min(times[f"ratewarden hit_many, {n}"]) for n in ("1 tier", "4 tiers"))
+    single = min(times["ratewarden sliding_window_counter"])
+    print(
+        f"\n4 tiers (token bucket, sliding counter, fixed window, gcra) in one call:"
+        f" {four / one:.2f}x one tier through hit_many, {four / single:.2f}x one hit()"
+    )
     print(f"\nredis-benchmark EVALSHA ceiling (trivial script, -P 16): {top:,.0f} requests/s")
     print("\nasync, one process, 64 concurrent callers x 100 checks, best of 3")
     base = rates["limits aio RedisStorage fixed_window (redis-py)"]

@@ -27,3 +27,57 @@ def scenarios(draw: st.DrawFn, *, max_events: int = 30) -> Scenario:
     cost = st.one_of(st.just(1), st.integers(1, max(limit, burst) + 2))
     events = draw(st.lists(st.tuples(gap, cost), min_size=1, max_size=max_events))
     return Scenario(limit, period, burst, start, tuple(events))
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    algorithm: str
+    limit: int
+    period_ms: int
+    burst: int | None
+    key: str  # the tier's key: few choices, so tiers of one limit share keys
+
+
+@dataclass(frozen=True)
+class TiersScenario:
+    tiers: tuple[TierSpec, ...]
+    events: tuple[tuple[int, tuple[int, ...]], ...]  # (ms since the previous, cost per tier)
+
+
+ALGORITHM_NAMES = (
+    "fixed_window",
+    "sliding_window_log",
+    "sliding_window_counter",
+    "token_bucket",
+    "leaky_bucket",
+    "gcra",
+    "token_bucket/interval",
+)
+
+
+@st.composite
+def tier_scenarios(draw: st.DrawFn, *, max_events: int = 25) -> TiersScenario:
+    """1-4 tiers of mixed algorithms and rates; a tier may repeat an earlier one (the
+    same limit and key, checked twice in one request)."""
+    tiers: list[TierSpec] = []
+    for _ in range(draw(st.integers(1, 4))):
+        if tiers and draw(st.integers(0, 4)) == 0:
+            tiers.append(draw(st.sampled_from(tiers)))
+            continue
+        algorithm = draw(st.sampled_from(ALGORITHM_NAMES))
+        limit = draw(st.integers(1, 6))
+        burst = (
+            draw(st.none() | st.integers(1, 8))
+            if "bucket" in algorithm or algorithm == "gcra"
+            else None
+        )
+        tiers.append(
+            TierSpec(algorithm, limit, draw(st.integers(1, 40)), burst, draw(st.sampled_from("ab")))
+        )
+    most = max(max(t.limit, t.burst or 0) for t in tiers)
+    cost = st.one_of(st.just(1), st.integers(1, most + 1))
+    gap = st.one_of(st.just(0), st.integers(0, 50), st.integers(0, 200))
+    events = draw(
+        st.lists(st.tuples(gap, st.tuples(*[cost] * len(tiers))), min_size=1, max_size=max_events)
+    )
+    return TiersScenario(tuple(tiers), tuple(events))

@@ -9,7 +9,7 @@ from ._errors import (
     StoreError,
     StoreUnavailable,
 )
-from ._limiter import AsyncLimiter, Limiter
+from ._limiter import AsyncLimiter, Limiter, ahit_many, hit_many
 from ._rate import Rate, parse_rate
 from .algorithms import ALGORITHMS
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
@@ -32,6 +32,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "SystemClock",
+    "ahit_many",
+    "hit_many",
     "parse_rate",
 ]
 __version__ = "0.1.0"

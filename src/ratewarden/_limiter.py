@@ -8,8 +8,9 @@ themselves, so a hit costs one Python call into the store and no more.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from ._decision import Decision
 from ._errors import ConfigurationError
@@ -17,10 +18,10 @@ from ._rate import Rate, parse_rate
 from ._waiting import AsyncTurns, Turns, check_max_wait, deadline_ns, next_wait, timed_out
 from .algorithms import Algorithm, Refill, get_algorithm
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
-from .stores._base import AsyncHitFn, AsyncResetFn, BindOptions, HitFn, ResetFn
+from .stores._base import AsyncHitFn, AsyncResetFn, BindOptions, Check, HitFn, ResetFn
 from .stores._failure import OnFailure, check_policy
 
-__all__ = ["AsyncLimiter", "Limiter", "LimiterOptions"]
+__all__ = ["AsyncLimiter", "Limiter", "LimiterOptions", "ahit_many", "hit_many"]
 
 DEFAULT_ALGORITHM = "sliding_window_counter"
 
@@ -62,15 +63,16 @@ class _Config:
             if type(burst) is not int or burst < 1:
                 raise ConfigurationError(f"burst must be a positive integer, got {burst!r}")
         check_policy(on_failure)
-        if name is not None and not isinstance(name, str):
-            raise ConfigurationError(f"name must be a string, got {name!r}")
-        if name is None:
-            # Limiters sharing a store keep apart unless they are the same limit.
-            mode = "" if refill == "continuous" else f"/{refill}"
-            tag = f"{algo.name}{mode}/{parsed}" + ("" if burst is None else f"/burst={burst}")
-            prefix = tag + ":"
-        else:
-            prefix = f"{name}:" if name else ""
+        if name is not None and (not isinstance(name, str) or not name):  # type: ignore[redundant-expr]
+            raise ConfigurationError(f"name must be a non-empty string, got {name!r}")
+        # Limiters sharing a store keep apart unless they are the same limit: the key
+        # prefix names the limit, after the limiter's name if it has one. So two
+        # limiters with one name and one limit share counters (a rule reloaded
+        # unchanged keeps them), and a name whose limit changed starts afresh rather
+        # than reading another algorithm's state.
+        mode = "" if refill == "continuous" else f"/{refill}"
+        tag = f"{algo.name}{mode}/{parsed}" + ("" if burst is None else f"/burst={burst}")
+        prefix = f"{tag}:" if name is None else f"{name}:{tag}:"
         options = BindOptions(burst=burst, prefix=prefix, rule=name, on_failure=on_failure)
         return cls(parsed, algo, options)
 
@@ -79,6 +81,7 @@ class _Shell:
     """What the twins share: configuration, names and repr. No I/O here."""
 
     _config: _Config
+    _tier: Any  # the store's handle for this limit, for hit_many
     store: Store | AsyncStore
 
     @property
@@ -88,6 +91,17 @@ class _Shell:
     @property
     def algorithm(self) -> str:
         return self._config.algorithm.name
+
+    @property
+    def name(self) -> str | None:
+        """The limiter's name, which its Decisions carry as ``rule``."""
+        return self._config.options["rule"]
+
+    @property
+    def key_prefix(self) -> str:
+        """What this limit puts before every key in its store (in Redis, the key is
+        ``key_prefix + key``)."""
+        return self._config.options["prefix"]
 
     def __repr__(self) -> str:
         options = self._config.options
@@ -111,7 +125,9 @@ class Limiter(_Shell):
 
     ``burst`` sets the bucket capacity of token_bucket, leaky_bucket and gcra (default:
     the rate's limit); ``refill="interval"`` makes token_bucket refill once per period.
-    ``name`` prefixes the keys in the store (default: derived from the limit).
+    ``name`` names the limit in its Decisions and, with the limit itself, prefixes
+    its keys in the store: limiters with the same name (or none) and the same limit
+    share counters.
     ``on_failure`` says what to answer when the store cannot decide (Redis down):
     ``"raise"`` `StoreUnavailable` (the default), ``"fail_open"`` allow, or
     ``"fail_closed"`` deny; the last two mark the Decision ``degraded``.
@@ -128,7 +144,7 @@ class Limiter(_Shell):
     ) -> None:
         self._config = _Config.make(rate, **options)
         self.store = MemoryStore() if store is None else store
-        self.hit, self.peek, self.reset = self.store.bind(
+        self.hit, self.peek, self.reset, self._tier = self.store.bind(
             self._config.algorithm, self._config.rate, **self._config.options
         )
         self._turns = Turns()
@@ -168,7 +184,7 @@ class AsyncLimiter(_Shell):
     ) -> None:
         self._config = _Config.make(rate, **options)
         self.store = AsyncMemoryStore() if store is None else store
-        self.hit, self.peek, self.reset = self.store.bind(
+        self.hit, self.peek, self.reset, self._tier = self.store.bind(
             self._config.algorithm, self._config.rate, **self._config.options
         )
         self._turns = AsyncTurns()
@@ -188,6 +204,58 @@ class AsyncLimiter(_Shell):
                 await clock.asleep(next_wait(decision, key, clock.time_ns(), deadline, max_wait))
         finally:
             self._turns.leave(key)
+
+
+_L = TypeVar("_L", Limiter, AsyncLimiter)
+
+
+def _checks(checks: Iterable[tuple[_L, str] | tuple[_L, str, int]]) -> tuple[Any, list[Check]]:
+    """The store every tier shares, and the tiers as that store takes them."""
+    store: Any = None
+    tiers: list[Check] = []
+    for check in checks:
+        if not isinstance(check, tuple) or len(check) not in (2, 3):  # type: ignore[redundant-expr]
+            raise ConfigurationError(
+                f"a check is (limiter, key) or (limiter, key, cost), got {check!r}"
+            )
+        limiter, key = check[0], check[1]
+        if not isinstance(limiter, Limiter | AsyncLimiter):
+            raise ConfigurationError(f"a check starts with a limiter, got {limiter!r}")
+        if store is None:
+            store = limiter.store
+        elif limiter.store is not store:
+            raise ConfigurationError(
+                "hit_many needs every limiter on one store: it counts all tiers atomically"
+            )
+        tiers.append((limiter._tier, key, check[2] if len(check) == 3 else 1))
+    if store is None:
+        raise ConfigurationError("hit_many needs at least one (limiter, key) to check")
+    return store, tiers
+
+
+def hit_many(checks: Iterable[tuple[Limiter, str] | tuple[Limiter, str, int]]) -> Decision:
+    """Check one request against several limits at once: ``(limiter, key)`` or
+    ``(limiter, key, cost)`` each, every limiter on one store.
+
+    The request is admitted only if every tier passes, and then counted in all of
+    them; a denied request is counted nowhere. The memory store does this under one
+    lock, the Redis store in one script call (keys in one cluster slot; see
+    `RedisStore` for tiers that span slots).
+
+    Returns one Decision: if denied, the denying tier's with the longest
+    retry_after (its ``rule`` names it: give your limiters names); if allowed, that
+    of the tier with the least room left relative to its size.
+    """
+    store, tiers = _checks(checks)
+    return store.hit_many(tiers)  # type: ignore[no-any-return]
+
+
+async def ahit_many(
+    checks: Iterable[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]],
+) -> Decision:
+    """The asyncio twin of `hit_many`, for `AsyncLimiter` tiers."""
+    store, tiers = _checks(checks)
+    return await store.hit_many(tiers)  # type: ignore[no-any-return]
 
 
 def _seconds_left(deadline: float, now_ns: int) -> float:

@@ -10,17 +10,23 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given
 
-from ratewarden.algorithms import Params, State, peek
+from ratewarden.algorithms import Algorithm, Params, State, peek
 from ratewarden.stores.redis import Scripts, pack, script_args
 from tests.models import ALGOS
 from tests.redis_server import RedisCluster, RedisServer
 from tests.strategies import Scenario, scenarios
 
 EPOCH_US = 1_763_700_000_000_000  # 2025-11-21 in microseconds: realistic magnitudes
+
+
+def run(scripts: Scripts, algorithm: Algorithm, *args: Any) -> list[int]:
+    """The algorithm's script on (key, packed, now, cost, mode)."""
+    return scripts.call(algorithm.step.__name__, 1, script_args(*args))  # type: ignore[no-any-return]
 
 
 def as_ticks(allowed: bool, remaining: int, reset: float, retry: float) -> tuple[int, ...]:
@@ -53,12 +59,12 @@ def test_lua_equals_python(name: str, sc: Scenario, scripts: Scripts) -> None:
     for gap, cost in sc.events:
         now += gap
         seen = peek(algorithm.step, state, now, cost, params)
-        lua_seen = scripts.call(algorithm, key, script_args(pack(params), now, cost, "peek"))
+        lua_seen = run(scripts, algorithm, key, pack(params), now, cost, "peek")
         assert tuple(lua_seen) == as_ticks(
             seen.allowed, seen.remaining, seen.reset_after, seen.retry_after
         ), f"peek at {now}, cost {cost}"
         decision, state = algorithm.step(state, now, cost, params)
-        lua = scripts.call(algorithm, key, script_args(pack(params), now, cost, "hit"))
+        lua = run(scripts, algorithm, key, pack(params), now, cost, "hit")
         assert tuple(lua) == as_ticks(
             decision.allowed, decision.remaining, decision.reset_after, decision.retry_after
         ), f"hit at {now}, cost {cost}"
@@ -75,7 +81,7 @@ def test_large_values_stay_exact(scripts: Scripts) -> None:
         for step in range(40):
             now += 142_857 if step % 3 else 1
             decision, state = algorithm.step(state, now, 1, params)
-            lua = scripts.call(algorithm, key, script_args(pack(params), now, 1, "hit"))
+            lua = run(scripts, algorithm, key, pack(params), now, 1, "hit")
             assert tuple(lua) == as_ticks(
                 decision.allowed, decision.remaining, decision.reset_after, decision.retry_after
             )
@@ -95,7 +101,7 @@ def test_lua_in_millisecond_ticks(name: str, sc: Scenario, scripts: Scripts) -> 
     for gap, cost in sc.events:
         now_us += gap * 1000
         decision, state = algorithm.step(state, now_us // 1000, cost, params)
-        lua = scripts.call(algorithm, key, script_args(pack(params, 1000), now_us, cost, "hit"))
+        lua = run(scripts, algorithm, key, pack(params, 1000), now_us, cost, "hit")
         assert tuple(lua) == as_ticks(
             decision.allowed, decision.remaining, decision.reset_after, decision.retry_after
         )

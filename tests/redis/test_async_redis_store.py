@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, StoreUnavailable
+from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, StoreUnavailable, ahit_many
 from ratewarden.stores.redis import AsyncRedisStore
 from tests.redis_server import RedisServer, free_port
 
@@ -100,3 +100,39 @@ def test_a_failing_batch_never_leaves_a_caller_waiting(redis_single: RedisServer
 def test_bad_options(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         AsyncRedisStore("redis://127.0.0.1:1/0", **kwargs)  # type: ignore[arg-type]
+
+
+def test_async_hit_many_exact_under_concurrency(redis_single: RedisServer) -> None:
+    async def main() -> tuple[int, list[int]]:
+        async with AsyncRedisStore(redis_single.url) as store:
+            tag = name()
+            minute = AsyncLimiter(
+                "300/minute", algorithm="sliding_window_log", store=store, name=tag + "m"
+            )
+            hour = AsyncLimiter("200/hour", algorithm="token_bucket", store=store, name=tag + "h")
+
+            async def caller() -> int:
+                return sum(
+                    [(await ahit_many([(minute, "u"), (hour, "u")])).allowed for _ in range(10)]
+                )
+
+            admitted = sum(await asyncio.gather(*(caller() for _ in range(64))))
+            left = [(await minute.peek("u")).remaining, (await hour.peek("u")).remaining]
+            return admitted, left
+
+    admitted, left = asyncio.run(main())
+    assert admitted == 200  # 640 requests; the hour tier holds 200
+    assert left == [100, 0]  # denied requests took nothing from the minute
+
+
+def test_async_hit_many_failure_policy() -> None:
+    async def main() -> None:
+        async with AsyncRedisStore(f"redis://127.0.0.1:{free_port()}/0") as store:
+            a = AsyncLimiter("5/hour", store=store, on_failure="fail_open", name="a")
+            b = AsyncLimiter("5/hour", store=store, on_failure="fail_closed", name="b")
+            decision = await ahit_many([(a, "k"), (b, "k")])
+            assert not decision.allowed
+            assert decision.degraded
+            assert decision.rule == "b"
+
+    asyncio.run(main())

@@ -15,6 +15,7 @@ from ratewarden import (
     RateLimitTimeout,
     StoreError,
     StoreUnavailable,
+    hit_many,
 )
 from ratewarden.stores.redis import RedisStore
 from tests.redis_server import RedisCluster, RedisServer, free_port
@@ -74,11 +75,11 @@ def test_keys_expire_once_full(redis_single: RedisServer, closing: contextlib.Ex
     tag = name()
     limiter = Limiter("10/minute", algorithm="fixed_window", store=RedisStore(client), name=tag)
     limiter.hit("k")
-    ttl = client.pttl(f"{tag}:k")
+    ttl = client.pttl(limiter.key_prefix + "k")
     assert 0 < ttl <= 60_000 + 1  # the window's end, at most a minute away
     bucket = Limiter("10/second", algorithm="gcra", store=RedisStore(client), name=tag + "b")
     bucket.hit("k")
-    assert 0 < client.pttl(f"{tag}b:k") <= 100 + 1  # one token's worth: 100 ms
+    assert 0 < client.pttl(bucket.key_prefix + "k") <= 100 + 1  # one token's worth: 100 ms
 
 
 def test_scripts_reload_after_a_flush(
@@ -162,3 +163,80 @@ def test_large_limits_count_in_coarser_ticks(
     assert daily.hit("k").remaining == 0
     with pytest.raises(ConfigurationError, match="too large"):
         Limiter("100000000000/year", algorithm="sliding_window_counter", store=store)
+
+
+def test_hit_many_is_one_script_call(
+    redis_single: RedisServer, closing: contextlib.ExitStack
+) -> None:
+    store = closing.enter_context(RedisStore(redis_single.url))
+    calls: list[str] = []
+    real_call = store.scripts.call
+    store.scripts.call = lambda *a: calls.append(a[0]) or real_call(*a)  # type: ignore[method-assign]
+    tag = name()
+    tiers = [
+        Limiter("2/second", algorithm="fixed_window", store=store, name=tag + "s"),
+        Limiter("5/minute", algorithm="sliding_window_log", store=store, name=tag + "m"),
+        Limiter("8/hour", algorithm="gcra", store=store, name=tag + "h"),
+        Limiter(
+            "100/day", algorithm="token_bucket", refill="interval", store=store, name=tag + "d"
+        ),
+    ]
+    checks = [(limiter, "u") for limiter in tiers]
+    assert [hit_many(checks).allowed for _ in range(3)] == [True, True, False]
+    assert calls == ["_many"] * 3
+    assert [limiter.peek("u").remaining for limiter in tiers] == [0, 3, 6, 98]
+
+
+def test_hit_many_across_cluster_slots_refunds(
+    redis_6_nodes: RedisCluster, closing: contextlib.ExitStack
+) -> None:
+    """Tiers in two slots: the first slot counts, the second denies, the first is
+    refunded; unless another request counted on the key in between: then the
+    refund is skipped (deny more, never admit more)."""
+    store = closing.enter_context(RedisStore(redis_6_nodes.url))
+    tag = name()
+    wide = Limiter("5/hour", store=store, name=tag + "-wide")
+    narrow = Limiter("1/hour", store=store, name=tag + "-narrow")
+    checks = [(wide, "{a}"), (narrow, "{b}")]
+    client = store.client
+    assert client.keyslot(wide.key_prefix + "{a}") != client.keyslot(narrow.key_prefix + "{b}")
+    assert hit_many(checks).allowed
+    denied = hit_many(checks)
+    assert not denied.allowed
+    assert denied.rule == tag + "-narrow"
+    assert wide.peek("{a}").remaining == 4  # counted once, refunded once
+
+    real_call = store.scripts.call
+
+    def meddling(script: str, numkeys: int, args: list[object]) -> object:
+        if script == "_refund":
+            wide.hit("{a}")  # another request counts between the count and the refund
+        return real_call(script, numkeys, args)
+
+    store.scripts.call = meddling  # type: ignore[method-assign]
+    assert not hit_many(checks).allowed
+    assert wide.peek("{a}").remaining == 2  # the other hit, and the unrefunded one
+
+
+@pytest.mark.parametrize(
+    ("policies", "outcome"),
+    [
+        (("fail_open", "fail_open"), True),
+        (("fail_open", "fail_closed"), False),
+        (("fail_closed", "raise"), StoreUnavailable),
+    ],
+)
+def test_hit_many_failure_policy(policies: tuple[str, str], outcome: object) -> None:
+    store = dead_store()
+    checks = [
+        (Limiter("5/hour", store=store, on_failure=policy, name=f"t{i}"), "k")  # type: ignore[arg-type]
+        for i, policy in enumerate(policies)
+    ]
+    for _ in range(3):  # through the failures, then with the breaker open
+        if outcome is StoreUnavailable:
+            with pytest.raises(StoreUnavailable):
+                hit_many(checks)
+        else:
+            decision = hit_many(checks)
+            assert decision.allowed is outcome
+            assert decision.degraded

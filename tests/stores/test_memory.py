@@ -89,7 +89,7 @@ def test_explicit_sweep_keeps_live_keys() -> None:
 
 def test_max_keys_evicts_least_recently_used() -> None:
     store = MemoryStore(max_keys=1000, clock=FakeClock())
-    limiter = Limiter("5/minute", algorithm="fixed_window", store=store, name="")
+    limiter = Limiter("5/minute", algorithm="fixed_window", store=store)
     for i in range(1000):
         limiter.hit(f"k{i}")
     limiter.hit("k0")  # k0 is now the most recently used

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import NamedTuple, Protocol, TypedDict, Unpack
+from collections.abc import Awaitable, Sequence
+from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict, Unpack
 
 from .._clock import Clock
 from .._decision import Decision
@@ -10,13 +10,44 @@ from .._rate import Rate
 from ..algorithms import Algorithm
 from ._failure import OnFailure
 
-__all__ = ["AsyncBound", "AsyncStore", "BindOptions", "Bound", "Store", "check_cost"]
+__all__ = [
+    "AsyncBound",
+    "AsyncStore",
+    "BindOptions",
+    "Bound",
+    "Check",
+    "Store",
+    "check_cost",
+    "pick",
+]
+
+# One tier of a multi-tier check: the tier handle a store's `bind` returned (what it
+# is belongs to that store), the key, the cost.
+Check: TypeAlias = tuple[Any, str, int]
 
 
 def check_cost(cost: object) -> None:
     """Every store's check of a request's cost: a positive integer."""
     if type(cost) is not int or cost < 1:
         raise ConfigurationError(f"cost must be a positive integer, got {cost!r}")
+
+
+def pick(decisions: Sequence[Decision]) -> Decision:
+    """The one Decision that speaks for a multi-tier check. Denied: the denying tier
+    with the longest retry_after, since the request passes only once every tier does
+    (and a tier that passes at some time passes at every later one, absent other
+    traffic). Allowed: the tier with the least room left relative to its size, the
+    one a client should pace itself by. Ties go to the earlier tier."""
+    chosen = decisions[0]
+    for decision in decisions[1:]:
+        if chosen.allowed:
+            if not decision.allowed or (
+                decision.remaining * chosen.limit < chosen.remaining * decision.limit
+            ):
+                chosen = decision
+        elif not decision.allowed and decision.retry_after > chosen.retry_after:
+            chosen = decision
+    return chosen
 
 
 class BindOptions(TypedDict):
@@ -45,17 +76,20 @@ class AsyncResetFn(Protocol):
 
 
 class Bound(NamedTuple):
-    """One limit bound to a store: the functions a `Limiter` calls per request."""
+    """One limit bound to a store: the functions a `Limiter` calls per request, and
+    the handle that names the limit in the store's ``hit_many``."""
 
     hit: HitFn
     peek: HitFn
     reset: ResetFn
+    tier: Any
 
 
 class AsyncBound(NamedTuple):
     hit: AsyncHitFn
     peek: AsyncHitFn
     reset: AsyncResetFn
+    tier: Any
 
 
 class Store(Protocol):
@@ -66,6 +100,10 @@ class Store(Protocol):
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound: ...
 
+    def hit_many(self, checks: Sequence[Check]) -> Decision:
+        """Every tier passes and is counted, or none is counted (see `pick`)."""
+        ...
+
 
 class AsyncStore(Protocol):
     clock: Clock
@@ -73,3 +111,5 @@ class AsyncStore(Protocol):
     def bind(
         self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]
     ) -> AsyncBound: ...
+
+    def hit_many(self, checks: Sequence[Check]) -> Awaitable[Decision]: ...

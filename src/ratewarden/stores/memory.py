@@ -20,6 +20,8 @@ storing it. Memory stays bounded two ways:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import islice
 from typing import Unpack
 
@@ -27,8 +29,8 @@ from .._clock import Clock, SystemClock
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._rate import Rate
-from ..algorithms import Algorithm, Params, State, peek
-from ._base import AsyncBound, BindOptions, Bound, check_cost
+from ..algorithms import Algorithm, Params, State, Step, peek
+from ._base import AsyncBound, BindOptions, Bound, Check, check_cost, pick
 from ._tokenlock import TokenLock
 
 __all__ = ["AsyncMemoryStore", "MemoryStore"]
@@ -36,6 +38,15 @@ __all__ = ["AsyncMemoryStore", "MemoryStore"]
 _MIN_SWEEP = 1024  # no sweep below this many keys: nothing worth reclaiming
 _SWEEP_SHARE = 8  # at the bound, sweep when 1/8 of it has come in since the last sweep
 _ONE = 1  # the default cost: one identity test skips validating it
+
+
+@dataclass(frozen=True, slots=True)
+class _Tier:
+    """One limit in this store, as `MemoryStore.hit_many` steps it."""
+
+    data: dict[str, State]
+    step: Step
+    params: Params
 
 
 class MemoryStore:
@@ -97,7 +108,44 @@ class MemoryStore:
                 if data.pop(key, None) is not None:
                     self._size -= 1
 
-        return Bound(hit, peek_, reset)
+        return Bound(hit, peek_, reset, _Tier(data, step, params))
+
+    def hit_many(self, checks: Sequence[Check]) -> Decision:
+        """Step every tier under one hold of the lock; keep the new states only if
+        every tier passed. A key that appears in two tiers steps twice, the second
+        time from the state the first left."""
+        for _, _, cost in checks:
+            if cost is not _ONE:
+                check_cost(cost)
+        now = self.clock.time_ns()
+        decisions: list[Decision] = []
+        undo: list[tuple[dict[str, State], str, State | None]] = []
+        bounded = self.max_keys is not None
+        with self._lock:
+            for tier, key, cost in checks:
+                data = tier.data
+                # popped and re-inserted under a bound, as hit does: most recent last
+                state = data.pop(key, None) if bounded else data.get(key)
+                decision, new = tier.step(state, now, cost, tier.params)
+                decisions.append(decision)
+                if decision.allowed:
+                    data[key] = new
+                    undo.append((data, key, state))
+                elif state is not None:
+                    data[key] = state
+            if all(decision.allowed for decision in decisions):
+                for _, _, state in undo:
+                    if state is None:
+                        self._size += 1
+                if self._size > self._grow_at:
+                    self._grow(now)
+            else:
+                for data, key, state in reversed(undo):  # reversed: a repeated key ends
+                    if state is None:  # where it started
+                        del data[key]
+                    else:
+                        data[key] = state
+        return pick(decisions)
 
     def _sweep_at(self) -> int:
         """Sweep for growth once the store has doubled since the last sweep."""
@@ -179,7 +227,7 @@ class AsyncMemoryStore:
         self.clock = self.sync.clock
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
-        sync_hit, sync_peek, sync_reset = self.sync.bind(algorithm, rate, **options)
+        sync_hit, sync_peek, sync_reset, tier = self.sync.bind(algorithm, rate, **options)
 
         async def hit(key: str, cost: int = 1) -> Decision:
             return sync_hit(key, cost)
@@ -190,7 +238,10 @@ class AsyncMemoryStore:
         async def reset(key: str) -> None:
             sync_reset(key)
 
-        return AsyncBound(hit, peek, reset)
+        return AsyncBound(hit, peek, reset, tier)
+
+    async def hit_many(self, checks: Sequence[Check]) -> Decision:
+        return self.sync.hit_many(checks)
 
     async def sweep(self) -> int:
         return self.sync.sweep()

@@ -6,8 +6,7 @@ numbers are doubles, exact below 2^53); they read the Redis server's clock, so
 instances with skewed clocks agree. A test may pass a `Clock` instead, whose time
 is then sent with every call. Keys expire once their state is full again.
 
-Still to come (see the issue): Redis Cluster for the asyncio store, multi-tier
-checks in one call.
+Still to come (see the issue): Redis Cluster for the asyncio store.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any, Unpack
 
@@ -32,7 +32,7 @@ from .._decision import Decision
 from .._errors import ConfigurationError, StoreError, StoreUnavailable
 from .._rate import Rate
 from ..algorithms import Algorithm, Params
-from ._base import AsyncBound, BindOptions, Bound, check_cost
+from ._base import AsyncBound, BindOptions, Bound, Check, check_cost, pick
 from ._failure import Breaker, fallback
 
 __all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "connect"]
@@ -81,41 +81,66 @@ def connect(url: str, timeout: float, *, asynchronous: bool = False) -> Any:
         raise StoreUnavailable(f"redis: cannot reach {url!r}: {exc}") from exc
 
 
+# The step functions by the number _many.lua dispatches on.
+STEP_IDS = {
+    name: number
+    for number, name in enumerate(
+        ("fixed_window", "sliding_window_counter", "sliding_window_log", "bucket",
+         "token_bucket_interval"),
+        1,
+    )
+}  # fmt: skip
+MANY, REFUND = "_many", "_refund"
+
+
 def _source(name: str) -> str:
+    """A script's text: the shared head, then one algorithm and _one.lua (``name``
+    is the algorithm's step), every algorithm and _many.lua, or _refund.lua."""
     lua = resources.files("ratewarden.stores") / "lua"
-    return "\n".join((lua / f"{part}.lua").read_text() for part in ("_prelude", name, "_epilogue"))
+
+    def read(part: str) -> str:
+        return (lua / f"{part}.lua").read_text()
+
+    if name == MANY:
+        steps = [f"{read(step)}STEPS[{number}] = step\n" for step, number in STEP_IDS.items()]
+        return "\n".join([read("_common"), *steps, read(MANY)])
+    if name == REFUND:
+        return "\n".join([read("_common"), read(REFUND)])
+    return "\n".join([read("_common"), read(name), read("_one")])
 
 
 class Scripts:
-    """The algorithm scripts of one client: loaded once, called by SHA, reloaded on
-    NOSCRIPT (after a server restart or SCRIPT FLUSH)."""
+    """The scripts of one client, by name (an algorithm's step name, `MANY`,
+    `REFUND`): loaded once, called by SHA, reloaded on NOSCRIPT (after a server
+    restart or SCRIPT FLUSH)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self._sources: dict[str, str] = {}
         self._shas: dict[str, str] = {}
 
-    def source(self, algorithm: Algorithm) -> str:
-        name = algorithm.step.__name__
+    def source(self, name: str) -> str:
         return self._sources.get(name) or self._sources.setdefault(name, _source(name))
 
-    def sha(self, algorithm: Algorithm) -> str | None:
-        return self._shas.get(algorithm.step.__name__)
+    def sha(self, name: str) -> str | None:
+        return self._shas.get(name)
 
-    def loaded(self, algorithm: Algorithm, sha: str) -> str:
-        self._shas[algorithm.step.__name__] = sha
+    def loaded(self, name: str, sha: str) -> str:
+        self._shas[name] = sha
         return sha
 
-    def call(self, algorithm: Algorithm, key: str, args: list[Any]) -> list[int]:
-        sha = self.sha(algorithm)
+    def call(self, name: str, numkeys: int, args: list[Any]) -> Any:
+        """EVALSHA script ``name`` with ``args``: its ``numkeys`` keys, then its
+        arguments."""
+        sha = self._shas.get(name)
         try:
             if sha is not None:
                 try:
-                    return self.client.evalsha(sha, 1, key, *args)  # type: ignore[no-any-return]
+                    return self.client.evalsha(sha, numkeys, *args)
                 except NoScriptError:
                     pass
-            sha = self.loaded(algorithm, self.client.script_load(self.source(algorithm)))
-            return self.client.evalsha(sha, 1, key, *args)  # type: ignore[no-any-return]
+            sha = self.loaded(name, self.client.script_load(self.source(name)))
+            return self.client.evalsha(sha, numkeys, *args)
         except _FAILURES as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
 
@@ -132,8 +157,9 @@ def pack(params: Params, tick_us: int = 1) -> bytes:
     )  # fmt: skip
 
 
-def script_args(packed: bytes, now_us: int | None, cost: int, mode: str) -> list[Any]:
-    return ["" if now_us is None else now_us, cost, packed, mode]
+def script_args(key: str, packed: bytes, now_us: int | None, cost: int, mode: str) -> list[Any]:
+    """The arguments of an algorithm's script (see _one.lua), its key first."""
+    return [key, "" if now_us is None else now_us, cost, packed, mode]
 
 
 def redis_params(rate: Rate, burst: int | None, rule: str | None) -> tuple[Params, int]:
@@ -171,22 +197,25 @@ class _Limit:
         test_clock: Clock | None,
     ) -> None:
         params, tick_us = redis_params(rate, options["burst"], options["rule"])
-        self.packed, self.tick, self.rule = pack(params, tick_us), params.tick, params.rule
+        self.script = algorithm.step.__name__
+        self.step_id = STEP_IDS[self.script]
+        self.packed, self.tick_us = pack(params, tick_us), tick_us
+        self.head = struct.pack(">d", self.step_id)
+        self.tick, self.rule = params.tick, params.rule
         self.size = params.burst if algorithm.uses_burst else params.limit
         self.prefix, self.policy = options["prefix"], options["on_failure"]
         self.breaker, self.test_clock = breaker, test_clock
 
-    def request(self, key: str, cost: int, mode: str) -> tuple[str, list[Any]] | Decision:
-        """The script call to make, or the policy's answer while the breaker is open."""
+    def request(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
+        """The script's arguments, or the policy's answer while the breaker is open."""
         check_cost(cost)
-        breaker = self.breaker
-        if breaker.failures and not breaker.allow():
-            wait = breaker.retry_after()
-            error = StoreUnavailable(f"redis: circuit open, next probe in {wait:.3f}s")
-            return fallback(self.policy, self.size, self.rule, wait, error)
+        if self.breaker.failures:
+            blocked = _blocked([self])
+            if blocked is not None:
+                return blocked
         clock = self.test_clock
         now_us = None if clock is None else clock.time_ns() // 1000
-        return self.prefix + key, script_args(self.packed, now_us, cost, mode)
+        return script_args(self.prefix + key, self.packed, now_us, cost, mode)
 
     def answer(self, result: list[int]) -> Decision:
         if self.breaker.failures:
@@ -199,22 +228,97 @@ class _Limit:
         )  # fmt: skip
 
     def failed(self, error: StoreError) -> Decision:
-        self.breaker.failed()
-        return fallback(self.policy, self.size, self.rule, self.breaker.retry_after(), error)
+        return _failed([self], error)
+
+
+def _blocked(limits: Sequence[_Limit]) -> Decision | None:
+    """The policies' answer while the (shared) breaker is open, else None."""
+    breaker = limits[0].breaker
+    if breaker.allow():
+        return None
+    wait = breaker.retry_after()
+    error = StoreUnavailable(f"redis: circuit open, next probe in {wait:.3f}s")
+    return pick([fallback(lim.policy, lim.size, lim.rule, wait, error) for lim in limits])
+
+
+def _failed(limits: Sequence[_Limit], error: StoreError) -> Decision:
+    """The policies' answer when the store failed: ``"raise"`` in any tier raises."""
+    breaker = limits[0].breaker
+    breaker.failed()
+    wait = breaker.retry_after()
+    return pick([fallback(lim.policy, lim.size, lim.rule, wait, error) for lim in limits])
+
+
+_DOUBLE = struct.Struct(">d")
+
+
+class _Many:
+    """A multi-tier check planned for _many.lua: no I/O, shared by the twins."""
+
+    def __init__(self, checks: Sequence[Check]) -> None:
+        if not checks:
+            raise ConfigurationError("hit_many needs at least one check")
+        self.limits: list[_Limit] = []
+        self.keys: list[str] = []
+        self.tiers: list[bytes] = []  # per tier: step number, cost, the limit's constants
+        for limit, key, cost in checks:
+            check_cost(cost)
+            self.limits.append(limit)
+            self.keys.append(limit.prefix + key)
+            self.tiers.append(limit.head + _DOUBLE.pack(cost) + limit.packed)
+        clock = self.limits[0].test_clock
+        self.now = "" if clock is None else clock.time_ns() // 1000
+
+    def args(self, tiers: Sequence[int], mode: str) -> list[Any]:
+        """_many.lua's keys then arguments, for the tiers numbered ``tiers``."""
+        args: list[Any] = [self.keys[i] for i in tiers]
+        args += (self.now, mode, b"".join([self.tiers[i] for i in tiers]))
+        return args
+
+    def answer(self, tiers: Sequence[int], out: list[Any]) -> tuple[int, Decision]:
+        """The tier _many.lua chose (see `pick`) and its Decision."""
+        tier: int = tiers[out[0] - 1]
+        return tier, self.limits[tier].answer(out[1:5])
+
+    def slots(self, keyslot: Any) -> list[list[int]]:
+        """The tiers grouped by cluster slot, in order of first appearance."""
+        groups: dict[int, list[int]] = {}
+        for i, key in enumerate(self.keys):
+            groups.setdefault(keyslot(key), []).append(i)
+        return list(groups.values())
+
+    def refund_args(self, tiers: Sequence[int], written: list[Any]) -> list[Any]:
+        """_refund.lua's keys and arguments from a "keep" call's written triples."""
+        tick_of = {self.keys[i]: self.limits[i].tick_us for i in tiers}
+        keys = written[0::3]
+        args: list[Any] = [*keys, self.now]
+        for key, before, wrote in zip(keys, written[1::3], written[2::3], strict=True):
+            name = key.decode() if isinstance(key, bytes) else key
+            args += (wrote, before, tick_of[name])
+        return args
 
 
 class RedisStore:
     """A store in Redis or Redis Cluster, from a URL (see `connect`) or an existing
     ``redis.Redis`` / ``redis.RedisCluster`` client. ``clock``: only for tests.
 
-    In a cluster each key lives in its slot; keys that must share one (the tiers of
-    one request, later) take a hash tag chosen by the caller: ``"{user-123}:api"``.
-
     Built from a URL, the client connects and answers within ``timeout`` seconds
     (default 50 ms), which bounds how long a decision can take while Redis is in
     trouble; a client you pass keeps its own settings. A circuit breaker stops
     calling Redis for a moment after repeated failures, so that a down server does
     not cost the timeout on every call, and probes for its return.
+
+    ``hit_many`` runs every tier of a request in one script call, atomically, when
+    their keys share a cluster slot (always on a single Redis; in a cluster, give
+    the keys one hash tag: ``"{user-123}:minute"``, ``"{user-123}:day"``). Tiers
+    that span slots take one call per slot, in order: a slot whose tiers all pass
+    counts them and remembers what it wrote; after a denial the remaining slots are
+    only evaluated, and the slots that counted are refunded, each key restored to
+    its earlier value unless another request has counted on it in between (then it
+    keeps the count: a refund can only deny more, never admit more). Between the
+    count and the refund, other requests see the tiers counted; so across slots a
+    denied request can briefly cost others capacity, and two racing requests can
+    both be denied where one would have passed.
     """
 
     def __init__(self, client: Any, *, timeout: float = 0.05, clock: Clock | None = None) -> None:
@@ -226,17 +330,18 @@ class RedisStore:
         self.breaker = Breaker()
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock  # for acquire's waits
+        self._keyslot = client.keyslot if isinstance(client, RedisCluster) else None
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound:
         limit = _Limit(algorithm, rate, options, self.breaker, self._test_clock)
-        call = self.scripts.call
+        call, script = self.scripts.call, limit.script
 
         def run(key: str, cost: int, mode: str) -> Decision:
             request = limit.request(key, cost, mode)
             if isinstance(request, Decision):
                 return request
             try:
-                return limit.answer(call(algorithm, *request))
+                return limit.answer(call(script, 1, request))
             except StoreError as exc:
                 return limit.failed(exc)
 
@@ -252,7 +357,39 @@ class RedisStore:
             except _FAILURES as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
 
-        return Bound(hit, peek, reset)
+        return Bound(hit, peek, reset, limit)
+
+    def hit_many(self, checks: Sequence[Check]) -> Decision:
+        many = _Many(checks)
+        if self.breaker.failures:
+            blocked = _blocked(many.limits)
+            if blocked is not None:
+                return blocked
+        call = self.scripts.call
+        everything = list(range(len(many.keys)))
+        try:
+            groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
+            if len(groups) == 1:
+                out = call(MANY, len(many.keys), many.args(everything, "hit"))
+                return many.answer(everything, out)[1]
+            decisions: list[tuple[int, Decision]] = []
+            counted: list[tuple[list[int], list[Any]]] = []
+            denied = False
+            for tiers in groups:
+                out = call(MANY, len(tiers), many.args(tiers, "dry" if denied else "keep"))
+                decisions.append(many.answer(tiers, out))
+                if not decisions[-1][1].allowed:
+                    denied = True
+                elif not denied:
+                    counted.append((tiers, out[5:]))
+            if denied:
+                for tiers, written in counted:
+                    if written:
+                        call(REFUND, len(written) // 3, many.refund_args(tiers, written))
+            decisions.sort(key=lambda tier_decision: tier_decision[0])  # ties: tier order
+            return pick([decision for _, decision in decisions])
+        except StoreError as exc:
+            return _failed(many.limits, exc)
 
     def close(self) -> None:
         """Close the connections, if this store made its client from a URL (a client
@@ -278,12 +415,12 @@ class _Batcher:
 
     def __init__(self, client: Any, scripts: Scripts, max_batch: int) -> None:
         self.client, self.scripts, self.max_batch = client, scripts, max_batch
-        self.pending: list[tuple[Algorithm, str, list[Any], asyncio.Future[list[int]]]] = []
+        self.pending: list[tuple[str, int, list[Any], asyncio.Future[Any]]] = []
         self.draining = False
 
-    def submit(self, algorithm: Algorithm, key: str, args: list[Any]) -> asyncio.Future[list[int]]:
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self.pending.append((algorithm, key, args, future))
+    def submit(self, script: str, numkeys: int, args: list[Any]) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending.append((script, numkeys, args, future))
         if not self.draining:
             self.draining = True
             asyncio.get_running_loop().create_task(self._drain())
@@ -298,20 +435,21 @@ class _Batcher:
         finally:
             self.draining = False
 
-    async def _pipeline(self, batch: list[tuple[Algorithm, str, list[Any], Any]]) -> list[Any]:
+    async def _pipeline(self, batch: list[tuple[str, int, list[Any], Any]]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
-        for algorithm, key, args, _ in batch:
-            pipe.evalsha(self.scripts.sha(algorithm) or "0" * 40, 1, key, *args)
+        sha = self.scripts.sha
+        for script, numkeys, args, _ in batch:
+            pipe.evalsha(sha(script) or "0" * 40, numkeys, *args)
         return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 
-    async def _send(self, batch: list[tuple[Algorithm, str, list[Any], Any]]) -> None:
+    async def _send(self, batch: list[tuple[str, int, list[Any], Any]]) -> None:
         try:
             results = await self._pipeline(batch)
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if missing:  # first use, or the server lost its scripts: load, send again
-                for algorithm in {batch[i][0] for i in missing}:
-                    sha = await self.client.script_load(self.scripts.source(algorithm))
-                    self.scripts.loaded(algorithm, sha)
+                for script in {batch[i][0] for i in missing}:
+                    sha = await self.client.script_load(self.scripts.source(script))
+                    self.scripts.loaded(script, sha)
                 again = await self._pipeline([batch[i] for i in missing])
                 for i, result in zip(missing, again, strict=True):
                     results[i] = result
@@ -342,7 +480,8 @@ class _Batcher:
 class AsyncRedisStore:
     """The asyncio twin of `RedisStore` (single Redis; cluster to come): the same
     scripts, limits and failure policy, and concurrent checks coalesced into
-    pipelines so that one process is not held to one round trip at a time."""
+    pipelines so that one process is not held to one round trip at a time.
+    ``hit_many`` runs every tier in one script call, in the same pipelines."""
 
     def __init__(
         self,
@@ -366,14 +505,14 @@ class AsyncRedisStore:
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
         limit = _Limit(algorithm, rate, options, self.breaker, self._test_clock)
-        submit = self._batcher.submit
+        submit, script = self._batcher.submit, limit.script
 
         async def run(key: str, cost: int, mode: str) -> Decision:
             request = limit.request(key, cost, mode)
             if isinstance(request, Decision):
                 return request
             try:
-                return limit.answer(await submit(algorithm, *request))
+                return limit.answer(await submit(script, 1, request))
             except StoreError as exc:
                 return limit.failed(exc)
 
@@ -389,7 +528,20 @@ class AsyncRedisStore:
             except (*_FAILURES, OSError) as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
 
-        return AsyncBound(hit, peek, reset)
+        return AsyncBound(hit, peek, reset, limit)
+
+    async def hit_many(self, checks: Sequence[Check]) -> Decision:
+        many = _Many(checks)
+        if self.breaker.failures:
+            blocked = _blocked(many.limits)
+            if blocked is not None:
+                return blocked
+        everything = list(range(len(many.keys)))
+        try:
+            out = await self._batcher.submit(MANY, len(many.keys), many.args(everything, "hit"))
+            return many.answer(everything, out)[1]
+        except StoreError as exc:
+            return _failed(many.limits, exc)
 
     async def aclose(self) -> None:
         """Close the connections, if this store made its client from a URL."""
