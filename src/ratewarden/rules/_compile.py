@@ -228,9 +228,9 @@ def _key_function(
 
             def one(attributes: Mapping[str, object]) -> str | None:
                 value = attributes.get(name)
-                if value is None or value == "":
-                    return None
-                return value if type(value) is str else str(value)
+                if type(value) is str:
+                    return value or None
+                return None if value is None else str(value)
 
             return one
 
