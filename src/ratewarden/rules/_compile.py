@@ -342,6 +342,7 @@ class RuleSet:
         self.slot_count = sum(len(r.limits) for r in rules)
         self.limits: tuple[LimitSpec, ...] = tuple(s for r in rules for s in r.limits)
         self._always: list[_Entry] = []
+        self._fixed: list[Applicable] = []
         self._paths: PathIndex[_Entry] = PathIndex()
         self._by_method: dict[str, list[_Entry]] = {}
         self._by_attribute: dict[str, dict[str, list[_Entry]]] = {}
@@ -358,6 +359,9 @@ class RuleSet:
             elif rule.methods is not None:
                 for method in rule.methods:
                     self._by_method.setdefault(method, []).append(entry)
+            elif not rule.by and rule.group is None and entry[6] >= 0:
+                # applies to every request with the same key and cost: built once
+                self._fixed.append(Applicable(rule, entry[6], "", rule.cost))
             else:
                 self._always.append(entry)
         self._attribute_tables = tuple(self._by_attribute.items())
@@ -408,7 +412,7 @@ class RuleSet:
                 rules = table.get(value if type(value) is str else str(value))
                 if rules:
                     found += rules
-        out: list[Applicable] = []
+        out = self._fixed.copy()
         best: dict[str, tuple[int, CompiledRule, str, int, int]] = {}
         for group, rank, _, _, key_of, rule, slot, cost in self._always:  # nothing to check
             if group is not None:
