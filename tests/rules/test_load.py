@@ -317,3 +317,15 @@ def test_unreachable_rules_are_warned_about_not_refused() -> None:
     (warning,) = ruleset.warnings
     assert (warning.line, warning.rule) == (9, "orders")
     assert "never applies: 'all-api' (line 3) ranks before it in group 'api'" in warning.reason
+
+
+def test_a_billion_laughs_is_refused_at_its_first_alias() -> None:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        prev, name = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    lines.append("rules: *i")
+    with pytest.raises(RuleFileError) as info:
+        loads("\n".join(lines), "bomb.yaml")
+    assert str(info.value).startswith("bomb.yaml:2: ")
+    assert "aliases (*name) are not allowed" in str(info.value)

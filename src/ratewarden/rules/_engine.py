@@ -180,8 +180,8 @@ class _Core(Generic[L]):
 
     def _plan(
         self, attributes: Mapping[str, object]
-    ) -> tuple[list[Applicable], list[tuple[L, str, int]], list[tuple[L, str, int]]]:
-        bound = self._bound
+    ) -> tuple[RuleSet, list[Applicable], list[tuple[L, str, int]], list[tuple[L, str, int]]]:
+        bound = self._bound  # read once: a reload in between cannot mix two rule sets
         applicable = bound.ruleset.evaluate(attributes)
         limiters = bound.limiters
         enforced: list[tuple[L, str, int]] = []
@@ -190,10 +190,11 @@ class _Core(Generic[L]):
             (shadow if a.rule.action == "log_only" else enforced).append(
                 (limiters[a.slot], a.key, a.cost)
             )
-        return applicable, enforced, shadow
+        return bound.ruleset, applicable, enforced, shadow
 
     def _outcome(
         self,
+        ruleset: RuleSet,
         applicable: list[Applicable],
         decision: Decision | None,
         shadow: Decision | None,
@@ -201,7 +202,7 @@ class _Core(Generic[L]):
         limits = tuple(applicable) if applicable else _NO_LIMITS
         if decision is None or decision.allowed:
             return Outcome(True, "allow", decision, shadow=shadow, limits=limits)
-        rule = self._bound.ruleset.by_limit_name.get(decision.rule or "")
+        rule = ruleset.by_limit_name.get(decision.rule or "")
         retry = decision.retry_after
         if rule is None or rule.action == "reject":
             status = 429 if rule is None else rule.status
@@ -254,12 +255,12 @@ class RuleEngine(_Core[Limiter]):
                 return outcome
 
     def _check_once(self, attributes: Mapping[str, object]) -> Outcome:
-        applicable, enforced, shadow = self._plan(attributes)
+        ruleset, applicable, enforced, shadow = self._plan(attributes)
         decision = hit_many(enforced) if enforced else None
         report = None
         if shadow and (decision is None or decision.allowed):
             report = hit_many(shadow)
-        return self._outcome(applicable, decision, report)
+        return self._outcome(ruleset, applicable, decision, report)
 
 
 class AsyncRuleEngine(_Core[AsyncLimiter]):
@@ -292,12 +293,12 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
                 return outcome
 
     async def _check_once(self, attributes: Mapping[str, object]) -> Outcome:
-        applicable, enforced, shadow = self._plan(attributes)
+        ruleset, applicable, enforced, shadow = self._plan(attributes)
         decision = await ahit_many(enforced) if enforced else None
         report = None
         if shadow and (decision is None or decision.allowed):
             report = await ahit_many(shadow)
-        return self._outcome(applicable, decision, report)
+        return self._outcome(ruleset, applicable, decision, report)
 
 
 def _too_long(outcome: Outcome) -> Outcome:
