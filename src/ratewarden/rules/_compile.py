@@ -13,12 +13,14 @@ specific rule (exact path > ``{param}`` > glob > prefix > no path; then more
 attribute conditions; then a method condition); then file order. A rule without
 a group is a group of its own, so it always applies when it matches.
 
-A rule whose ``by`` attribute is missing from a request does not apply to it, and
-the next rule of its group gets the chance: "per user, else per ip" is two
-rules in one group. Keying a missing user on a shared "unknown" counter would
-let one anonymous client lock out every other, and not applying at all would
-let anyone skip the limit by leaving the attribute out; a fallback rule in the
-same group is how an operator says which of the two they mean.
+A rule whose ``by`` attribute is missing from a request (or empty) does not
+apply to it, and the next rule of its group gets the chance: "per user, else per
+ip" is two rules in one group. Not a shared "unknown" counter, which would let
+one anonymous client lock out every other; not an error, since a missing user is
+usually just an anonymous caller. Because a rule that does not apply can be
+skipped by leaving the attribute out, a group that must hold for everyone ends
+with a fallback (``by: ip``, or no ``by`` for one counter shared by all), and
+``ratewarden explain`` shows which rule each request falls to.
 """
 
 from __future__ import annotations
