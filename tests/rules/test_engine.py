@@ -273,3 +273,12 @@ def test_the_async_engine_is_the_same(clock: FakeClock) -> None:
         assert [s is not None and s.allowed for s in shadows] == [True, True, False]
 
     asyncio.run(main())
+
+
+def test_reprs_show_what_is_in_force(tmp_path: Path, store: MemoryStore) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules: [{name: a, rate: [1/s, 9/minute]}, {name: b, rate: 1/s}]\n")
+    engine = RuleEngine(path, store)
+    assert repr(engine.ruleset) == f"<RuleSet 2 rules, 3 limits from {str(path)!r}>"
+    assert repr(engine) == f"<RuleEngine 2 rules from {str(path)!r} on {store!r}>"
+    assert repr(engine.ruleset.rules[0]) == "<CompiledRule 'a' group=None rank=0>"

@@ -180,6 +180,12 @@ class _Core(Generic[L]):
 
         return restore
 
+    def __repr__(self) -> str:
+        ruleset = self._bound.ruleset
+        source = "" if self.path is None else f" from {str(self.path)!r}"
+        store = getattr(self, "store", None)
+        return f"<{type(self).__name__} {len(ruleset)} rules{source} on {store!r}>"
+
     def _plan(
         self, attributes: Mapping[str, object]
     ) -> tuple[RuleSet, list[Applicable], list[tuple[L, str, int]], list[tuple[L, str, int]]]:
