@@ -8,6 +8,7 @@ from ratewarden.rules import ClientIP, CostFrom, Defaults, Match, Response, Rule
 
 names = st.from_regex(r"[a-z0-9][a-z0-9_.\-]{0,12}", fullmatch=True)
 texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
+values = st.one_of(st.sampled_from(["a", "b", "free"]), texts)  # some that requests carry
 rates = st.sampled_from(["1/second", "100/minute", "5/2hours", "1000/day", "10 per second"])
 paths = st.sampled_from(["/api/login", "/api/v1/orders*", "/users/{id}", "/a/*/b", "/f/x?[ab]"])
 methods = st.sampled_from(["GET", "POST", "delete"])
@@ -22,7 +23,7 @@ def matches(draw: st.DrawFn) -> Match:
     match = Match(
         paths=draw(st.one_of(st.just([]), one_or_many(paths))),
         methods=draw(st.one_of(st.just([]), one_or_many(methods))),
-        attributes=draw(st.dictionaries(attribute_names, one_or_many(texts), max_size=2)),
+        attributes=draw(st.dictionaries(attribute_names, one_or_many(values), max_size=2)),
     )
     if not (match.paths or match.methods or match.attributes):
         return Match(methods="GET")
