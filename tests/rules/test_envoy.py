@@ -322,3 +322,21 @@ def test_the_async_twin(clock: FakeClock, tmp_path: Path) -> None:
         return sum([(await cfg.acheck("messaging", d)).overall_ok for _ in range(8)])
 
     assert asyncio.run(main()) == 5
+
+
+def test_unquoted_numbers_and_booleans_are_values_as_written(store: MemoryStore) -> None:
+    cfg = config(
+        """
+        domain: d
+        descriptors:
+          - key: status
+            value: 429
+            rate_limit: {unit: second, requests_per_unit: 1}
+          - key: internal
+            value: true
+            rate_limit: {unlimited: true}
+        """,
+        store,
+    )
+    assert limit_of(cfg, "d", ("status", "429")) == "1/second"
+    assert limit_of(cfg, "d", ("internal", "true")) == "unlimited"

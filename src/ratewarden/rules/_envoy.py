@@ -70,7 +70,8 @@ class _RateLimit(_Base, frozen=True):
 
 class _Descriptor(_Base, frozen=True):
     key: str
-    value: str | None = None
+    # envoy's loader reads an unquoted number or boolean as its text; so do we
+    value: str | int | float | bool | None = None
     rate_limit: _RateLimit | None = None
     descriptors: list[_Descriptor] = []
     shadow_mode: bool = False
@@ -174,19 +175,20 @@ class _EnvoyCore(Generic[L]):
 
             if not d.key:
                 raise bad(".key", "a descriptor needs a key")
-            path = f"{parent}.{d.key}" + ("" if d.value is None else f"_{d.value}")
+            value = _text(d.value)
+            path = f"{parent}.{d.key}" + ("" if value is None else f"_{value}")
             node = self._node(d, path, bad)
             node.children = self._level(d.descriptors, path, document, f"{here}.descriptors")
-            if d.value is None:
+            if value is None:
                 taken = d.key in level.any_value
                 level.any_value[d.key] = node
-            elif d.value.endswith("*"):
-                prefix = d.value[:-1]
+            elif value.endswith("*"):
+                prefix = value[:-1]
                 taken = any(k == d.key and p == prefix for k, p, _ in level.wildcards)
                 level.wildcards.append((d.key, prefix, node))
             else:
-                taken = (d.key, d.value) in level.exact
-                level.exact[(d.key, d.value)] = node
+                taken = (d.key, value) in level.exact
+                level.exact[(d.key, value)] = node
             if taken:
                 raise bad("", f"duplicate descriptor composite key {path!r}")
         return level
@@ -296,6 +298,14 @@ def _lookup(root: _Level, entries: Sequence[tuple[str, str]]) -> _Node | None:
             return None
         level = node.children
     return node
+
+
+def _text(value: str | float | bool | None) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _esc(text: str) -> str:
