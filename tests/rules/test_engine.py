@@ -282,3 +282,11 @@ def test_reprs_show_what_is_in_force(tmp_path: Path, store: MemoryStore) -> None
     assert repr(engine.ruleset) == f"<RuleSet 2 rules, 3 limits from {str(path)!r}>"
     assert repr(engine) == f"<RuleEngine 2 rules from {str(path)!r} on {store!r}>"
     assert repr(engine.ruleset.rules[0]) == "<CompiledRule 'a' group=None rank=0>"
+
+
+def test_use_puts_a_compiled_rule_set_in_force(store: MemoryStore) -> None:
+    engine = RuleEngine(loads("rules: [{name: a, rate: 1/minute, by: user}]"), store)
+    assert engine.check({"user": "u"}).allowed
+    engine.use(loads("rules: [{name: a, rate: 1/minute, by: user}, {name: b, rate: 5/s}]"))
+    assert len(engine.ruleset) == 2
+    assert not engine.check({"user": "u"}).allowed  # rule a unchanged: still counted
