@@ -9,6 +9,7 @@ decide exactly as the memory store does and leave exactly its counts.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,17 +17,27 @@ from typing import Any
 import pytest
 from hypothesis import given
 
-from ratewarden import Decision, FakeClock, Limiter, MemoryStore, Rate, hit_many
-from ratewarden.stores.redis import RedisStore
+import redis
+from ratewarden import (
+    AsyncLimiter,
+    Decision,
+    FakeClock,
+    Limiter,
+    MemoryStore,
+    Rate,
+    ahit_many,
+    hit_many,
+)
+from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisCluster, RedisServer
 from tests.strategies import TierSpec, TiersScenario, tier_scenarios
 
 EPOCH_S = 1_763_700_000  # 2025-11-21: realistic magnitudes
 
 
-def build(spec: TierSpec, store: Any, run: str) -> Limiter:
+def build(spec: TierSpec, store: Any, run: str, kind: Any = Limiter) -> Any:
     algorithm, _, refill = spec.algorithm.partition("/")
-    return Limiter(
+    return kind(
         Rate(spec.limit, spec.period_ms / 1000),
         algorithm=algorithm,
         refill="interval" if refill else "continuous",
@@ -62,6 +73,36 @@ def where(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
         client = cluster.client()
     with client:
         yield client, "{t}" if request.param == "cluster-one-slot" else ""
+
+
+@given(sc=tier_scenarios(max_events=12))
+def test_async_redis_many_equals_memory(sc: TiersScenario, where: tuple[Any, str]) -> None:
+    """The same through AsyncRedisStore (its own client on the same server)."""
+    client, tag = where
+    url = (
+        f"redis+cluster://127.0.0.1:{client.get_default_node().port}"
+        if isinstance(client, redis.RedisCluster)
+        else f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
+    )
+    clock = FakeClock(EPOCH_S)
+    clock.now_ns += 123_456_000
+    memory = MemoryStore(clock=clock)
+    run = uuid.uuid4().hex[:8]
+    ours = [build(spec, memory, run) for spec in sc.tiers]
+    keys = [f"{tag}{spec.key}" for spec in sc.tiers]
+
+    async def main() -> None:
+        async with AsyncRedisStore(url, clock=clock, timeout=5.0) as store:
+            theirs = [build(spec, store, run, AsyncLimiter) for spec in sc.tiers]
+            for gap, costs in sc.events:
+                clock.advance(gap / 1000)
+                expected = hit_many(list(zip(ours, keys, costs, strict=True)))
+                got = await ahit_many(list(zip(theirs, keys, costs, strict=True)))
+                assert same(got, expected), f"{got} != {expected} at +{gap} ms, costs {costs}"
+                for mine, yours, key in zip(ours, theirs, keys, strict=True):
+                    assert same(await yours.peek(key), mine.peek(key)), "counts differ after"
+
+    asyncio.run(main())
 
 
 @given(sc=tier_scenarios())

@@ -5,8 +5,6 @@ Install with ``pip install ratewarden[redis]``. The scripts (package data under
 numbers are doubles, exact below 2^53); they read the Redis server's clock, so
 instances with skewed clocks agree. A test may pass a `Clock` instead, whose time
 is then sent with every call. Keys expire once their state is full again.
-
-Still to come (see the issue): Redis Cluster for the asyncio store.
 """
 
 from __future__ import annotations
@@ -14,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from importlib import resources
-from typing import Any, Unpack
+from typing import Any, TypeAlias, Unpack
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
@@ -45,36 +45,41 @@ _FAILURES = (RedisError, RedisClusterException)  # the latter is no RedisError
 def connect(url: str, timeout: float, *, asynchronous: bool = False) -> Any:
     """A client for ``url``: ``redis://``, ``rediss://``, ``unix://``, or
     ``redis+cluster://host:port,host:port`` (any reachable nodes of a cluster);
-    a ``redis.asyncio`` one if ``asynchronous`` (single Redis only, for now).
+    a ``redis.asyncio`` one if ``asynchronous``.
 
     Connect and command timeouts are ``timeout``; no retries: a retry with backoff
     would break the decision's time bound, and the breaker does the retrying.
     """
     if type(timeout) not in (int, float) or not timeout > 0:  # bool is no duration
         raise ConfigurationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    if asynchronous and url.startswith(CLUSTER_SCHEME):
-        raise ConfigurationError("AsyncRedisStore does not speak Redis Cluster yet")
-    no_retry = Retry(NoBackoff(), 0)
     try:
-        if asynchronous:
-            return aioredis.Redis.from_url(
-                url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                retry=AsyncRetry(NoBackoff(), 0),
-            )  # fmt: skip
         if url.startswith(CLUSTER_SCHEME):
             nodes = []
             for node in url[len(CLUSTER_SCHEME) :].split(","):
                 host, _, port = node.strip().rpartition(":")
                 if not host or not port.isdigit():
                     raise ValueError(f"expected host:port, got {node!r}")
-                nodes.append(ClusterNode(host, int(port)))  # type: ignore[no-untyped-call]
+                nodes.append((host, int(port)))
+            if asynchronous:
+                return AsyncRedisCluster(
+                    startup_nodes=[AsyncClusterNode(host, port) for host, port in nodes],
+                    socket_timeout=timeout, socket_connect_timeout=timeout,
+                    retry=AsyncRetry(NoBackoff(), 0),
+                )  # fmt: skip
             return RedisCluster(
-                startup_nodes=nodes, socket_timeout=timeout, socket_connect_timeout=timeout,
-                retry=no_retry,
+                startup_nodes=[ClusterNode(h, p) for h, p in nodes],  # type: ignore[no-untyped-call]
+                socket_timeout=timeout, socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 0),
+            )  # fmt: skip
+        if asynchronous:
+            return aioredis.Redis.from_url(
+                url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                retry=AsyncRetry(NoBackoff(), 0),
             )  # fmt: skip
         return redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=no_retry
-        )
+            url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )  # fmt: skip
     except ValueError as exc:
         raise ConfigurationError(f"bad Redis URL {url!r}: {exc}") from exc
     except _FAILURES as exc:
@@ -298,6 +303,36 @@ class _Many:
         return args
 
 
+Call: TypeAlias = tuple[str, int, list[Any]]  # script name, numkeys, keys + arguments
+
+
+def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Decision]:
+    """The script calls a multi-tier check makes, written once for both twins: each
+    yields a call, is sent its result, and returns the Decision (httpx's auth flows
+    drive sync and async the same way). ``groups``: the tiers by cluster slot."""
+    if len(groups) == 1:
+        out = yield MANY, len(many.keys), many.args(groups[0], "hit")
+        return many.answer(groups[0], out)[1]
+    # Across slots: count slot by slot; after a denial only evaluate, then refund
+    # the slots that counted (see RedisStore).
+    decisions: list[tuple[int, Decision]] = []
+    counted: list[tuple[list[int], list[Any]]] = []
+    denied = False
+    for tiers in groups:
+        out = yield MANY, len(tiers), many.args(tiers, "dry" if denied else "keep")
+        decisions.append(many.answer(tiers, out))
+        if not decisions[-1][1].allowed:
+            denied = True
+        elif not denied:
+            counted.append((tiers, out[5:]))
+    if denied:
+        for tiers, written in counted:
+            if written:
+                yield REFUND, len(written) // 3, many.refund_args(tiers, written)
+    decisions.sort(key=lambda tier_decision: tier_decision[0])  # ties go by tier order
+    return pick([decision for _, decision in decisions])
+
+
 class RedisStore:
     """A store in Redis or Redis Cluster, from a URL (see `connect`) or an existing
     ``redis.Redis`` / ``redis.RedisCluster`` client. ``clock``: only for tests.
@@ -365,29 +400,16 @@ class RedisStore:
             blocked = _blocked(many.limits)
             if blocked is not None:
                 return blocked
-        call = self.scripts.call
         everything = list(range(len(many.keys)))
+        groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
+        plan = _plan(many, groups)
+        call = self.scripts.call
         try:
-            groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
-            if len(groups) == 1:
-                out = call(MANY, len(many.keys), many.args(everything, "hit"))
-                return many.answer(everything, out)[1]
-            decisions: list[tuple[int, Decision]] = []
-            counted: list[tuple[list[int], list[Any]]] = []
-            denied = False
-            for tiers in groups:
-                out = call(MANY, len(tiers), many.args(tiers, "dry" if denied else "keep"))
-                decisions.append(many.answer(tiers, out))
-                if not decisions[-1][1].allowed:
-                    denied = True
-                elif not denied:
-                    counted.append((tiers, out[5:]))
-            if denied:
-                for tiers, written in counted:
-                    if written:
-                        call(REFUND, len(written) // 3, many.refund_args(tiers, written))
-            decisions.sort(key=lambda tier_decision: tier_decision[0])  # ties: tier order
-            return pick([decision for _, decision in decisions])
+            request = next(plan)
+            while True:
+                request = plan.send(call(*request))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
             return _failed(many.limits, exc)
 
@@ -439,7 +461,9 @@ class _Batcher:
         pipe = self.client.pipeline(transaction=False)
         sha = self.scripts.sha
         for script, numkeys, args, _ in batch:
-            pipe.evalsha(sha(script) or "0" * 40, numkeys, *args)
+            # not pipe.evalsha, which redis-py's cluster pipeline refuses (it routes
+            # EVALSHA by its keys all the same)
+            pipe.execute_command("EVALSHA", sha(script) or "0" * 40, numkeys, *args)
         return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 
     async def _send(self, batch: list[tuple[str, int, list[Any], Any]]) -> None:
@@ -478,10 +502,11 @@ class _Batcher:
 
 
 class AsyncRedisStore:
-    """The asyncio twin of `RedisStore` (single Redis; cluster to come): the same
+    """The asyncio twin of `RedisStore` (Redis or Redis Cluster): the same
     scripts, limits and failure policy, and concurrent checks coalesced into
     pipelines so that one process is not held to one round trip at a time.
-    ``hit_many`` runs every tier in one script call, in the same pipelines."""
+    ``hit_many`` works as `RedisStore`'s does, its script calls in the same
+    pipelines."""
 
     def __init__(
         self,
@@ -502,6 +527,7 @@ class AsyncRedisStore:
         self._batcher = _Batcher(client, self.scripts, max_batch)
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock
+        self._keyslot = client.keyslot if isinstance(client, AsyncRedisCluster) else None
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
         limit = _Limit(algorithm, rate, options, self.breaker, self._test_clock)
@@ -537,9 +563,15 @@ class AsyncRedisStore:
             if blocked is not None:
                 return blocked
         everything = list(range(len(many.keys)))
+        groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
+        plan = _plan(many, groups)
+        submit = self._batcher.submit
         try:
-            out = await self._batcher.submit(MANY, len(many.keys), many.args(everything, "hit"))
-            return many.answer(everything, out)[1]
+            request = next(plan)
+            while True:
+                request = plan.send(await submit(*request))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
             return _failed(many.limits, exc)
 
