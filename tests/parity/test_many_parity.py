@@ -123,3 +123,36 @@ def test_redis_many_equals_memory(sc: TiersScenario, where: tuple[Any, str]) -> 
         assert same(got, expected), f"{got} != {expected} at +{gap} ms, costs {costs}"
         for mine, yours, key in zip(ours, theirs, keys, strict=True):
             assert same(yours.peek(key), mine.peek(key)), "counts differ after the check"
+
+
+@given(sc=tier_scenarios(max_events=12))
+def test_async_batch_equals_memory(sc: TiersScenario, redis_single: RedisServer) -> None:
+    """Single checks on one node go out as _batch.lua calls, every check of a loop
+    turn in one: hits and peeks of all the tiers at one instant, gathered (so one
+    batch, repeated keys included), must answer as the memory store does in order."""
+    clock = FakeClock(EPOCH_S)
+    clock.now_ns += 123_456_000
+    memory = MemoryStore(clock=clock)
+    run = uuid.uuid4().hex[:8]
+    ours = [build(spec, memory, run) for spec in sc.tiers]
+    keys = [spec.key for spec in sc.tiers]
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_single.url, clock=clock, timeout=5.0) as store:
+            theirs = [build(spec, store, run, AsyncLimiter) for spec in sc.tiers]
+            for gap, costs in sc.events:
+                clock.advance(gap / 1000)
+                expected = []
+                for mine, key, cost in zip(ours, keys, costs, strict=True):
+                    expected += (mine.peek(key, cost), mine.hit(key, cost))
+                got = await asyncio.gather(
+                    *(
+                        call(key, cost)
+                        for yours, key, cost in zip(theirs, keys, costs, strict=True)
+                        for call in (yours.peek, yours.hit)
+                    )
+                )
+                for g, e in zip(got, expected, strict=True):
+                    assert same(g, e), f"{g} != {e} at +{gap} ms, costs {costs}"
+
+    asyncio.run(main())

@@ -95,7 +95,7 @@ STEP_IDS = {
         1,
     )
 }  # fmt: skip
-MANY, REFUND = "_many", "_refund"
+MANY, REFUND, BATCH = "_many", "_refund", "_batch"
 
 
 def _source(name: str) -> str:
@@ -106,9 +106,9 @@ def _source(name: str) -> str:
     def read(part: str) -> str:
         return (lua / f"{part}.lua").read_text()
 
-    if name == MANY:
+    if name in (MANY, BATCH):
         steps = [f"{read(step)}STEPS[{number}] = step\n" for step, number in STEP_IDS.items()]
-        return "\n".join([read("_common"), *steps, read(MANY)])
+        return "\n".join([read("_common"), *steps, read(name)])
     if name == REFUND:
         return "\n".join([read("_common"), read(REFUND)])
     return "\n".join([read("_common"), read(name), read("_one")])
@@ -189,6 +189,9 @@ def redis_params(rate: Rate, burst: int | None, rule: str | None) -> tuple[Param
     )
 
 
+_DOUBLE, _PAIR = struct.Struct(">d"), struct.Struct(">dd")
+
+
 class _Limit:
     """One limit bound to Redis: everything about a check except the I/O, shared by
     the sync and async stores."""
@@ -206,6 +209,10 @@ class _Limit:
         self.step_id = STEP_IDS[self.script]
         self.packed, self.tick_us = pack(params, tick_us), tick_us
         self.head = struct.pack(">d", self.step_id)
+        # _batch.lua's per-check head, by mode
+        self.heads = {
+            mode: struct.pack(">dd", self.step_id, mode == "peek") for mode in ("hit", "peek")
+        }
         self.tick, self.rule = params.tick, params.rule
         self.size = params.burst if algorithm.uses_burst else params.limit
         self.prefix, self.policy = options["prefix"], options["on_failure"]
@@ -221,6 +228,17 @@ class _Limit:
         clock = self.test_clock
         now_us = None if clock is None else clock.time_ns() // 1000
         return script_args(self.prefix + key, self.packed, now_us, cost, mode)
+
+    def batched(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
+        """As `request`, for _batch.lua: the key and the check's 12 doubles."""
+        check_cost(cost)
+        if self.breaker.failures:
+            blocked = _blocked([self])
+            if blocked is not None:
+                return blocked
+        clock = self.test_clock
+        now_us = -1 if clock is None else clock.time_ns() // 1000
+        return [self.prefix + key, self.heads[mode] + _PAIR.pack(cost, now_us) + self.packed]
 
     def answer(self, result: list[int]) -> Decision:
         if self.breaker.failures:
@@ -252,9 +270,6 @@ def _failed(limits: Sequence[_Limit], error: StoreError) -> Decision:
     breaker.failed()
     wait = breaker.retry_after()
     return pick([fallback(lim.policy, lim.size, lim.rule, wait, error) for lim in limits])
-
-
-_DOUBLE = struct.Struct(">d")
 
 
 class _Many:
@@ -458,13 +473,35 @@ class _Batcher:
             self.draining = False
 
     async def _pipeline(self, batch: list[tuple[str, int, list[Any], Any]]) -> list[Any]:
+        """One round trip for ``batch``; its results in the batch's order. Checks
+        submitted as `BATCH` go out together as one call of _batch.lua."""
         pipe = self.client.pipeline(transaction=False)
         sha = self.scripts.sha
+        merged = []
         for script, numkeys, args, _ in batch:
-            # not pipe.evalsha, which redis-py's cluster pipeline refuses (it routes
-            # EVALSHA by its keys all the same)
-            pipe.execute_command("EVALSHA", sha(script) or "0" * 40, numkeys, *args)
-        return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+            if script == BATCH:
+                merged.append(args)
+            else:
+                # not pipe.evalsha, which redis-py's cluster pipeline refuses (it
+                # routes EVALSHA by its keys all the same)
+                pipe.execute_command("EVALSHA", sha(script) or "0" * 40, numkeys, *args)
+        if merged:
+            keys = [args[0] for args in merged]
+            checks = b"".join([args[1] for args in merged])
+            pipe.execute_command("EVALSHA", sha(BATCH) or "0" * 40, len(keys), *keys, checks)
+        results = await pipe.execute(raise_on_error=False)
+        if not merged:
+            return results  # type: ignore[no-any-return]
+        together, spread, rest, at = results[-1], [], iter(results), 0
+        for script, *_ in batch:
+            if script != BATCH:
+                spread.append(next(rest))
+            elif isinstance(together, Exception):
+                spread.append(together)
+            else:
+                spread.append(together[at : at + 4])
+                at += 4
+        return spread
 
     async def _send(self, batch: list[tuple[str, int, list[Any], Any]]) -> None:
         try:
@@ -531,10 +568,15 @@ class AsyncRedisStore:
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
         limit = _Limit(algorithm, rate, options, self.breaker, self._test_clock)
-        submit, script = self._batcher.submit, limit.script
+        submit = self._batcher.submit
+        # One node: the checks of a loop turn go out as one _batch.lua call. A
+        # cluster's keys span slots, which one script call cannot: one call each.
+        prepare, script = (
+            (limit.batched, BATCH) if self._keyslot is None else (limit.request, limit.script)
+        )
 
         async def run(key: str, cost: int, mode: str) -> Decision:
-            request = limit.request(key, cost, mode)
+            request = prepare(key, cost, mode)
             if isinstance(request, Decision):
                 return request
             try:
