@@ -20,10 +20,12 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 import redis
 
@@ -39,47 +41,55 @@ __all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "connect"]
 
 INF = math.inf
 CLUSTER_SCHEME = "redis+cluster://"
+SENTINEL_SCHEME = "redis+sentinel://"
 _FAILURES = (RedisError, RedisClusterException)  # the latter is no RedisError
 
 
+def _nodes(hosts: str) -> list[tuple[str, int]]:
+    nodes = []
+    for node in hosts.split(","):
+        host, _, port = node.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"expected host:port, got {node!r}")
+        nodes.append((host, int(port)))
+    return nodes
+
+
 def connect(url: str, timeout: float, *, asynchronous: bool = False) -> Any:
-    """A client for ``url``: ``redis://``, ``rediss://``, ``unix://``, or
-    ``redis+cluster://host:port,host:port`` (any reachable nodes of a cluster);
-    a ``redis.asyncio`` one if ``asynchronous``.
+    """A client for ``url``: ``redis://``, ``rediss://``, ``unix://``,
+    ``redis+cluster://host:port,host:port`` (any reachable nodes of a cluster), or
+    ``redis+sentinel://host:port,host:port/service[/db]`` (Sentinels, and the name
+    of the master they watch); a ``redis.asyncio`` one if ``asynchronous``.
 
     Connect and command timeouts are ``timeout``; no retries: a retry with backoff
     would break the decision's time bound, and the breaker does the retrying.
     """
     if type(timeout) not in (int, float) or not timeout > 0:  # bool is no duration
         raise ConfigurationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    options: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": AsyncRetry(NoBackoff(), 0) if asynchronous else Retry(NoBackoff(), 0),
+    }
     try:
         if url.startswith(CLUSTER_SCHEME):
-            nodes = []
-            for node in url[len(CLUSTER_SCHEME) :].split(","):
-                host, _, port = node.strip().rpartition(":")
-                if not host or not port.isdigit():
-                    raise ValueError(f"expected host:port, got {node!r}")
-                nodes.append((host, int(port)))
+            nodes = _nodes(url[len(CLUSTER_SCHEME) :])
             if asynchronous:
-                return AsyncRedisCluster(
-                    startup_nodes=[AsyncClusterNode(host, port) for host, port in nodes],
-                    socket_timeout=timeout, socket_connect_timeout=timeout,
-                    retry=AsyncRetry(NoBackoff(), 0),
-                )  # fmt: skip
-            return RedisCluster(
-                startup_nodes=[ClusterNode(h, p) for h, p in nodes],  # type: ignore[no-untyped-call]
-                socket_timeout=timeout, socket_connect_timeout=timeout,
-                retry=Retry(NoBackoff(), 0),
-            )  # fmt: skip
+                startup = [AsyncClusterNode(host, port) for host, port in nodes]
+                return AsyncRedisCluster(startup_nodes=startup, **options)
+            sync_startup = [ClusterNode(h, p) for h, p in nodes]  # type: ignore[no-untyped-call]
+            return RedisCluster(startup_nodes=sync_startup, **options)
+        if url.startswith(SENTINEL_SCHEME):
+            hosts, _, path = url[len(SENTINEL_SCHEME) :].partition("/")
+            service, _, db = path.partition("/")
+            if not service or (db and not db.isdigit()):
+                raise ValueError("expected redis+sentinel://host:port,.../service[/db]")
+            watchers = AsyncSentinel if asynchronous else Sentinel
+            sentinel = watchers(_nodes(hosts), sentinel_kwargs=dict(options), **options)
+            return sentinel.master_for(service, db=int(db or 0))
         if asynchronous:
-            return aioredis.Redis.from_url(
-                url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                retry=AsyncRetry(NoBackoff(), 0),
-            )  # fmt: skip
-        return redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )  # fmt: skip
+            return aioredis.Redis.from_url(url, **options)
+        return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConfigurationError(f"bad Redis URL {url!r}: {exc}") from exc
     except _FAILURES as exc:
@@ -112,6 +122,13 @@ def _source(name: str) -> str:
     if name == REFUND:
         return "\n".join([read("_common"), read(REFUND)])
     return "\n".join([read("_common"), read(name), read("_one")])
+
+
+def _sentinels(client: Any) -> list[Any]:
+    """The clients of the Sentinels behind a client `connect` made, if any."""
+    pool = getattr(client, "connection_pool", None)
+    manager = getattr(pool, "sentinel_manager", None)
+    return list(getattr(manager, "sentinels", []))
 
 
 class Scripts:
@@ -349,8 +366,9 @@ def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Decision
 
 
 class RedisStore:
-    """A store in Redis or Redis Cluster, from a URL (see `connect`) or an existing
-    ``redis.Redis`` / ``redis.RedisCluster`` client. ``clock``: only for tests.
+    """A store in Redis, Redis Cluster or a Sentinel-watched Redis, from a URL (see
+    `connect`) or an existing ``redis.Redis`` / ``redis.RedisCluster`` client.
+    ``clock``: only for tests.
 
     Built from a URL, the client connects and answers within ``timeout`` seconds
     (default 50 ms), which bounds how long a decision can take while Redis is in
@@ -433,6 +451,8 @@ class RedisStore:
         you passed in stays yours to close)."""
         if self._owns_client:
             self.client.close()
+            for sentinel in _sentinels(self.client):
+                sentinel.close()
 
     def __enter__(self) -> RedisStore:
         return self
@@ -621,6 +641,8 @@ class AsyncRedisStore:
         """Close the connections, if this store made its client from a URL."""
         if self._owns_client:
             await self.client.aclose()
+            for sentinel in _sentinels(self.client):
+                await sentinel.aclose()
 
     async def __aenter__(self) -> AsyncRedisStore:
         return self
