@@ -234,6 +234,7 @@ class _Limit:
         self.size = params.burst if algorithm.uses_burst else params.limit
         self.prefix, self.policy = options["prefix"], options["on_failure"]
         self.breaker, self.test_clock = breaker, test_clock
+        self.hit: Any = None  # the store's bound hit, for a hit_many of this one tier
 
     def request(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
         """The script's arguments, or the policy's answer while the breaker is open."""
@@ -425,9 +426,13 @@ class RedisStore:
             except _FAILURES as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
 
+        limit.hit = hit
         return Bound(hit, peek, reset, limit)
 
     def hit_many(self, checks: Sequence[Check]) -> Decision:
+        if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
+            limit, key, cost = checks[0]
+            return limit.hit(key, cost)  # type: ignore[no-any-return]
         many = _Many(checks)
         if self.breaker.failures:
             blocked = _blocked(many.limits)
@@ -616,9 +621,13 @@ class AsyncRedisStore:
             except (*_FAILURES, OSError) as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
 
+        limit.hit = hit
         return AsyncBound(hit, peek, reset, limit)
 
     async def hit_many(self, checks: Sequence[Check]) -> Decision:
+        if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
+            limit, key, cost = checks[0]
+            return await limit.hit(key, cost)  # type: ignore[no-any-return]
         many = _Many(checks)
         if self.breaker.failures:
             blocked = _blocked(many.limits)
