@@ -167,7 +167,8 @@ def main() -> None:
     single = min(times["ratewarden sliding_window_counter"])
     print(
         f"\n4 tiers (token bucket, sliding counter, fixed window, gcra) in one call:"
-        f" {four / one:.2f}x one tier through hit_many, {four / single:.2f}x one hit()"
+        f" {four / single:.2f}x one hit() (sliding counter), {four / one:.2f}x hit_many of"
+        " one tier"
     )
     print(f"\nredis-benchmark EVALSHA ceiling (trivial script, -P 16): {top:,.0f} requests/s")
     print("\nasync, one process, 64 concurrent callers x 100 checks, best of 3")

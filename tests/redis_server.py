@@ -193,3 +193,23 @@ def redis_cluster() -> Iterator[RedisCluster]:
         cluster = RedisCluster(nodes)
         _wait_for_replication(cluster, deadline)
         yield cluster
+
+
+@contextmanager
+def redis_sentinel() -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A master of our own and one Sentinel of our own watching it as "rw-master"."""
+    with redis_server() as master, tempfile.TemporaryDirectory(prefix="rw-sentinel-") as workdir:
+        port = free_port()
+        conf = Path(workdir) / "sentinel.conf"  # Sentinel rewrites its config: a file of ours
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {workdir}\n"
+            f"sentinel monitor rw-master 127.0.0.1 {master.port} 1\n"
+        )
+        log = Path(workdir) / "sentinel.log"
+        exe = shutil.which("redis-server") or "redis-server"
+        sentinel = RedisServer(port, [exe, str(conf), "--sentinel", "--logfile", str(log)], log)
+        try:
+            sentinel.start()
+            yield master, sentinel
+        finally:
+            sentinel.stop()

@@ -9,6 +9,7 @@ decide exactly as the memory store does and leave exactly its counts.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,17 +17,27 @@ from typing import Any
 import pytest
 from hypothesis import given
 
-from ratewarden import Decision, FakeClock, Limiter, MemoryStore, Rate, hit_many
-from ratewarden.stores.redis import RedisStore
+import redis
+from ratewarden import (
+    AsyncLimiter,
+    Decision,
+    FakeClock,
+    Limiter,
+    MemoryStore,
+    Rate,
+    ahit_many,
+    hit_many,
+)
+from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisCluster, RedisServer
 from tests.strategies import TierSpec, TiersScenario, tier_scenarios
 
 EPOCH_S = 1_763_700_000  # 2025-11-21: realistic magnitudes
 
 
-def build(spec: TierSpec, store: Any, run: str) -> Limiter:
+def build(spec: TierSpec, store: Any, run: str, kind: Any = Limiter) -> Any:
     algorithm, _, refill = spec.algorithm.partition("/")
-    return Limiter(
+    return kind(
         Rate(spec.limit, spec.period_ms / 1000),
         algorithm=algorithm,
         refill="interval" if refill else "continuous",
@@ -64,6 +75,36 @@ def where(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
         yield client, "{t}" if request.param == "cluster-one-slot" else ""
 
 
+@given(sc=tier_scenarios(max_events=12))
+def test_async_redis_many_equals_memory(sc: TiersScenario, where: tuple[Any, str]) -> None:
+    """The same through AsyncRedisStore (its own client on the same server)."""
+    client, tag = where
+    url = (
+        f"redis+cluster://127.0.0.1:{client.get_default_node().port}"
+        if isinstance(client, redis.RedisCluster)
+        else f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
+    )
+    clock = FakeClock(EPOCH_S)
+    clock.now_ns += 123_456_000
+    memory = MemoryStore(clock=clock)
+    run = uuid.uuid4().hex[:8]
+    ours = [build(spec, memory, run) for spec in sc.tiers]
+    keys = [f"{tag}{spec.key}" for spec in sc.tiers]
+
+    async def main() -> None:
+        async with AsyncRedisStore(url, clock=clock, timeout=5.0) as store:
+            theirs = [build(spec, store, run, AsyncLimiter) for spec in sc.tiers]
+            for gap, costs in sc.events:
+                clock.advance(gap / 1000)
+                expected = hit_many(list(zip(ours, keys, costs, strict=True)))
+                got = await ahit_many(list(zip(theirs, keys, costs, strict=True)))
+                assert same(got, expected), f"{got} != {expected} at +{gap} ms, costs {costs}"
+                for mine, yours, key in zip(ours, theirs, keys, strict=True):
+                    assert same(await yours.peek(key), mine.peek(key)), "counts differ after"
+
+    asyncio.run(main())
+
+
 @given(sc=tier_scenarios())
 def test_redis_many_equals_memory(sc: TiersScenario, where: tuple[Any, str]) -> None:
     client, tag = where
@@ -82,3 +123,36 @@ def test_redis_many_equals_memory(sc: TiersScenario, where: tuple[Any, str]) -> 
         assert same(got, expected), f"{got} != {expected} at +{gap} ms, costs {costs}"
         for mine, yours, key in zip(ours, theirs, keys, strict=True):
             assert same(yours.peek(key), mine.peek(key)), "counts differ after the check"
+
+
+@given(sc=tier_scenarios(max_events=12))
+def test_async_batch_equals_memory(sc: TiersScenario, redis_single: RedisServer) -> None:
+    """Single checks on one node go out as _batch.lua calls, every check of a loop
+    turn in one: hits and peeks of all the tiers at one instant, gathered (so one
+    batch, repeated keys included), must answer as the memory store does in order."""
+    clock = FakeClock(EPOCH_S)
+    clock.now_ns += 123_456_000
+    memory = MemoryStore(clock=clock)
+    run = uuid.uuid4().hex[:8]
+    ours = [build(spec, memory, run) for spec in sc.tiers]
+    keys = [spec.key for spec in sc.tiers]
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_single.url, clock=clock, timeout=5.0) as store:
+            theirs = [build(spec, store, run, AsyncLimiter) for spec in sc.tiers]
+            for gap, costs in sc.events:
+                clock.advance(gap / 1000)
+                expected = []
+                for mine, key, cost in zip(ours, keys, costs, strict=True):
+                    expected += (mine.peek(key, cost), mine.hit(key, cost))
+                got = await asyncio.gather(
+                    *(
+                        call(key, cost)
+                        for yours, key, cost in zip(theirs, keys, costs, strict=True)
+                        for call in (yours.peek, yours.hit)
+                    )
+                )
+                for g, e in zip(got, expected, strict=True):
+                    assert same(g, e), f"{g} != {e} at +{gap} ms, costs {costs}"
+
+    asyncio.run(main())

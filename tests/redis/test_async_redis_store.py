@@ -7,7 +7,7 @@ import pytest
 
 from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, StoreUnavailable, ahit_many
 from ratewarden.stores.redis import AsyncRedisStore
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisCluster, RedisServer, free_port
 
 
 def name() -> str:
@@ -71,9 +71,26 @@ def test_async_failure_policy(policy: str, allowed: bool) -> None:
     asyncio.run(main())
 
 
-def test_async_cluster_is_not_yet_supported() -> None:
-    with pytest.raises(ConfigurationError, match="Cluster"):
-        AsyncRedisStore("redis+cluster://127.0.0.1:7000")
+def test_async_cluster_exact_under_concurrency(redis_6_nodes: RedisCluster) -> None:
+    async def main() -> tuple[list[int], set[str]]:
+        async with AsyncRedisStore(redis_6_nodes.url) as store:
+            limiter = AsyncLimiter("50/hour", algorithm="gcra", store=store, name=name())
+            users = [f"{{user-{i}}}" for i in range(12)]
+
+            async def caller(user: str) -> int:
+                return sum([(await limiter.hit(user)).allowed for _ in range(10)])
+
+            admitted = await asyncio.gather(*(caller(u) for u in users for _ in range(8)))
+            per_user = [sum(admitted[i * 8 : i * 8 + 8]) for i in range(len(users))]
+            nodes = {store.client.get_node_from_key(limiter.key_prefix + u).name for u in users}
+            await store.client.script_flush()  # NOSCRIPT on every master: loaded again
+            fresh = await asyncio.gather(*(limiter.hit(f"{{new-{i}}}") for i in range(12)))
+            assert all(d.allowed and d.remaining == 49 for d in fresh)
+            return per_user, nodes
+
+    per_user, nodes = asyncio.run(main())
+    assert per_user == [50] * 12  # 80 checks each, from 8 concurrent callers
+    assert len(nodes) == 3  # the users really spread over the three masters
 
 
 def test_a_failing_batch_never_leaves_a_caller_waiting(redis_single: RedisServer) -> None:

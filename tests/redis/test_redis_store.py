@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import uuid
@@ -9,6 +10,7 @@ import pytest
 
 import redis
 from ratewarden import (
+    AsyncLimiter,
     ConfigurationError,
     FakeClock,
     Limiter,
@@ -17,8 +19,8 @@ from ratewarden import (
     StoreUnavailable,
     hit_many,
 )
-from ratewarden.stores.redis import RedisStore
-from tests.redis_server import RedisCluster, RedisServer, free_port
+from ratewarden.stores.redis import AsyncRedisStore, RedisStore
+from tests.redis_server import RedisCluster, RedisServer, free_port, redis_sentinel
 
 
 def name() -> str:
@@ -240,3 +242,23 @@ def test_hit_many_failure_policy(policies: tuple[str, str], outcome: object) -> 
             decision = hit_many(checks)
             assert decision.allowed is outcome
             assert decision.degraded
+
+
+def test_sentinel_url(closing: contextlib.ExitStack) -> None:
+    master, sentinel = closing.enter_context(redis_sentinel())
+    url = f"redis+sentinel://127.0.0.1:{sentinel.port}/rw-master/0"
+    store = closing.enter_context(RedisStore(url))
+    limiter = Limiter("2/hour", store=store, name=name())
+    assert [limiter.hit("k").allowed for _ in range(3)] == [True, True, False]
+    with master.client() as client:  # the Sentinel led us to the master
+        assert client.exists(limiter.key_prefix + "k")
+
+    async def main() -> list[bool]:
+        async with AsyncRedisStore(url) as astore:
+            alimiter = AsyncLimiter("2/hour", store=astore, name=limiter.name)
+            return [(await alimiter.hit("k")).allowed, (await alimiter.hit("j")).allowed]
+
+    assert asyncio.run(main()) == [False, True]  # the same counters
+    for bad in ("redis+sentinel://127.0.0.1:1", "redis+sentinel://127.0.0.1:1/m/x"):
+        with pytest.raises(ConfigurationError, match="sentinel"):
+            RedisStore(bad)

@@ -5,8 +5,6 @@ Install with ``pip install ratewarden[redis]``. The scripts (package data under
 numbers are doubles, exact below 2^53); they read the Redis server's clock, so
 instances with skewed clocks agree. A test may pass a `Clock` instead, whose time
 is then sent with every call. Keys expire once their state is full again.
-
-Still to come (see the issue): Redis Cluster for the asyncio store.
 """
 
 from __future__ import annotations
@@ -14,16 +12,20 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from importlib import resources
-from typing import Any, Unpack
+from typing import Any, TypeAlias, Unpack
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 import redis
 
@@ -39,42 +41,55 @@ __all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "connect"]
 
 INF = math.inf
 CLUSTER_SCHEME = "redis+cluster://"
+SENTINEL_SCHEME = "redis+sentinel://"
 _FAILURES = (RedisError, RedisClusterException)  # the latter is no RedisError
 
 
+def _nodes(hosts: str) -> list[tuple[str, int]]:
+    nodes = []
+    for node in hosts.split(","):
+        host, _, port = node.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"expected host:port, got {node!r}")
+        nodes.append((host, int(port)))
+    return nodes
+
+
 def connect(url: str, timeout: float, *, asynchronous: bool = False) -> Any:
-    """A client for ``url``: ``redis://``, ``rediss://``, ``unix://``, or
-    ``redis+cluster://host:port,host:port`` (any reachable nodes of a cluster);
-    a ``redis.asyncio`` one if ``asynchronous`` (single Redis only, for now).
+    """A client for ``url``: ``redis://``, ``rediss://``, ``unix://``,
+    ``redis+cluster://host:port,host:port`` (any reachable nodes of a cluster), or
+    ``redis+sentinel://host:port,host:port/service[/db]`` (Sentinels, and the name
+    of the master they watch); a ``redis.asyncio`` one if ``asynchronous``.
 
     Connect and command timeouts are ``timeout``; no retries: a retry with backoff
     would break the decision's time bound, and the breaker does the retrying.
     """
     if type(timeout) not in (int, float) or not timeout > 0:  # bool is no duration
         raise ConfigurationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    if asynchronous and url.startswith(CLUSTER_SCHEME):
-        raise ConfigurationError("AsyncRedisStore does not speak Redis Cluster yet")
-    no_retry = Retry(NoBackoff(), 0)
+    options: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": AsyncRetry(NoBackoff(), 0) if asynchronous else Retry(NoBackoff(), 0),
+    }
     try:
-        if asynchronous:
-            return aioredis.Redis.from_url(
-                url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                retry=AsyncRetry(NoBackoff(), 0),
-            )  # fmt: skip
         if url.startswith(CLUSTER_SCHEME):
-            nodes = []
-            for node in url[len(CLUSTER_SCHEME) :].split(","):
-                host, _, port = node.strip().rpartition(":")
-                if not host or not port.isdigit():
-                    raise ValueError(f"expected host:port, got {node!r}")
-                nodes.append(ClusterNode(host, int(port)))  # type: ignore[no-untyped-call]
-            return RedisCluster(
-                startup_nodes=nodes, socket_timeout=timeout, socket_connect_timeout=timeout,
-                retry=no_retry,
-            )  # fmt: skip
-        return redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=no_retry
-        )
+            nodes = _nodes(url[len(CLUSTER_SCHEME) :])
+            if asynchronous:
+                startup = [AsyncClusterNode(host, port) for host, port in nodes]
+                return AsyncRedisCluster(startup_nodes=startup, **options)
+            sync_startup = [ClusterNode(h, p) for h, p in nodes]  # type: ignore[no-untyped-call]
+            return RedisCluster(startup_nodes=sync_startup, **options)
+        if url.startswith(SENTINEL_SCHEME):
+            hosts, _, path = url[len(SENTINEL_SCHEME) :].partition("/")
+            service, _, db = path.partition("/")
+            if not service or (db and not db.isdigit()):
+                raise ValueError("expected redis+sentinel://host:port,.../service[/db]")
+            watchers = AsyncSentinel if asynchronous else Sentinel
+            sentinel = watchers(_nodes(hosts), sentinel_kwargs=dict(options), **options)
+            return sentinel.master_for(service, db=int(db or 0))
+        if asynchronous:
+            return aioredis.Redis.from_url(url, **options)
+        return redis.Redis.from_url(url, **options)
     except ValueError as exc:
         raise ConfigurationError(f"bad Redis URL {url!r}: {exc}") from exc
     except _FAILURES as exc:
@@ -90,7 +105,7 @@ STEP_IDS = {
         1,
     )
 }  # fmt: skip
-MANY, REFUND = "_many", "_refund"
+MANY, REFUND, BATCH = "_many", "_refund", "_batch"
 
 
 def _source(name: str) -> str:
@@ -101,12 +116,19 @@ def _source(name: str) -> str:
     def read(part: str) -> str:
         return (lua / f"{part}.lua").read_text()
 
-    if name == MANY:
+    if name in (MANY, BATCH):
         steps = [f"{read(step)}STEPS[{number}] = step\n" for step, number in STEP_IDS.items()]
-        return "\n".join([read("_common"), *steps, read(MANY)])
+        return "\n".join([read("_common"), *steps, read(name)])
     if name == REFUND:
         return "\n".join([read("_common"), read(REFUND)])
     return "\n".join([read("_common"), read(name), read("_one")])
+
+
+def _sentinels(client: Any) -> list[Any]:
+    """The clients of the Sentinels behind a client `connect` made, if any."""
+    pool = getattr(client, "connection_pool", None)
+    manager = getattr(pool, "sentinel_manager", None)
+    return list(getattr(manager, "sentinels", []))
 
 
 class Scripts:
@@ -184,6 +206,9 @@ def redis_params(rate: Rate, burst: int | None, rule: str | None) -> tuple[Param
     )
 
 
+_DOUBLE, _PAIR = struct.Struct(">d"), struct.Struct(">dd")
+
+
 class _Limit:
     """One limit bound to Redis: everything about a check except the I/O, shared by
     the sync and async stores."""
@@ -201,10 +226,15 @@ class _Limit:
         self.step_id = STEP_IDS[self.script]
         self.packed, self.tick_us = pack(params, tick_us), tick_us
         self.head = struct.pack(">d", self.step_id)
+        # _batch.lua's per-check head, by mode
+        self.heads = {
+            mode: struct.pack(">dd", self.step_id, mode == "peek") for mode in ("hit", "peek")
+        }
         self.tick, self.rule = params.tick, params.rule
         self.size = params.burst if algorithm.uses_burst else params.limit
         self.prefix, self.policy = options["prefix"], options["on_failure"]
         self.breaker, self.test_clock = breaker, test_clock
+        self.hit: Any = None  # the store's bound hit, for a hit_many of this one tier
 
     def request(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
         """The script's arguments, or the policy's answer while the breaker is open."""
@@ -216,6 +246,17 @@ class _Limit:
         clock = self.test_clock
         now_us = None if clock is None else clock.time_ns() // 1000
         return script_args(self.prefix + key, self.packed, now_us, cost, mode)
+
+    def batched(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
+        """As `request`, for _batch.lua: the key and the check's 12 doubles."""
+        check_cost(cost)
+        if self.breaker.failures:
+            blocked = _blocked([self])
+            if blocked is not None:
+                return blocked
+        clock = self.test_clock
+        now_us = -1 if clock is None else clock.time_ns() // 1000
+        return [self.prefix + key, self.heads[mode] + _PAIR.pack(cost, now_us) + self.packed]
 
     def answer(self, result: list[int]) -> Decision:
         if self.breaker.failures:
@@ -247,9 +288,6 @@ def _failed(limits: Sequence[_Limit], error: StoreError) -> Decision:
     breaker.failed()
     wait = breaker.retry_after()
     return pick([fallback(lim.policy, lim.size, lim.rule, wait, error) for lim in limits])
-
-
-_DOUBLE = struct.Struct(">d")
 
 
 class _Many:
@@ -298,9 +336,40 @@ class _Many:
         return args
 
 
+Call: TypeAlias = tuple[str, int, list[Any]]  # script name, numkeys, keys + arguments
+
+
+def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Decision]:
+    """The script calls a multi-tier check makes, written once for both twins: each
+    yields a call, is sent its result, and returns the Decision (httpx's auth flows
+    drive sync and async the same way). ``groups``: the tiers by cluster slot."""
+    if len(groups) == 1:
+        out = yield MANY, len(many.keys), many.args(groups[0], "hit")
+        return many.answer(groups[0], out)[1]
+    # Across slots: count slot by slot; after a denial only evaluate, then refund
+    # the slots that counted (see RedisStore).
+    decisions: list[tuple[int, Decision]] = []
+    counted: list[tuple[list[int], list[Any]]] = []
+    denied = False
+    for tiers in groups:
+        out = yield MANY, len(tiers), many.args(tiers, "dry" if denied else "keep")
+        decisions.append(many.answer(tiers, out))
+        if not decisions[-1][1].allowed:
+            denied = True
+        elif not denied:
+            counted.append((tiers, out[5:]))
+    if denied:
+        for tiers, written in counted:
+            if written:
+                yield REFUND, len(written) // 3, many.refund_args(tiers, written)
+    decisions.sort(key=lambda tier_decision: tier_decision[0])  # ties go by tier order
+    return pick([decision for _, decision in decisions])
+
+
 class RedisStore:
-    """A store in Redis or Redis Cluster, from a URL (see `connect`) or an existing
-    ``redis.Redis`` / ``redis.RedisCluster`` client. ``clock``: only for tests.
+    """A store in Redis, Redis Cluster or a Sentinel-watched Redis, from a URL (see
+    `connect`) or an existing ``redis.Redis`` / ``redis.RedisCluster`` client.
+    ``clock``: only for tests.
 
     Built from a URL, the client connects and answers within ``timeout`` seconds
     (default 50 ms), which bounds how long a decision can take while Redis is in
@@ -357,37 +426,28 @@ class RedisStore:
             except _FAILURES as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
 
+        limit.hit = hit
         return Bound(hit, peek, reset, limit)
 
     def hit_many(self, checks: Sequence[Check]) -> Decision:
+        if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
+            limit, key, cost = checks[0]
+            return limit.hit(key, cost)  # type: ignore[no-any-return]
         many = _Many(checks)
         if self.breaker.failures:
             blocked = _blocked(many.limits)
             if blocked is not None:
                 return blocked
-        call = self.scripts.call
         everything = list(range(len(many.keys)))
+        groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
+        plan = _plan(many, groups)
+        call = self.scripts.call
         try:
-            groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
-            if len(groups) == 1:
-                out = call(MANY, len(many.keys), many.args(everything, "hit"))
-                return many.answer(everything, out)[1]
-            decisions: list[tuple[int, Decision]] = []
-            counted: list[tuple[list[int], list[Any]]] = []
-            denied = False
-            for tiers in groups:
-                out = call(MANY, len(tiers), many.args(tiers, "dry" if denied else "keep"))
-                decisions.append(many.answer(tiers, out))
-                if not decisions[-1][1].allowed:
-                    denied = True
-                elif not denied:
-                    counted.append((tiers, out[5:]))
-            if denied:
-                for tiers, written in counted:
-                    if written:
-                        call(REFUND, len(written) // 3, many.refund_args(tiers, written))
-            decisions.sort(key=lambda tier_decision: tier_decision[0])  # ties: tier order
-            return pick([decision for _, decision in decisions])
+            request = next(plan)
+            while True:
+                request = plan.send(call(*request))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
             return _failed(many.limits, exc)
 
@@ -396,6 +456,8 @@ class RedisStore:
         you passed in stays yours to close)."""
         if self._owns_client:
             self.client.close()
+            for sentinel in _sentinels(self.client):
+                sentinel.close()
 
     def __enter__(self) -> RedisStore:
         return self
@@ -436,11 +498,35 @@ class _Batcher:
             self.draining = False
 
     async def _pipeline(self, batch: list[tuple[str, int, list[Any], Any]]) -> list[Any]:
+        """One round trip for ``batch``; its results in the batch's order. Checks
+        submitted as `BATCH` go out together as one call of _batch.lua."""
         pipe = self.client.pipeline(transaction=False)
         sha = self.scripts.sha
+        merged = []
         for script, numkeys, args, _ in batch:
-            pipe.evalsha(sha(script) or "0" * 40, numkeys, *args)
-        return await pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+            if script == BATCH:
+                merged.append(args)
+            else:
+                # not pipe.evalsha, which redis-py's cluster pipeline refuses (it
+                # routes EVALSHA by its keys all the same)
+                pipe.execute_command("EVALSHA", sha(script) or "0" * 40, numkeys, *args)
+        if merged:
+            keys = [args[0] for args in merged]
+            checks = b"".join([args[1] for args in merged])
+            pipe.execute_command("EVALSHA", sha(BATCH) or "0" * 40, len(keys), *keys, checks)
+        results = await pipe.execute(raise_on_error=False)
+        if not merged:
+            return results  # type: ignore[no-any-return]
+        together, spread, rest, at = results[-1], [], iter(results), 0
+        for script, *_ in batch:
+            if script != BATCH:
+                spread.append(next(rest))
+            elif isinstance(together, Exception):
+                spread.append(together)
+            else:
+                spread.append(together[at : at + 4])
+                at += 4
+        return spread
 
     async def _send(self, batch: list[tuple[str, int, list[Any], Any]]) -> None:
         try:
@@ -478,10 +564,11 @@ class _Batcher:
 
 
 class AsyncRedisStore:
-    """The asyncio twin of `RedisStore` (single Redis; cluster to come): the same
+    """The asyncio twin of `RedisStore` (Redis or Redis Cluster): the same
     scripts, limits and failure policy, and concurrent checks coalesced into
     pipelines so that one process is not held to one round trip at a time.
-    ``hit_many`` runs every tier in one script call, in the same pipelines."""
+    ``hit_many`` works as `RedisStore`'s does, its script calls in the same
+    pipelines."""
 
     def __init__(
         self,
@@ -502,13 +589,19 @@ class AsyncRedisStore:
         self._batcher = _Batcher(client, self.scripts, max_batch)
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock
+        self._keyslot = client.keyslot if isinstance(client, AsyncRedisCluster) else None
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
         limit = _Limit(algorithm, rate, options, self.breaker, self._test_clock)
-        submit, script = self._batcher.submit, limit.script
+        submit = self._batcher.submit
+        # One node: the checks of a loop turn go out as one _batch.lua call. A
+        # cluster's keys span slots, which one script call cannot: one call each.
+        prepare, script = (
+            (limit.batched, BATCH) if self._keyslot is None else (limit.request, limit.script)
+        )
 
         async def run(key: str, cost: int, mode: str) -> Decision:
-            request = limit.request(key, cost, mode)
+            request = prepare(key, cost, mode)
             if isinstance(request, Decision):
                 return request
             try:
@@ -528,18 +621,28 @@ class AsyncRedisStore:
             except (*_FAILURES, OSError) as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
 
+        limit.hit = hit
         return AsyncBound(hit, peek, reset, limit)
 
     async def hit_many(self, checks: Sequence[Check]) -> Decision:
+        if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
+            limit, key, cost = checks[0]
+            return await limit.hit(key, cost)  # type: ignore[no-any-return]
         many = _Many(checks)
         if self.breaker.failures:
             blocked = _blocked(many.limits)
             if blocked is not None:
                 return blocked
         everything = list(range(len(many.keys)))
+        groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
+        plan = _plan(many, groups)
+        submit = self._batcher.submit
         try:
-            out = await self._batcher.submit(MANY, len(many.keys), many.args(everything, "hit"))
-            return many.answer(everything, out)[1]
+            request = next(plan)
+            while True:
+                request = plan.send(await submit(*request))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
             return _failed(many.limits, exc)
 
@@ -547,6 +650,8 @@ class AsyncRedisStore:
         """Close the connections, if this store made its client from a URL."""
         if self._owns_client:
             await self.client.aclose()
+            for sentinel in _sentinels(self.client):
+                await sentinel.aclose()
 
     async def __aenter__(self) -> AsyncRedisStore:
         return self

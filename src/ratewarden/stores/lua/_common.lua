@@ -41,8 +41,8 @@ local FORMATS = setmetatable({}, {__index = function(formats, n)
   return format
 end})
 
-local function load(key)
-  local raw = redis.call('GET', key)
+-- A state from its stored value (false: none).
+local function decode(raw)
   if not raw then return nil end
   local n = #raw / 8
   if n <= 100 then
@@ -55,6 +55,10 @@ local function load(key)
     state[#state + 1], at = struct.unpack('>d', raw, at)
   end
   return state
+end
+
+local function load(key)
+  return decode(redis.call('GET', key))
 end
 
 local function encode(state)

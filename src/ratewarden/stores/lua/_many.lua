@@ -15,6 +15,7 @@ local states = {}   -- key -> its state as the tiers so far left it (false: none
 local written = {}  -- keys in first-write order
 local finals = {}   -- key -> {state, now, tick} of its last passing tier
 local best, best_size, best_tick = nil, 0, 0
+local raws = redis.call('MGET', unpack(KEYS))  -- one call for every tier's state
 local all_pass = true
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -25,7 +26,7 @@ for i = 1, #KEYS do
   if tick > 1 then now = fdiv(now_us, tick) end
   local state = states[key]
   if state == nil then
-    state = load(key) or false
+    state = decode(raws[i]) or false
     states[key] = state
   end
   local allowed, remaining, reset, retry, new = STEPS[step_id](state or nil, now, cost)
