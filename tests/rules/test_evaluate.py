@@ -255,3 +255,11 @@ def test_path_patterns(pattern: str, matches: list[str], misses: list[str]) -> N
         assert index.lookup(path) == [pattern], path
     for path in misses:
         assert index.lookup(path) == [], path
+
+
+def test_odd_attribute_types_do_not_break_evaluation(ruleset: RuleSet) -> None:
+    got = applied(ruleset, method=["GET"], path=b"/api/login", user=42, plan=["free"],
+                  org={"a": 1}, ip=None, headers="not a mapping")  # fmt: skip
+    assert got["per-user"] == ("42", 1)
+    assert "login" not in got
+    assert applied(ruleset, method="get", path="/api/v1/orders", user=7)["orders-read"] == ("7", 1)

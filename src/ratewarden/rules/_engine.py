@@ -242,7 +242,7 @@ class RuleEngine(_Core[Limiter]):
     def _limiter(self, spec: LimitSpec) -> Limiter:
         return Limiter(
             spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
-            refill=spec.refill, name=spec.name, on_failure=spec.on_failure,  # type: ignore[arg-type]
+            refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
         )  # fmt: skip
 
     def check(self, attributes: Mapping[str, object], *, wait: bool = False) -> Outcome:
@@ -282,7 +282,7 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
     def _limiter(self, spec: LimitSpec) -> AsyncLimiter:
         return AsyncLimiter(
             spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
-            refill=spec.refill, name=spec.name, on_failure=spec.on_failure,  # type: ignore[arg-type]
+            refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
         )  # fmt: skip
 
     async def acheck(self, attributes: Mapping[str, object], *, wait: bool = False) -> Outcome:
