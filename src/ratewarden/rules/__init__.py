@@ -1,0 +1,47 @@
+"""The rule engine: YAML policies compiled into an index, applied in one
+``hit_many`` per request, reloaded without a deploy.
+
+    ruleset = load("rules.yaml")                # RuleFileError names file:line, rule, field
+    ruleset.evaluate({"method": "GET", "path": "/api/orders", "user": "u1"})  # pure
+    engine = RuleEngine("rules.yaml", store)    # or AsyncRuleEngine with an async store
+    outcome = engine.check(attributes)          # Outcome: allowed, action, status, ...
+
+This is the one part of ratewarden that imports PyYAML (``pip install
+ratewarden[rules]``); ``import ratewarden`` does not import this package.
+"""
+
+from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
+from ._engine import AsyncRuleEngine, Outcome, RuleEngine, Watcher
+from ._envoy import AsyncEnvoyConfig, EnvoyConfig, EnvoyLimit, EnvoyResult
+from ._errors import Problem, RuleFileError
+from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile, dump
+from ._source import MAX_BYTES
+
+__all__ = [
+    "MAX_BYTES",
+    "Applicable",
+    "AsyncEnvoyConfig",
+    "AsyncRuleEngine",
+    "ClientIP",
+    "CompiledRule",
+    "CostFrom",
+    "Defaults",
+    "EnvoyConfig",
+    "EnvoyLimit",
+    "EnvoyResult",
+    "Explanation",
+    "LimitSpec",
+    "Match",
+    "Outcome",
+    "Problem",
+    "Response",
+    "Rule",
+    "RuleEngine",
+    "RuleFile",
+    "RuleFileError",
+    "RuleSet",
+    "Watcher",
+    "dump",
+    "load",
+    "loads",
+]

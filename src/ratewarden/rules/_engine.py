@@ -1,0 +1,375 @@
+"""`RuleEngine` and `AsyncRuleEngine`: a `RuleSet` bound to a store, one
+``hit_many`` per request, and reloads that never leave a bad rule set in force.
+
+Everything but the store calls and the sleeping lives once in `_Core`: planning
+which limiters to call, turning their Decision into an `Outcome`, reloading.
+
+Per request:
+
+1. ``ruleset.evaluate(attributes)`` (pure) gives the applicable limits;
+2. every limit of a rule whose action is not ``log_only`` goes into ONE
+   ``hit_many`` call: admitted only if all pass, and then counted in all; a
+   denied request counts nowhere;
+3. if that admitted the request (or nothing was enforced), the ``log_only``
+   limits go into a second ``hit_many`` call whose Decision is reported as
+   ``Outcome.shadow`` and never blocks. Shadow limits therefore count what they
+   would count if they were enforced next to the others: a request the enforced
+   limits deny would have been denied anyway and is not counted there. The
+   price is a second store call (a second lock, or round trip to Redis) for
+   requests that some shadow rule applies to, and shadow tiers are atomic among
+   themselves: while one is over, the others do not count either;
+4. a denial is answered with the action of the rule that denied (the tier
+   with the longest ``retry_after``): ``reject`` with its status; ``delay`` with
+   the wait when it fits in ``max_wait`` (``check(..., wait=True)`` waits on the
+   store's clock and checks again), else reject; ``shadow_ban`` with its response.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Generic, Literal, TypeVar
+
+import msgspec
+
+from .._decision import Decision
+from .._errors import ConfigurationError
+from .._limiter import AsyncLimiter, Limiter, ahit_many, hit_many
+from ..stores import AsyncStore, Store
+from ._compile import Applicable, CompiledRule, LimitSpec, RuleSet, load
+from ._schema import Response
+
+__all__ = ["AsyncRuleEngine", "Outcome", "RuleEngine", "Watcher"]
+
+log = logging.getLogger("ratewarden.rules")
+
+L = TypeVar("L", Limiter, AsyncLimiter)
+Verdict = Literal["allow", "reject", "delay", "shadow_ban"]
+_NO_LIMITS: tuple[Applicable, ...] = ()
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What the engine says about one request, for the front end to act on.
+
+    ``allowed``      proceed with the request;
+    ``action``       ``"allow"``, ``"reject"`` (answer ``status``), ``"delay"``
+                     (hold the request ``wait`` seconds, then check again; a front
+                     end that cannot wait rejects with ``status``) or
+                     ``"shadow_ban"`` (answer ``response`` without processing);
+    ``decision``     the Decision of the enforced limits (None: none applied);
+    ``rule``         the rule that denied, when denied;
+    ``status``       the HTTP status to answer: 200 when allowed;
+    ``retry_after``  seconds until this request would pass (``decision``'s);
+    ``shadow``       the Decision of the ``log_only`` limits (None: none applied);
+                     ``shadow.allowed`` False means they would have denied, and
+                     ``shadow.rule`` names one that would have;
+    ``limits``       every limit that applied.
+    """
+
+    allowed: bool
+    action: Verdict
+    decision: Decision | None
+    rule: CompiledRule | None = None
+    status: int = 200
+    retry_after: float = 0.0
+    wait: float = 0.0
+    response: Response | None = None
+    shadow: Decision | None = None
+    limits: tuple[Applicable, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.allowed
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound(Generic[L]):
+    """A rule set and its limiters, swapped in as one object so a request sees
+    either the old pair or the new, never a mix."""
+
+    ruleset: RuleSet
+    limiters: tuple[L, ...]
+
+
+class _Core(Generic[L]):
+    """The engine without I/O: the shells add ``check``/``acheck``."""
+
+    _bound: _Bound[L]
+
+    def __init__(self, source: RuleSet | str | os.PathLike[str]) -> None:
+        if isinstance(source, RuleSet):
+            self.path: Path | None = None if source.source is None else Path(source.source)
+            ruleset = source
+            if self.path is not None and not self.path.exists():
+                self.path = None  # compiled from text: nothing to reload from
+        else:
+            self.path = Path(source)
+            ruleset = load(self.path)
+        self.last_error: ConfigurationError | None = None
+        self._install(ruleset)
+
+    def _limiter(self, spec: LimitSpec) -> L:  # pragma: no cover - the shells override
+        raise NotImplementedError
+
+    def _install(self, ruleset: RuleSet) -> None:
+        # Limiters with the same name and limit on the same store share counters,
+        # so rules unchanged by a reload keep counting where they were.
+        limiters = tuple(self._limiter(spec) for spec in ruleset.limits)
+        self._bound = _Bound(ruleset, limiters)
+
+    @property
+    def ruleset(self) -> RuleSet:
+        return self._bound.ruleset
+
+    def reload(self) -> RuleSet:
+        """Load the rule file again and put it in force; a file that fails to load
+        raises `RuleFileError` and leaves the rules in force as they were."""
+        if self.path is None:
+            raise ConfigurationError("this engine was built from rules in memory: no file")
+        try:
+            ruleset = load(self.path)
+        except ConfigurationError as exc:
+            self.last_error = exc
+            raise
+        self._install(ruleset)
+        self.last_error = None
+        for warning in ruleset.warnings:
+            log.warning("%s", warning)
+        return ruleset
+
+    def try_reload(self) -> bool:
+        """`reload`, logging a failure instead of raising it; True if reloaded."""
+        try:
+            self.reload()
+        except ConfigurationError as exc:
+            log.error("rule file not reloaded, the previous rules stay in force: %s", exc)
+            return False
+        return True
+
+    def use(self, ruleset: RuleSet) -> None:
+        """Put an already compiled rule set in force (an API-driven reload)."""
+        self._install(ruleset)
+
+    def watch(self, interval: float = 1.0) -> Watcher:
+        """Reload whenever the rule file changes, checked every ``interval`` seconds
+        by a daemon thread; ``stop()`` the returned `Watcher` to end it."""
+        watcher = Watcher(self, interval)
+        watcher.start()
+        return watcher
+
+    def reload_on_sighup(self) -> Callable[[], None]:
+        """Reload on SIGHUP (main thread only, as Python delivers signals there);
+        returns a function that puts the previous handler back. The reload runs in
+        the handler, on the main thread: about 2 s for a 10,000-rule file, during
+        which that thread serves nothing (`watch` reloads on a thread of its own)."""
+        if self.path is None:
+            raise ConfigurationError("this engine was built from rules in memory: no file")
+
+        def on_sighup(signum: int, frame: FrameType | None) -> None:
+            self.try_reload()
+
+        previous = signal.signal(signal.SIGHUP, on_sighup)
+
+        def restore() -> None:
+            signal.signal(signal.SIGHUP, previous)
+
+        return restore
+
+    def __repr__(self) -> str:
+        ruleset = self._bound.ruleset
+        source = "" if self.path is None else f" from {str(self.path)!r}"
+        store = getattr(self, "store", None)
+        return f"<{type(self).__name__} {len(ruleset)} rules{source} on {store!r}>"
+
+    def _plan(
+        self, attributes: Mapping[str, object]
+    ) -> tuple[RuleSet, list[Applicable], list[tuple[L, str, int]], list[tuple[L, str, int]]]:
+        bound = self._bound  # read once: a reload in between cannot mix two rule sets
+        applicable = bound.ruleset.evaluate(attributes)
+        limiters = bound.limiters
+        enforced: list[tuple[L, str, int]] = []
+        shadow: list[tuple[L, str, int]] = []
+        for a in applicable:
+            (shadow if a.rule.action == "log_only" else enforced).append(
+                (limiters[a.slot], a.key, a.cost)
+            )
+        return bound.ruleset, applicable, enforced, shadow
+
+    def _outcome(
+        self,
+        ruleset: RuleSet,
+        applicable: list[Applicable],
+        decision: Decision | None,
+        shadow: Decision | None,
+    ) -> Outcome:
+        limits = tuple(applicable) if applicable else _NO_LIMITS
+        if decision is None or decision.allowed:
+            return Outcome(True, "allow", decision, shadow=shadow, limits=limits)
+        rule = ruleset.by_limit_name.get(decision.rule or "")
+        retry = decision.retry_after
+        if rule is None or rule.action == "reject":
+            status = 429 if rule is None else rule.status
+            return Outcome(False, "reject", decision, rule, status, retry, limits=limits)
+        if rule.action == "shadow_ban":
+            response = rule.response
+            return Outcome(
+                False, "shadow_ban", decision, rule, response.status, retry, 0.0, response,
+                limits=limits,
+            )  # fmt: skip
+        # delay (log_only never denies: those limits are not in the enforced call)
+        if rule.max_wait is not None and retry <= rule.max_wait:
+            return Outcome(False, "delay", decision, rule, 429, retry, retry, limits=limits)
+        return Outcome(False, "reject", decision, rule, 429, retry, limits=limits)
+
+
+class RuleEngine(_Core[Limiter]):
+    """Rules from a file (or a `RuleSet`) applied with `Limiter`\\ s on ``store``.
+
+    ``check(attributes)`` counts a request against every limit that applies and
+    returns an `Outcome`; ``reload()``, ``watch()`` and ``reload_on_sighup()``
+    replace the rules without losing the counters of rules left unchanged.
+    """
+
+    def __init__(self, source: RuleSet | str | os.PathLike[str], store: Store) -> None:
+        self.store = store
+        super().__init__(source)
+
+    def _limiter(self, spec: LimitSpec) -> Limiter:
+        return Limiter(
+            spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
+            refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
+        )  # fmt: skip
+
+    def check(self, attributes: Mapping[str, object], *, wait: bool = False) -> Outcome:
+        """Count the request described by ``attributes``. With ``wait=True`` a
+        ``delay`` outcome is waited out on the store's clock (up to the rule's
+        ``max_wait`` in all) and the request checked again."""
+        outcome = self._check_once(attributes)
+        if not wait or outcome.action != "delay" or outcome.rule is None:
+            return outcome
+        clock = self.store.clock
+        deadline = clock.time_ns() + round((outcome.rule.max_wait or 0) * 1e9)
+        while True:
+            if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
+                return _too_long(outcome)
+            clock.sleep(outcome.wait)
+            outcome = self._check_once(attributes)
+            if outcome.action != "delay":
+                return outcome
+
+    def _check_once(self, attributes: Mapping[str, object]) -> Outcome:
+        ruleset, applicable, enforced, shadow = self._plan(attributes)
+        decision = hit_many(enforced) if enforced else None
+        report = None
+        if shadow and (decision is None or decision.allowed):
+            report = hit_many(shadow)
+        return self._outcome(ruleset, applicable, decision, report)
+
+
+class AsyncRuleEngine(_Core[AsyncLimiter]):
+    """The asyncio twin of `RuleEngine`: `AsyncLimiter`\\ s on an async store,
+    ``await engine.acheck(attributes)``."""
+
+    def __init__(self, source: RuleSet | str | os.PathLike[str], store: AsyncStore) -> None:
+        self.store = store
+        super().__init__(source)
+
+    def _limiter(self, spec: LimitSpec) -> AsyncLimiter:
+        return AsyncLimiter(
+            spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
+            refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
+        )  # fmt: skip
+
+    async def acheck(self, attributes: Mapping[str, object], *, wait: bool = False) -> Outcome:
+        """The twin of `RuleEngine.check`; waiting never blocks the event loop."""
+        outcome = await self._check_once(attributes)
+        if not wait or outcome.action != "delay" or outcome.rule is None:
+            return outcome
+        clock = self.store.clock
+        deadline = clock.time_ns() + round((outcome.rule.max_wait or 0) * 1e9)
+        while True:
+            if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
+                return _too_long(outcome)
+            await clock.asleep(outcome.wait)
+            outcome = await self._check_once(attributes)
+            if outcome.action != "delay":
+                return outcome
+
+    async def _check_once(self, attributes: Mapping[str, object]) -> Outcome:
+        ruleset, applicable, enforced, shadow = self._plan(attributes)
+        decision = await ahit_many(enforced) if enforced else None
+        report = None
+        if shadow and (decision is None or decision.allowed):
+            report = await ahit_many(shadow)
+        return self._outcome(ruleset, applicable, decision, report)
+
+
+def _too_long(outcome: Outcome) -> Outcome:
+    """A delay that would run past the rule's ``max_wait``: rejected after all."""
+    return msgspec.structs.replace(outcome, action="reject", wait=0.0, status=429)
+
+
+class Watcher:
+    """Polls the rule file's identity (mtime, size, inode) and reloads when it
+    changes. Polling, not inotify (watchfiles): one ``stat`` a second is free, it
+    needs no native dependency, and it sees what inotify setups can miss, such as a
+    Kubernetes ConfigMap swapping the symlink of a mounted file. A half-written
+    file fails validation and the old rules stay; the next change reloads."""
+
+    def __init__(self, engine: _Core[Limiter] | _Core[AsyncLimiter], interval: float) -> None:
+        if engine.path is None:
+            raise ConfigurationError("this engine was built from rules in memory: no file")
+        if not interval > 0:
+            raise ConfigurationError(f"interval must be > 0 seconds, got {interval!r}")
+        self.engine = engine
+        self.path = engine.path
+        self.interval = interval
+        self.reloads = 0
+        self.failures = 0
+        self._seen = _identity(self.path)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ratewarden-rules", daemon=True)
+
+    def poll(self) -> bool | None:
+        """Check once: None when the file is unchanged, else whether it reloaded."""
+        now = _identity(self.path)
+        if now == self._seen:
+            return None
+        self._seen = now
+        if now is None:
+            log.error("rule file %s is gone; the previous rules stay in force", self.path)
+            self.failures += 1
+            return False
+        if self.engine.try_reload():
+            self.reloads += 1
+            return True
+        self.failures += 1
+        return False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def __repr__(self) -> str:
+        return f"<Watcher {str(self.path)!r} every {self.interval}s, {self.reloads} reloads>"
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev

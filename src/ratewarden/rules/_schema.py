@@ -1,0 +1,323 @@
+"""The rule file as typed objects, and every check that is not about types.
+
+msgspec checks the shape (unknown fields, wrong types, bad enum values) and
+stops at the first mismatch; `validate` then checks meaning (rates, algorithms,
+path patterns, which options go with which action, duplicate names) and reports
+*every* problem at once, each with its line, rule and field.
+
+The Structs hold what the file says, as written (a single rate stays a string,
+a list stays a list), so ``load -> dump -> load`` gives back equal objects; the
+compiler (`_compile`) normalises.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from typing import Literal, Protocol
+
+import msgspec
+import yaml
+
+from .._errors import ConfigurationError
+from .._rate import parse_rate
+from ..algorithms import get_algorithm
+from ._errors import Problem, RuleFileError
+from ._paths import parse_pattern
+from ._source import Document
+
+__all__ = [
+    "Action",
+    "ClientIP",
+    "CostFrom",
+    "Defaults",
+    "Match",
+    "Response",
+    "Rule",
+    "RuleFile",
+    "dump",
+    "from_document",
+]
+
+Action = Literal["reject", "log_only", "delay", "shadow_ban"]
+FailurePolicy = Literal["fail_open", "fail_closed"]
+Refill = Literal["continuous", "interval"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_METHOD = re.compile(r"^[A-Za-z]+$")
+_ATTRIBUTE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_BUCKETS = ("token_bucket", "leaky_bucket", "gcra")
+
+
+class _Base(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    pass
+
+
+class CostFrom(_Base, frozen=True):
+    """Cost read from a request attribute, e.g. ``{attribute: body_size}``; a
+    missing or non-numeric value costs ``default``. A cost is at least 1."""
+
+    attribute: str
+    default: int = 1
+
+
+class Match(_Base, frozen=True):
+    """Where a rule applies: all given conditions must hold."""
+
+    paths: str | list[str] = []
+    methods: str | list[str] = []
+    attributes: dict[str, str | list[str]] = {}
+
+
+class Response(_Base, frozen=True):
+    """What a shadow-banned request is answered (the front end sends it)."""
+
+    status: int = 200
+    body: str = ""
+    headers: dict[str, str] = {}
+
+
+class Rule(_Base, frozen=True):
+    name: str
+    rate: str | list[str]
+    description: str = ""
+    group: str | None = None
+    priority: int = 0
+    by: str | list[str] = []
+    match: Match | None = None
+    global_: bool = msgspec.field(name="global", default=False)
+    algorithm: str | None = None
+    burst: int | None = None
+    refill: Refill = "continuous"
+    cost: int | CostFrom = 1
+    action: Action = "reject"
+    status: int | None = None
+    max_wait: float | None = None
+    response: Response | None = None
+    on_failure: FailurePolicy | None = None
+
+
+class ClientIP(_Base, frozen=True):
+    """How ``by: ip`` finds the client: the peer address (attribute ``ip``), or,
+    when the peer is a trusted proxy, the right-most untrusted address of
+    ``header`` (X-Forwarded-For)."""
+
+    trusted_proxies: list[str] = []
+    header: str = "x-forwarded-for"
+
+
+class Defaults(_Base, frozen=True):
+    algorithm: str = "sliding_window_counter"
+    on_failure: FailurePolicy = "fail_open"
+
+
+class RuleFile(_Base, frozen=True):
+    rules: list[Rule]
+    version: Literal[1] = 1
+    defaults: Defaults = msgspec.field(default_factory=Defaults)
+    client_ip: ClientIP = msgspec.field(default_factory=ClientIP)
+
+
+def as_list(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def from_document(document: Document) -> RuleFile:
+    """Typed and checked, or `RuleFileError` listing every problem found."""
+    try:
+        rule_file = msgspec.convert(document.data, RuleFile)
+    except msgspec.ValidationError as exc:
+        raise _type_problem(document, str(exc)) from None
+    problems = list(_check(rule_file, document))
+    if problems:
+        raise RuleFileError(*problems)
+    return rule_file
+
+
+def _type_problem(document: Document, message: str) -> RuleFileError:
+    text, _, at = message.partition(" - at `")
+    path = at.rstrip("`") if at else "$"
+    if path == "$" and "Expected `object`" in text:
+        text = "the file must be a mapping with a 'rules:' list, e.g. 'rules: [...]'"
+    line = document.line_of(path, text)
+    rule, field = _rule_and_field(document.data, path, text)
+    return RuleFileError(Problem(document.filename, line, rule, field, text))
+
+
+def _rule_and_field(data: object, path: str, text: str) -> tuple[str | None, str | None]:
+    """The rule name (if the path is inside ``rules[i]``) and field the path names."""
+    match = re.match(r"^\$\.rules\[(\d+)\](.*)$", path)
+    unknown = re.search(r"unknown field `([^`]+)`", text)
+    missing = re.search(r"missing required field `([^`]+)`", text)
+    named = unknown or missing
+    if match is None:
+        field = path.removeprefix("$").lstrip(".") or None
+        if named:
+            field = f"{field}.{named[1]}" if field else named[1]
+        return None, field
+    index, rest = int(match[1]), match[2].lstrip(".")
+    rule = f"#{index + 1}"
+    if isinstance(data, dict):
+        rules = data.get("rules")
+        if isinstance(rules, list) and index < len(rules) and isinstance(rules[index], dict):
+            name = rules[index].get("name")
+            if isinstance(name, str):
+                rule = name
+    field = re.sub(r"\[\d+\]$", "", rest) or None
+    if named:
+        field = f"{field}.{named[1]}" if field else named[1]
+    return rule, field
+
+
+def _check(rule_file: RuleFile, document: Document) -> list[Problem]:
+    problems: list[Problem] = []
+    filename = document.filename
+
+    def problem(path: str, rule: str | None, field: str | None, reason: str) -> None:
+        problems.append(Problem(filename, document.line_of(path), rule, field, reason))
+
+    try:
+        get_algorithm(rule_file.defaults.algorithm)
+    except ConfigurationError as exc:
+        problem("$.defaults.algorithm", None, "defaults.algorithm", str(exc))
+    for i, proxy in enumerate(rule_file.client_ip.trusted_proxies):
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError as exc:
+            field = "client_ip.trusted_proxies"
+            problem(f"$.client_ip.trusted_proxies[{i}]", None, field, str(exc))
+    if not rule_file.rules:
+        problem("$.rules", None, "rules", "no rules: a rule file needs at least one")
+
+    first_line: dict[str, int | None] = {}
+    for i, rule in enumerate(rule_file.rules):
+        at = f"$.rules[{i}]"
+        name = rule.name
+
+        def bad(field: str, reason: str, path: str | None = None, name: str = name) -> None:
+            problem(path or f"{at}.{field}", name, field, reason)  # noqa: B023
+
+        if not _NAME.match(name):
+            bad("name", "a name is letters, digits, '_', '.', '-', starting with a letter or digit")
+        if name in first_line:
+            bad("name", f"duplicate rule name (first at line {first_line[name]})")
+        else:
+            first_line[name] = document.line_of(f"{at}.name")
+        _check_rates(rule, rule_file.defaults, bad, at)
+        for j, who in enumerate(as_list(rule.by)):
+            reason = _check_by(who)
+            if reason:
+                bad("by", reason, f"{at}.by" if isinstance(rule.by, str) else f"{at}.by[{j}]")
+        if rule.match is not None:
+            if rule.global_:
+                bad("global", "a global rule applies everywhere: drop 'match' or 'global'")
+            _check_match(rule.match, bad, f"{at}.match")
+        if rule.group is not None and not rule.group:
+            bad("group", "an empty group name: leave 'group' out for a rule of its own")
+        if isinstance(rule.cost, int):
+            if rule.cost < 1:
+                bad("cost", f"cost must be a positive integer, got {rule.cost}")
+        else:
+            if not _ATTRIBUTE.match(rule.cost.attribute):
+                bad("cost", f"bad attribute name {rule.cost.attribute!r}", f"{at}.cost.attribute")
+            if rule.cost.default < 1:
+                bad("cost", "the default cost must be a positive integer", f"{at}.cost.default")
+        _check_action(rule, bad)
+    return problems
+
+
+def _check_rates(rule: Rule, defaults: Defaults, bad: _Bad, at: str) -> None:
+    rates = as_list(rule.rate)
+    if not rates:
+        bad("rate", "no rate: give one like '100/minute' or a list of them")
+    seen = set()
+    for j, text in enumerate(rates):
+        path = f"{at}.rate" if isinstance(rule.rate, str) else f"{at}.rate[{j}]"
+        try:
+            rate = parse_rate(text)
+        except ConfigurationError as exc:
+            bad("rate", str(exc), path)
+            continue
+        if rate in seen:
+            bad("rate", f"rate {text!r} is given twice", path)
+        seen.add(rate)
+    algorithm = rule.algorithm or defaults.algorithm
+    try:
+        get_algorithm(algorithm, refill=rule.refill)
+    except ConfigurationError as exc:
+        bad("refill" if "refill" in str(exc) else "algorithm", str(exc))
+        return
+    if rule.burst is not None:
+        if algorithm not in _BUCKETS:
+            bad("burst", f"burst applies to {', '.join(_BUCKETS)}, not {algorithm!r}")
+        elif rule.burst < 1:
+            bad("burst", f"burst must be a positive integer, got {rule.burst}")
+
+
+def _check_by(who: str) -> str | None:
+    if who.startswith("header:"):
+        header = who.removeprefix("header:")
+        if not header or not re.match(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$", header):
+            return f"'header:' needs a header name, got {who!r}"
+        return None
+    if not _ATTRIBUTE.match(who):
+        return f"bad attribute name {who!r}: use user, api_key, ip, org, header:<name> or your own"
+    return None
+
+
+def _check_match(match: Match, bad: _Bad, at: str) -> None:
+    paths = as_list(match.paths)
+    for j, pattern in enumerate(paths):
+        try:
+            parse_pattern(pattern)
+        except ConfigurationError as exc:
+            path = f"{at}.paths" if isinstance(match.paths, str) else f"{at}.paths[{j}]"
+            bad("match.paths", str(exc), path)
+    for j, method in enumerate(as_list(match.methods)):
+        if not _METHOD.match(method):
+            path = f"{at}.methods" if isinstance(match.methods, str) else f"{at}.methods[{j}]"
+            bad("match.methods", f"bad method {method!r}", path)
+    for key, values in match.attributes.items():
+        if not _ATTRIBUTE.match(key):
+            bad("match.attributes", f"bad attribute name {key!r}", f"{at}.attributes")
+        if key in ("path", "method"):
+            bad("match.attributes", f"match {key} with 'match.{key}s', not as an attribute",
+                f"{at}.attributes.{key}")  # fmt: skip
+        if not as_list(values):
+            bad("match.attributes", f"no values for {key!r}", f"{at}.attributes.{key}")
+    if not (paths or as_list(match.methods) or match.attributes):
+        bad("match", "an empty match: leave 'match' out (or say 'global: true') for everything")
+
+
+def _check_action(rule: Rule, bad: _Bad) -> None:
+    action = rule.action
+    if rule.status is not None:
+        if action != "reject":
+            bad("status", f"'status' goes with action 'reject', not {action!r}")
+        elif not 400 <= rule.status <= 599:
+            bad("status", f"a reject status is 4xx or 5xx (429, 503), got {rule.status}")
+    if action == "delay":
+        if rule.max_wait is None:
+            bad("max_wait", "action 'delay' needs 'max_wait' (seconds to hold a request)")
+        elif not (math.isfinite(rule.max_wait) and 0 < rule.max_wait <= 3600):
+            bad("max_wait", f"max_wait is seconds, > 0 and <= 3600, got {rule.max_wait}")
+    elif rule.max_wait is not None:
+        bad("max_wait", f"'max_wait' goes with action 'delay', not {action!r}")
+    if rule.response is not None:
+        if action != "shadow_ban":
+            bad("response", f"'response' goes with action 'shadow_ban', not {action!r}")
+        elif not 100 <= rule.response.status <= 599:
+            bad("response", f"bad status {rule.response.status}")
+
+
+class _Bad(Protocol):  # the per-rule reporter the helpers are given
+    def __call__(self, field: str, reason: str, path: str | None = None) -> None: ...
+
+
+def dump(rule_file: RuleFile) -> str:
+    """The rule file as YAML that loads back into an equal `RuleFile`."""
+    data = msgspec.to_builtins(rule_file)
+    # allow_unicode=False: PyYAML writes some characters (U+0085, U+2028) raw, and
+    # reads them back as line breaks; escaped, every string round-trips.
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=False, width=100)

@@ -1,0 +1,124 @@
+"""``ratewarden check-config`` and ``ratewarden explain``, run through main()."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ratewarden.cli import main
+
+EXAMPLE = str(Path(__file__).parent.parent.parent / "examples" / "rules.yaml")
+
+
+def test_check_config_prints_the_compiled_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", EXAMPLE]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].split() == ["name", "group", "priority", "rank", "where", "by", "rate",
+                                "algorithm", "cost", "action", "on_failure"]  # fmt: skip
+    login = next(line for line in lines if line.startswith("login-per-ip"))
+    assert "POST /api/login" in login
+    assert "5/minute, 20/hour" in login
+    assert "fail_closed" in login
+    assert "@body_size" in out
+    assert "delay <=5s" in out
+    assert lines[-1] == f"{EXAMPLE}: 11 rules, 12 limits, 0 warning(s)"
+    assert err == ""
+
+
+def test_check_config_names_every_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - name: a\n"
+        "    rate: 10/parsec\n"
+        "  - name: b\n"
+        "    rate: 1/second\n"
+        "    action: delay\n"
+    )
+    assert main(["check-config", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"error: {path}:3: rule 'a', field 'rate': unknown unit 'parsec' in rate '10/parsec':"
+        " use one of second, minute, hour, day, week, month, year",
+        f"error: {path}:4: rule 'b', field 'max_wait': action 'delay' needs 'max_wait'"
+        " (seconds to hold a request)",
+        f"{path}: not loaded (2 problem(s))",
+    ]
+
+
+@pytest.mark.parametrize(
+    "content", [b"", b"\x7fELF\x02\x01\x01\x00\x00", b"rules: [1, 2", b"a: &x 1\nb: *x\n"]
+)
+def test_check_config_never_shows_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_bytes(content)
+    assert main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}")
+    assert "Traceback" not in err
+
+
+def test_strict_fails_on_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - {name: all, group: g, priority: 1, rate: 9/s}\n"
+        "  - {name: some, group: g, rate: 1/s, match: {methods: GET}}\n"
+    )
+    assert main(["check-config", str(path)]) == 0
+    assert main(["check-config", "--strict", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"warning: {path}:3: rule 'some': never applies: 'all' (line 2)" in err
+
+
+def test_explain_shows_why(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([
+        "explain", EXAMPLE, "--attr", "method=POST", "--attr", "path=/api/login",
+        "--attr", "ip=10.0.0.5", "--header", "X-Forwarded-For=198.51.100.4, 10.0.0.9",
+    ])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    rows = {re.split(r"\s{2,}", line)[1]: line for line in out.splitlines()[2:-1]}
+    assert rows["login-per-ip"].split()[0] == "applies"
+    assert "'198.51.100.4'" in rows["login-per-ip"]
+    assert "5/minute, 20/hour" in rows["login-per-ip"]
+    assert rows["per-ip"].startswith("applies")  # no user: per ip instead
+    assert rows["per-user"].startswith("skipped")
+    assert "no value for by: user" in rows["per-user"]
+    assert rows["order-writes"].startswith("no match")
+    assert out.splitlines()[-1] == (
+        "3 rule(s), 4 limit(s) apply: login-per-ip, per-ip, service-wide"
+    )
+
+
+def test_explain_reports_a_lost_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", EXAMPLE, "--attr", "user=u", "--attr", "ip=1.2.3.4"]) == 0
+    out = capsys.readouterr().out
+    lost = next(line for line in out.splitlines() if line.startswith("lost"))
+    assert "per-ip" in lost
+    assert "'per-user' ranks first in group 'caller'" in lost
+
+
+def test_explain_rejects_a_malformed_attribute(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", EXAMPLE, "--attr", "method"]) == 1
+    assert "--attr takes name=value, got 'method'" in capsys.readouterr().err
+
+
+def test_import_ratewarden_pulls_in_no_yaml() -> None:
+    code = (
+        "import sys, ratewarden, ratewarden.cli; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('yaml', 'watchfiles')"
+        " or m.startswith('ratewarden.rules')]; "
+        "sys.exit(str(bad) if bad else 0)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
