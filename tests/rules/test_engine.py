@@ -290,3 +290,29 @@ def test_use_puts_a_compiled_rule_set_in_force(store: MemoryStore) -> None:
     engine.use(loads("rules: [{name: a, rate: 1/minute, by: user}, {name: b, rate: 5/s}]"))
     assert len(engine.ruleset) == 2
     assert not engine.check({"user": "u"}).allowed  # rule a unchanged: still counted
+
+
+def test_outcome_headers_name_every_enforced_limit() -> None:
+    clock = FakeClock(1_700_000_040)  # on a minute's edge
+    engine = RuleEngine(loads(RULES), MemoryStore(clock=clock))
+    first = dict(engine.check(orders()).headers())
+    policies = first.pop("RateLimit-Policy").split(", ")
+    assert sorted(policies) == [
+        '"per-endpoint";q=3;w=60',
+        '"per-user@5/minute";q=5;w=60',
+        '"per-user@8/hour";q=8;w=3600',
+    ]
+    assert first == {
+        "X-RateLimit-Limit": "3",
+        "X-RateLimit-Remaining": "2",
+        "X-RateLimit-Reset": "60",
+        "RateLimit": '"per-endpoint";r=2;t=60',
+    }
+    engine.check(orders())
+    engine.check(orders())
+    clock.advance(0.5)
+    denied = engine.check(orders())
+    assert ("Retry-After", "60") in denied.headers()  # 59.5 s, rounded up
+    preview = engine.check({"method": "GET", "path": "/api/preview/1", "user": "u2"})
+    assert "per-user" in dict(preview.headers())["RateLimit-Policy"]
+    assert "preview" not in dict(preview.headers())["RateLimit-Policy"]  # log_only: never shown

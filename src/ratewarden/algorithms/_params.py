@@ -31,6 +31,7 @@ class Params:
     period: int  # ticks
     burst: int  # bucket capacity; equals limit unless set
     tick: float  # seconds per tick
+    hz: float  # ticks per second: durations are ticks / hz, correctly rounded
     rule: str | None
     scale: int
     unit: int
@@ -45,7 +46,13 @@ class Params:
         g = math.gcd(period, limit)
         burst = limit if burst is None else burst
         unit = period // g
-        return cls(limit, period, burst, tick, rule, limit // g, unit, burst * unit, limit * period)
+        # Dividing by a whole number of ticks per second rounds once, to the nearest
+        # double: 60 s of nanoseconds is exactly 60.0, where ticks * 1e-9 gives
+        # 60.00000000000001 and a header rounded up would say 61.
+        hz = float(round(1 / tick)) if tick <= 1 else 1 / tick
+        return cls(
+            limit, period, burst, tick, hz, rule, limit // g, unit, burst * unit, limit * period
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,16 +38,16 @@ def bucket(state: State | None, now: int, cost: int, p: Params) -> tuple[Decisio
             wait = -(-new_debt // scale)  # whole ticks until full again
             rem = wait * scale - new_debt
         return (
-            Decision(True, p.burst, (p.capacity - new_debt) // p.unit, wait * p.tick, 0.0,
+            Decision(True, p.burst, (p.capacity - new_debt) // p.unit, wait / p.hz, 0.0,
                      p.rule),
             (now + wait, rem),
         )  # fmt: skip
     # ceil((new_debt - capacity) / scale): when enough has drained for this cost
-    retry = INF if cost > p.burst else -((p.capacity - new_debt) // scale) * p.tick
+    retry = INF if cost > p.burst else -((p.capacity - new_debt) // scale) / p.hz
     if not debt:
         return Decision(False, p.burst, p.burst, 0.0, retry, p.rule), (now, 0)
     return (
-        Decision(False, p.burst, (p.capacity - debt) // p.unit, (state[0] - now) * p.tick,  # type: ignore[index]
+        Decision(False, p.burst, (p.capacity - debt) // p.unit, (state[0] - now) / p.hz,  # type: ignore[index]
                  retry, p.rule),
         state,  # type: ignore[return-value]
     )  # fmt: skip
@@ -66,7 +66,7 @@ def token_bucket_interval(
         refill_at, left = now + p.period, p.burst
     else:
         refill_at, left = state
-    wait = (refill_at - now) * p.tick
+    wait = (refill_at - now) / p.hz
     if cost <= left:
         return Decision(True, p.burst, left - cost, wait, 0.0, p.rule), (refill_at, left - cost)
     retry = wait if cost <= p.burst else INF

@@ -19,9 +19,9 @@ def fixed_window(state: State | None, now: int, cost: int, p: Params) -> tuple[D
         used = 0
     count = used + cost
     if count <= limit:
-        return Decision(True, limit, limit - count, (end - now) * p.tick, 0.0, p.rule), (end, count)
+        return Decision(True, limit, limit - count, (end - now) / p.hz, 0.0, p.rule), (end, count)
     # The next window starts empty, so any cost the limit can hold passes at its edge.
-    wait = (end - now) * p.tick
+    wait = (end - now) / p.hz
     return (
         Decision(False, limit, limit - used, wait if used else 0.0,
                  wait if cost <= limit else INF, p.rule),

@@ -35,7 +35,7 @@ def sliding_window_counter(
         curr += cost
         full_at = end + period
         return (
-            Decision(True, limit, remaining - cost, (full_at - now) * p.tick, 0.0, p.rule),
+            Decision(True, limit, remaining - cost, (full_at - now) / p.hz, 0.0, p.rule),
             (full_at, prev, curr),
         )
     if cost > limit:
@@ -51,7 +51,7 @@ def sliding_window_counter(
         t = end - room * period // prev if room >= 0 and prev else end
         if t >= end:
             t = max(end, end + period - (limit - cost) * period // curr) if curr else end
-        retry = (t - now) * p.tick
+        retry = (t - now) / p.hz
     full_at = end + period if curr else end if prev else now  # nothing counted: full now
-    reset = (full_at - now) * p.tick if prev or curr else 0.0
+    reset = (full_at - now) / p.hz if prev or curr else 0.0
     return Decision(False, limit, remaining, reset, retry, p.rule), (full_at, prev, curr)

@@ -25,14 +25,14 @@ def sliding_window_log(
         expiry = now + p.period
         new = (expiry, *live, *((expiry,) * cost))
         return (
-            Decision(True, limit, limit - count - cost, p.period * p.tick, 0.0, p.rule),
+            Decision(True, limit, limit - count - cost, p.period / p.hz, 0.0, p.rule),
             new,
         )
     # Passes once the oldest ``count + cost - limit`` units have left the window.
-    retry = INF if cost > limit else (live[count + cost - limit - 1] - now) * p.tick
+    retry = INF if cost > limit else (live[count + cost - limit - 1] - now) / p.hz
     if count:
         return (
-            Decision(False, limit, limit - count, (live[-1] - now) * p.tick, retry, p.rule),
+            Decision(False, limit, limit - count, (live[-1] - now) / p.hz, retry, p.rule),
             state if cut == 1 else (live[-1], *live),  # type: ignore[return-value]
         )
     return Decision(False, limit, limit, 0.0, retry, p.rule), (now,)

@@ -40,6 +40,7 @@ import msgspec
 
 from .._decision import Decision
 from .._errors import ConfigurationError
+from .._headers import Policy, rate_limit_headers
 from .._limiter import AsyncLimiter, Limiter, ahit_many, hit_many
 from ..stores import AsyncStore, Store
 from ._compile import Applicable, CompiledRule, LimitSpec, RuleSet, load
@@ -85,6 +86,22 @@ class Outcome(msgspec.Struct, frozen=True):
 
     def __bool__(self) -> bool:
         return self.allowed
+
+    def headers(self, *, legacy: bool = True, ietf: bool = True) -> list[tuple[str, str]]:
+        """The response headers for this outcome (see `ratewarden._headers`):
+        X-RateLimit-* (``legacy``) and RateLimit / RateLimit-Policy (``ietf``) for
+        the enforced limit closest to denying, and Retry-After when denied. None
+        when no enforced limit applied; ``log_only`` limits never show."""
+        if self.decision is None:
+            return []
+        policies: dict[str, Policy] = {}
+        for applicable in self.limits:
+            if applicable.rule.action == "log_only":
+                continue
+            spec = applicable.limit
+            quota = spec.rate.limit if spec.burst is None else spec.burst
+            policies.setdefault(spec.name, Policy(spec.name, quota, spec.rate.period))
+        return rate_limit_headers(self.decision, policies.values(), legacy=legacy, ietf=ietf)
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,7 +230,7 @@ class _Limit:
         self.heads = {
             mode: struct.pack(">dd", self.step_id, mode == "peek") for mode in ("hit", "peek")
         }
-        self.tick, self.rule = params.tick, params.rule
+        self.hz, self.rule = params.hz, params.rule
         self.size = params.burst if algorithm.uses_burst else params.limit
         self.prefix, self.policy = options["prefix"], options["on_failure"]
         self.breaker, self.test_clock = breaker, test_clock
@@ -262,9 +262,9 @@ class _Limit:
         if self.breaker.failures:
             self.breaker.succeeded()
         allowed, remaining, reset, retry = result
-        tick = self.tick
+        hz = self.hz
         return Decision(
-            allowed == 1, self.size, remaining, reset * tick, INF if retry < 0 else retry * tick,
+            allowed == 1, self.size, remaining, reset / hz, INF if retry < 0 else retry / hz,
             self.rule,
         )  # fmt: skip
 

@@ -1,0 +1,85 @@
+"""Rate-limit response headers from Decisions: no I/O, no framework.
+
+Every front end (ASGI/WSGI middleware, the service's gateway endpoint) answers
+with the same fields, built here once:
+
+- ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` (seconds until the limit is
+  whole again), the de facto trio;
+- the IETF ``RateLimit-Policy`` (every limit that applied: ``"name";q=100;w=60``)
+  and ``RateLimit`` (the limit closest to denying: ``"name";r=37;t=23``), in
+  structured-field syntax (RFC 8941 strings, integers);
+- ``Retry-After`` in whole seconds, rounded up: never earlier than the moment a
+  retry passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from ._decision import Decision
+
+__all__ = ["Policy", "rate_limit_headers", "retry_after_header", "sf_string"]
+
+
+class Policy(NamedTuple):
+    """A limit as ``RateLimit-Policy`` names it: ``quota`` units per ``window`` seconds."""
+
+    name: str
+    quota: int
+    window: float
+
+
+def sf_string(text: str) -> str:
+    """``text`` as an RFC 8941 string: quoted, ``\\`` and ``"`` escaped, and any
+    character outside printable ASCII (which the syntax cannot carry) as ``?``."""
+    safe = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return '"' + safe.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _seconds(value: float) -> int:
+    """Whole seconds, rounded up (a header never promises a moment too early)."""
+    return math.ceil(value) if math.isfinite(value) else 0
+
+
+def retry_after_header(decision: Decision) -> str | None:
+    """``Retry-After`` for a denial: whole seconds rounded up, at least 1; None when
+    allowed, or when no retry can ever pass (a cost above the limit)."""
+    if decision.allowed or not math.isfinite(decision.retry_after):
+        return None
+    return str(max(1, math.ceil(decision.retry_after)))
+
+
+def rate_limit_headers(
+    decision: Decision,
+    policies: Iterable[Policy] = (),
+    *,
+    legacy: bool = True,
+    ietf: bool = True,
+) -> list[tuple[str, str]]:
+    """The headers for ``decision`` (the tier that speaks for the request) and the
+    ``policies`` that applied; ``legacy``: the X-RateLimit-* trio, ``ietf``: the
+    RateLimit fields. A degraded Decision (the store could not count) says nothing
+    about counts, so it gets no count headers."""
+    headers: list[tuple[str, str]] = []
+    if not decision.degraded:
+        reset = _seconds(decision.reset_after)
+        if legacy:
+            headers += [
+                ("X-RateLimit-Limit", str(decision.limit)),
+                ("X-RateLimit-Remaining", str(max(decision.remaining, 0))),
+                ("X-RateLimit-Reset", str(reset)),
+            ]
+        if ietf:
+            listed = [
+                f"{sf_string(p.name)};q={p.quota};w={max(1, math.ceil(p.window))}" for p in policies
+            ]
+            if listed:
+                headers.append(("RateLimit-Policy", ", ".join(listed)))
+            name = sf_string(decision.rule or "default")
+            headers.append(("RateLimit", f"{name};r={max(decision.remaining, 0)};t={reset}"))
+    retry = retry_after_header(decision)
+    if retry is not None:
+        headers.append(("Retry-After", retry))
+    return headers
