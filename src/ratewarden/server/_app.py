@@ -69,6 +69,10 @@ _AUTH_HEADERS = {
 }
 
 
+# The methods a gateway's subrequest may carry (nginx's is the original one's).
+AUTH_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
+
+
 class _HTTPError(Exception):
     def __init__(self, status: int, message: str, headers: Headers | None = None) -> None:
         super().__init__(message)
@@ -122,7 +126,9 @@ class App:
         self._token = None if token is None else b"Bearer " + token.encode()
         self.open_checks = open_checks
         self.max_body = max_body
-        self._openapi = json.dumps(openapi()).encode()
+        self._openapi = json.dumps(
+            openapi(secured=token is not None, open_checks=open_checks)
+        ).encode()
         observe = service.metrics.observe
         self._observe = observe
         # (method, path) -> (handler, endpoint name for metrics, who may call it)
@@ -137,6 +143,9 @@ class App:
             ("GET", "/openapi.json"): (self._openapi_doc, "openapi", "check"),
         }
         self._paths = {path for _, path in self._routes} | {"/auth"}
+        self._allowed = {
+            path: ", ".join(sorted(m for m, p in self._routes if p == path)) for path in self._paths
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -154,6 +163,9 @@ class App:
         try:
             if path == "/auth":
                 endpoint = "auth"
+                if method not in AUTH_METHODS:
+                    raise _HTTPError(405, f"{method} is not allowed on /auth",
+                                     [(b"allow", ", ".join(AUTH_METHODS).encode())])  # fmt: skip
                 self._authorize(scope, "check")
                 status, headers, body = await self._auth(scope, receive)
             else:
@@ -164,7 +176,9 @@ class App:
                         self._authorize(scope, "admin")
                         status, headers, body = await self._reset(scope)
                     elif path in self._paths or path.startswith("/v1/keys/"):
-                        raise _HTTPError(405, f"{method} is not allowed on {path}")
+                        allow = self._allowed.get(path, "DELETE")
+                        raise _HTTPError(405, f"{method} is not allowed on {path}",
+                                         [(b"allow", allow.encode())])  # fmt: skip
                     else:
                         raise _HTTPError(404, f"no such endpoint: {path}")
                 else:
@@ -174,7 +188,7 @@ class App:
         except _HTTPError as exc:
             status, headers, body = exc.status, _JSON + exc.headers, _encode(Problem(exc.message))
         except InvalidRequest as exc:
-            status, headers, body = 400, _JSON, _encode(Problem(str(exc)))
+            status, headers, body = exc.status, _JSON, _encode(Problem(str(exc)))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         self._observe(endpoint, time.perf_counter() - started)
@@ -226,7 +240,8 @@ class App:
             try:
                 results.append(await self.service.check(request))
             except InvalidRequest as exc:
-                raise InvalidRequest(f"checks[{len(results)}]: {exc}") from None
+                error = type(exc)(f"checks[{len(results)}]: {exc}")
+                raise error from None
         return 200, _JSON, _encode(BatchResult(results))
 
     async def _rules(self, scope: Scope, receive: Receive) -> _Answer:
@@ -314,9 +329,10 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-def openapi() -> dict[str, Any]:
+def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document, its schemas made by msgspec from the types the
-    app decodes and encodes, so that it cannot drift from what the app does."""
+    app decodes and encodes, so that it cannot drift from what the app does;
+    ``secured``: a bearer token is required, as `App` requires it."""
     (check_req, batch_req, check_res, batch_res, problem), components = (
         msgspec.json.schema_components(
             [CheckRequest, BatchRequest, CheckResult, BatchResult, Problem],
@@ -324,6 +340,18 @@ def openapi() -> dict[str, Any]:
         )
     )
     errors = {"content": {"application/json": {"schema": problem}}}
+    # what msgspec cannot say: a cost is a whole number (read as a float, so that
+    # 3.0 passes as JSON Schema's integer does), and attributes, or a domain
+    # with descriptors, not both
+    components["CheckRequest"]["properties"]["cost"]["type"] = "integer"
+    components["CheckRequest"]["oneOf"] = [
+        {"required": ["attributes"],
+         "properties": {"attributes": {"type": "object"}, "domain": {"type": "null"},
+                        "descriptors": {"type": "null"}}},
+        {"required": ["domain", "descriptors"],
+         "properties": {"attributes": {"type": "null"}, "domain": {"type": "string"},
+                        "descriptors": {"type": "array"}}},
+    ]  # fmt: skip
 
     def answer(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"description": description}
@@ -332,14 +360,15 @@ def openapi() -> dict[str, Any]:
         return out
 
     def errs(*codes: int) -> dict[str, Any]:
-        words = {400: "Bad request", 401: "No valid bearer token", 413: "Body too large",
+        words = {400: "Bad request", 401: "No valid bearer token", 404: "Unknown domain or rule",
+                 413: "Body too large",
                  422: "Invalid request", 503: "Not ready"}  # fmt: skip
         return {str(c): {"description": words[c], **errors} for c in codes}
 
     obj = {"type": "object"}
     body = {"required": True, "content": {"application/json": {"schema": check_req}}}
     batch_body = {"required": True, "content": {"application/json": {"schema": batch_req}}}
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "ratewarden", "version": "1"},
         "components": {
@@ -355,7 +384,7 @@ def openapi() -> dict[str, Any]:
                     "requestBody": body,
                     "responses": {
                         "200": answer("The decision", check_res),
-                        **errs(400, 401, 413, 422),
+                        **errs(400, 401, 404, 413, 422),
                     },
                 }
             },
@@ -366,7 +395,7 @@ def openapi() -> dict[str, Any]:
                     "requestBody": batch_body,
                     "responses": {
                         "200": answer("One decision per check", batch_res),
-                        **errs(400, 401, 413, 422),
+                        **errs(400, 401, 404, 413, 422),
                     },
                 }
             },
@@ -400,12 +429,13 @@ def openapi() -> dict[str, Any]:
                             "schema": {"type": "string"},
                         },
                     ],
-                    "responses": {"200": answer("Forgotten", obj), **errs(400, 401)},
+                    "responses": {"200": answer("Forgotten", obj), **errs(400, 401, 404)},
                 }
             },
+            # a gateway's subrequest may come with the original request's method
             "/auth": {
-                "get": {
-                    "operationId": "auth",
+                method: {
+                    "operationId": f"auth_{method}",
                     "summary": "For gateways: the original request described by headers",
                     "responses": {
                         "200": answer("Allowed"),
@@ -413,6 +443,7 @@ def openapi() -> dict[str, Any]:
                         **errs(401),
                     },
                 }
+                for method in (m.lower() for m in AUTH_METHODS)
             },
             "/healthz": {
                 "get": {
@@ -448,3 +479,17 @@ def openapi() -> dict[str, Any]:
             },
         },
     }
+    if not secured:
+        del document["security"]
+        for operation in _operations(document):
+            operation.pop("security", None)
+    elif open_checks:
+        for path in ("/v1/check", "/v1/check/batch", "/v1/rules", "/auth", "/metrics",
+                     "/openapi.json"):  # fmt: skip
+            for operation in document["paths"][path].values():
+                operation["security"] = []
+    return document
+
+
+def _operations(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [op for item in document["paths"].values() for op in item.values()]

@@ -48,7 +48,9 @@ MAX_ENTRIES = 64
 # carry what their descriptor_key says (path, method, ... by convention).
 ENVOY_ALIASES = {"remote_address": "ip", "source_cluster": "source", "destination_cluster": "dest"}
 
-Cost = Annotated[int, msgspec.Meta(ge=1, le=MAX_COST)]
+# A float type only so that 3.0 is read as 3, as JSON Schema's "integer" allows;
+# the document says integer and `whole_cost` refuses 2.5.
+Cost = Annotated[float, msgspec.Meta(ge=1, le=MAX_COST)]
 
 
 class Entry(msgspec.Struct, forbid_unknown_fields=True):
@@ -125,6 +127,12 @@ class Problem(msgspec.Struct):
     """Every 4xx and 5xx answer: what was wrong, in words."""
 
     error: str
+
+
+def whole_cost(cost: float) -> int:
+    if not float(cost).is_integer():
+        raise ValueError(f"cost must be a whole number, got {cost!r}")
+    return int(cost)
 
 
 def _finite(value: float) -> float | None:

@@ -23,17 +23,26 @@ from ._core import (
     envoy_result,
     outcome_result,
     rule_statuses,
+    whole_cost,
 )
 from ._metrics import Metrics
 
-__all__ = ["InvalidRequest", "Service"]
+__all__ = ["InvalidRequest", "NotFound", "Service"]
 
 log = logging.getLogger("ratewarden.server")
 
 
 class InvalidRequest(RatewardenError, ValueError):
-    """A request the service cannot check (unknown domain, no attributes, ...):
-    HTTP answers 400, gRPC INVALID_ARGUMENT, both with this message."""
+    """A request the service cannot check (no attributes, empty descriptors, ...):
+    HTTP answers ``status`` (400), gRPC INVALID_ARGUMENT, both with this message."""
+
+    status = 400
+
+
+class NotFound(InvalidRequest):
+    """A domain or rule the service does not know: HTTP 404."""
+
+    status = 404
 
 
 class Service:
@@ -69,16 +78,18 @@ class Service:
 
     async def check(self, request: CheckRequest, *, wait: bool = False) -> CheckResult:
         """One check of the API's shape: attributes, or a domain and descriptors."""
+        try:
+            cost = whole_cost(request.cost)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         if request.attributes is not None:
             if request.domain is not None or request.descriptors is not None:
                 raise InvalidRequest("give either attributes or domain + descriptors, not both")
-            outcome = await self.check_attributes(request.attributes, request.cost, wait=wait)
+            outcome = await self.check_attributes(request.attributes, cost, wait=wait)
             return outcome_result(outcome)
         if request.domain is None or request.descriptors is None:
             raise InvalidRequest("give attributes, or a domain and at least one descriptor")
-        return await self.check_descriptors(
-            request.domain, entries_of(request.descriptors), request.cost
-        )
+        return await self.check_descriptors(request.domain, entries_of(request.descriptors), cost)
 
     async def check_attributes(
         self, attributes: Mapping[str, object], cost: int = 1, *, wait: bool = False
@@ -102,7 +113,7 @@ class Service:
             return result
         envoy = self.envoy
         if envoy is None or domain not in envoy.domains:
-            raise InvalidRequest(
+            raise NotFound(
                 f"unknown domain {domain!r}: the rules answer domain {self.domain!r}"
                 + ("" if envoy is None else f", the envoy config {sorted(envoy.domains)}")
             )
@@ -168,7 +179,7 @@ class Service:
         if rule is not None and rule not in ruleset.by_name:
             domain_paths = self._envoy_limiters()
             if rule not in domain_paths:
-                raise InvalidRequest(f"no rule named {rule!r}")
+                raise NotFound(f"no rule named {rule!r}")
         count = 0
         for spec in ruleset.limits:
             if rule is not None and ruleset.by_limit_name[spec.name].name != rule:
