@@ -189,6 +189,8 @@ class App:
             status, headers, body = exc.status, _JSON + exc.headers, _encode(Problem(exc.message))
         except InvalidRequest as exc:
             status, headers, body = exc.status, _JSON, _encode(Problem(str(exc)))
+        # with a length, uvicorn sends the body as it is instead of chunking it
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         self._observe(endpoint, time.perf_counter() - started)

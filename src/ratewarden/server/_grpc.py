@@ -140,9 +140,9 @@ class _RateLimitService:
                 out.limit_remaining = min(status.remaining or 0, 2**32 - 1)
                 if status.reset_after is not None:
                     out.duration_until_reset.seconds = math.ceil(status.reset_after)
-        if not result.allowed:
-            for name, value in result.headers.items():
-                response.response_headers_to_add.add(key=name.lower(), value=value)
+        # Envoy adds these to the client's response, allowed or not
+        for name, value in result.headers.items():
+            response.response_headers_to_add.add(key=name.lower(), value=value)
         return response
 
 
