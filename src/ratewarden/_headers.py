@@ -34,7 +34,10 @@ class Policy(NamedTuple):
 def sf_string(text: str) -> str:
     """``text`` as an RFC 8941 string: quoted, ``\\`` and ``"`` escaped, and any
     character outside printable ASCII (which the syntax cannot carry) as ``?``."""
-    safe = "".join(c if " " <= c <= "~" else "?" for c in text)
+    if text.isascii() and text.isprintable():  # printable ASCII: " " to "~", the usual case
+        safe = text
+    else:
+        safe = "".join(c if " " <= c <= "~" else "?" for c in text)
     return '"' + safe.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
