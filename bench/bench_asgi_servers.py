@@ -46,9 +46,8 @@ def main() -> None:
     os.sched_setaffinity(0, {1})
     for name, command in VARIANTS.items():
         port = free_port()
-        flag = "--port" if command[0] == "uvicorn" else "--port"
         process = subprocess.Popen(
-            [str(BIN / command[0]), *command[1:], "--host", "127.0.0.1", flag, str(port)],
+            [str(BIN / command[0]), *command[1:], "--host", "127.0.0.1", "--port", str(port)],
             cwd=Path(__file__).parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             preexec_fn=lambda: os.sched_setaffinity(0, {0}),  # noqa: PLW1509
         )  # fmt: skip
