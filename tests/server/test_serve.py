@@ -106,3 +106,16 @@ def test_workers_share_a_redis_store(
                 allowed.append(client.post("/v1/check", json=body).json()["allowed"])
         assert allowed == [True] * 3 + [False] * 5
         assert served.terminate() == 0
+
+
+def test_a_second_server_on_a_taken_grpc_port_fails(rules_file: Path, tmp_path: Path) -> None:
+    with serving("--config", str(rules_file), tmp=tmp_path) as served:
+        done = subprocess.run(
+            [str(RATEWARDEN), "serve", "--config", str(rules_file), "--http", "127.0.0.1:0",
+             "--grpc", f"127.0.0.1:{served.grpc}"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert f"gRPC cannot listen on '127.0.0.1:{served.grpc}' (in use?)" in done.stderr
+        assert "Traceback" not in done.stderr
+        served.terminate()

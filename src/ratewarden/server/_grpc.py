@@ -156,28 +156,33 @@ class GrpcServer:
         *,
         token: str | None = None,
         tls: tuple[bytes, bytes, bytes | None] | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self.service = service
-        # one poller is plenty for a unary service; grpc's default spins several
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+        # grpc turns SO_REUSEPORT on by default, so a second server on a taken port
+        # would start and silently take half its calls (with counters of its own):
+        # only workers sharing one store share a port
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
         self.server.add_generic_rpc_handlers((_RateLimitService(service, token).handler(),))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                  reflection.SERVICE_NAME)  # fmt: skip
         reflection.enable_server_reflection(names, self.server)
-        if tls is None:
-            self.port = self.server.add_insecure_port(address)
-        else:
-            cert, key, client_ca = tls
-            credentials = grpc.ssl_server_credentials(
-                [(key, cert)],
-                root_certificates=client_ca,
-                require_client_auth=client_ca is not None,
-            )
-            self.port = self.server.add_secure_port(address, credentials)
+        try:
+            if tls is None:
+                self.port = self.server.add_insecure_port(address)
+            else:
+                cert, key, client_ca = tls
+                credentials = grpc.ssl_server_credentials(
+                    [(key, cert)], root_certificates=client_ca,
+                    require_client_auth=client_ca is not None,
+                )  # fmt: skip
+                self.port = self.server.add_secure_port(address, credentials)
+        except RuntimeError:  # grpc's way of saying the port is taken
+            self.port = 0
         if self.port == 0:
-            raise ConfigurationError(f"gRPC cannot listen on {address!r}")
+            raise ConfigurationError(f"gRPC cannot listen on {address!r} (in use?)")
 
     async def set_serving(self, serving: bool) -> None:
         answer = health_pb2.HealthCheckResponse

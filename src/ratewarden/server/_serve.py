@@ -228,7 +228,8 @@ class _Servers:
             from ._grpc import GrpcServer, parse_tls  # noqa: PLC0415 - the grpc extra
 
             self.grpc = GrpcServer(service, options.grpc, token=options.token,
-                                   tls=parse_tls(*options.grpc_tls))  # fmt: skip
+                                   tls=parse_tls(*options.grpc_tls),
+                                   reuse_port=options.workers > 1)  # fmt: skip
             await self.grpc.start()
             self.where.append(f"gRPC on {options.grpc.rpartition(':')[0]}:{self.grpc.port}")
         if options.http is not None:
