@@ -166,3 +166,76 @@ def test_health_and_reflection(rules_file: Path) -> None:
         assert answers[1].file_descriptor_response.file_descriptor_proto
 
     asyncio.run(main())
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    exe = shutil.which("openssl")
+    if exe is None:
+        pytest.fail("openssl is not installed (Debian: apt-get install openssl)")
+    subprocess.run([exe, *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_pki(tmp: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all ours."""
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+             "ca.pem", "-days", "1", "-subj", "/CN=test-ca", cwd=tmp)  # fmt: skip
+    (tmp / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+                 f"{name}.csr", "-subj", f"/CN={name}", cwd=tmp)  # fmt: skip
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", "-extfile", "san.cnf",
+                 cwd=tmp)  # fmt: skip
+
+
+def test_mutual_tls(rules_file: Path, tmp_path: Path) -> None:
+    from ratewarden.server._grpc import parse_tls  # noqa: PLC0415
+
+    make_pki(tmp_path)
+    tls = parse_tls(str(tmp_path / "server.pem"), str(tmp_path / "server.key"),
+                    str(tmp_path / "ca.pem"))  # fmt: skip
+    ca = (tmp_path / "ca.pem").read_bytes()
+
+    async def main() -> None:
+        server = GrpcServer(Service(rules_file, AsyncMemoryStore()), "127.0.0.1:0", tls=tls)
+        await server.start()
+        address = f"127.0.0.1:{server.port}"
+        try:
+            client = grpc.ssl_channel_credentials(
+                ca, (tmp_path / "client.key").read_bytes(), (tmp_path / "client.pem").read_bytes()
+            )
+            async with grpc.aio.secure_channel(address, client) as channel:
+                call = channel.unary_unary(
+                    METHOD,
+                    request_serializer=M["RateLimitRequest"].SerializeToString,
+                    response_deserializer=M["RateLimitResponse"].FromString,
+                )
+                assert (await call(request("ratewarden", LOGIN))).overall_code == 1
+            anonymous = grpc.ssl_channel_credentials(ca)  # no client certificate
+            async with grpc.aio.secure_channel(address, anonymous) as channel:
+                call = channel.unary_unary(
+                    METHOD,
+                    request_serializer=M["RateLimitRequest"].SerializeToString,
+                    response_deserializer=M["RateLimitResponse"].FromString,
+                )
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await call(request("ratewarden", LOGIN), timeout=5)
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        finally:
+            await server.stop(0)
+
+    asyncio.run(main())
+
+
+def test_tls_options_go_together() -> None:
+    from ratewarden import ConfigurationError  # noqa: PLC0415
+    from ratewarden.server._grpc import parse_tls  # noqa: PLC0415
+
+    assert parse_tls(None, None, None) is None
+    with pytest.raises(ConfigurationError, match="go together"):
+        parse_tls("cert.pem", None, None)
+    with pytest.raises(ConfigurationError, match="needs --grpc-cert"):
+        parse_tls(None, None, "ca.pem")
