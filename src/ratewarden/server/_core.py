@@ -13,7 +13,7 @@ by the YAML rules, so Envoy can use the same rule file as everything else.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -254,7 +254,3 @@ def rule_statuses(outcome: Outcome, count: int) -> list[DescriptorStatus]:
 
 def entries_of(descriptors: Sequence[Descriptor]) -> list[list[tuple[str, str]]]:
     return [[(e.key, e.value) for e in d.entries] for d in descriptors]
-
-
-def header_map(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k.lower(): v for k, v in headers.items()}
