@@ -31,9 +31,9 @@ VARIANTS = {
 
 
 async def measure(port: int, pid: int, seconds: float) -> tuple[float, float]:
-    one, close = await http_client(port, 32)
+    fire, close = await http_client(port, 32)
     try:
-        rate, usage, _ = await throughput(one, 32, seconds, pid)
+        rate, usage, _ = await throughput(fire, 32, seconds, pid)
     finally:
         close()
     return rate, usage.server

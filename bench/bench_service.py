@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,35 +149,44 @@ def http_requests(port: int) -> list[bytes]:
     return out
 
 
-async def http_client(port: int, connections: int) -> tuple[Callable[[int], Awaitable[int]], Any]:
+Fire = Callable[[int, Callable[[bool], None]], None]  # fire(i, done(ok)): start request i
+
+
+async def http_client(port: int, connections: int) -> tuple[Fire, Callable[[], None]]:
+    """Keep-alive connections; a request waits in a backlog while all are busy."""
     loop = asyncio.get_running_loop()
-    pool = []
+    free: collections.deque[_HTTPConnection] = collections.deque()
     for _ in range(connections):
         _, conn = await loop.create_connection(_HTTPConnection, "127.0.0.1", port)
-        pool.append(conn)
+        free.append(conn)
+    pool = list(free)
     requests = http_requests(port)
-    free: asyncio.Queue[_HTTPConnection] = asyncio.Queue()
-    for conn in pool:
-        free.put_nowait(conn)
+    backlog: collections.deque[tuple[int, Callable[[bool], None]]] = collections.deque()
 
-    async def one(i: int) -> int:
-        conn = await free.get()
-        try:
-            return await conn.request(requests[i % USERS])
-        finally:
-            free.put_nowait(conn)
+    def send(conn: _HTTPConnection, i: int, done: Callable[[bool], None]) -> None:
+        def finished(future: asyncio.Future[int]) -> None:
+            done(not future.exception() and future.result() < 500)
+            if backlog:
+                send(conn, *backlog.popleft())
+            else:
+                free.append(conn)
+
+        conn.request(requests[i % USERS]).add_done_callback(finished)
+
+    def fire(i: int, done: Callable[[bool], None]) -> None:
+        if free:
+            send(free.popleft(), i, done)
+        else:
+            backlog.append((i, done))
 
     def close() -> None:
         for conn in pool:
             conn.transport.close()
 
-    return one, close
+    return fire, close
 
 
-# -- load: gRPC ---------------------------------------------------------------------
-
-
-async def grpc_client(port: int, connections: int) -> tuple[Callable[[int], Awaitable[int]], Any]:
+async def grpc_client(port: int, connections: int) -> tuple[Fire, Callable[[], None]]:
     import grpc  # noqa: PLC0415
 
     from ratewarden.server._grpc import METHOD, messages  # noqa: PLC0415
@@ -201,76 +211,89 @@ async def grpc_client(port: int, connections: int) -> tuple[Callable[[int], Awai
     calls = [ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
              for ch in channels]  # fmt: skip
 
-    async def one(i: int) -> int:
-        answer = await calls[i % len(calls)](payloads[i % USERS])
-        return 200 if answer else 500
+    def fire(i: int, done: Callable[[bool], None]) -> None:
+        call = calls[i % len(calls)](payloads[i % USERS])
+        # grpc.aio's code() is a coroutine: a callback cannot read it, so only a
+        # cancelled call counts as an error here (the tests check the answers)
+        call.add_done_callback(lambda c: done(not c.cancelled()))
 
     def close() -> None:
         for ch in channels:
             task = asyncio.ensure_future(ch.close())
             _closing.add(task)
 
-    return one, close
+    return fire, close
 
 
 _closing: set[asyncio.Future[Any]] = set()
 
 
-# -- the two phases ---------------------------------------------------------------
+# -- the two phases: callbacks, no task per request (the generator's own cost would
+# -- otherwise show up as latency) ---------------------------------------------------
 
 
-async def throughput(one: Callable[[int], Awaitable[int]], concurrency: int,
-                     seconds: float, pid: int) -> tuple[float, Usage, int]:  # fmt: skip
-    counter = 0
-    errors = 0
-    stop = False
+async def throughput(
+    fire: Fire, concurrency: int, seconds: float, pid: int
+) -> tuple[float, Usage, int]:
+    """Closed loop: ``concurrency`` requests in flight, each answer fires the next."""
+    counts = [0, 0]  # done, errors
+    state = {"stop": False, "next": concurrency, "in_flight": concurrency}
+    drained = asyncio.get_running_loop().create_future()
 
-    async def worker(k: int) -> None:
-        nonlocal counter, errors
-        i = k
-        while not stop:
-            status = await one(i)
-            if status >= 500:
-                errors += 1
-            counter += 1
-            i += concurrency
+    def done(ok: bool) -> None:
+        counts[0] += 1
+        if not ok:
+            counts[1] += 1
+        if state["stop"]:
+            state["in_flight"] -= 1
+            if state["in_flight"] == 0 and not drained.done():
+                drained.set_result(None)
+            return
+        i = state["next"]
+        state["next"] = i + 1
+        fire(i, done)
 
-    tasks = [asyncio.ensure_future(worker(k)) for k in range(concurrency)]
+    for i in range(concurrency):
+        fire(i, done)
     await asyncio.sleep(1.0)  # warm up
-    start_count = counter
+    start_count = counts[0]
     with measure(pid) as usage:
         t0 = time.monotonic()
         await asyncio.sleep(seconds)
-        done = counter - start_count
+        finished = counts[0] - start_count
         elapsed = time.monotonic() - t0
-    stop = True
-    await asyncio.gather(*tasks)
-    return done / elapsed, usage[0], errors
+    state["stop"] = True
+    await drained
+    return finished / elapsed, usage[0], counts[1]
 
 
-async def latency(one: Callable[[int], Awaitable[int]], rate: float,
-                  seconds: float, pid: int) -> tuple[list[float], Usage, float]:  # fmt: skip
-    interval = 1.0 / rate
+async def latency(
+    fire: Fire, rate: float, seconds: float, pid: int
+) -> tuple[list[float], Usage, float]:
+    """Open loop: request i is due at t0 + i/rate and timed from then, so a late
+    answer delays nothing else and a stall shows in the tail (no coordinated
+    omission). The generator wakes every 0.2 ms and fires what is due."""
     latencies: list[float] = []
-    pending: set[asyncio.Future[None]] = set()
-
-    async def timed(i: int, scheduled: float) -> None:
-        await one(i)
-        latencies.append(time.perf_counter() - scheduled)
-
-    loop_start = time.perf_counter()
     total = int(rate * seconds)
+    finished = asyncio.get_running_loop().create_future()
+    now = time.perf_counter
+
+    def record(scheduled: float, ok: bool) -> None:
+        latencies.append(now() - scheduled)
+        if len(latencies) == total and not finished.done():
+            finished.set_result(None)
+
     with measure(pid) as usage:
-        for i in range(total):
-            scheduled = loop_start + i * interval
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            task = asyncio.ensure_future(timed(i, scheduled))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-        await asyncio.gather(*pending)
-    achieved = total / (time.perf_counter() - loop_start)
+        t0 = now()
+        i = 0
+        while i < total:
+            due = min(total, int((now() - t0) * rate) + 1)
+            while i < due:
+                fire(i, functools.partial(record, t0 + i / rate))
+                i += 1
+            await asyncio.sleep(0.0002)
+        await finished
+    achieved = total / (now() - t0)
     return sorted(latencies), usage[0], achieved
 
 
@@ -334,12 +357,12 @@ async def run_case(kind: str, store: str, args: argparse.Namespace) -> dict[str,
     with ratewarden(store) as (pid, http, grpc):
         maker = http_client if kind == "http" else grpc_client
         port = http if kind == "http" else grpc
-        one, close = await maker(port, args.connections)
+        fire, close = await maker(port, args.connections)
         try:
-            rate, busy, errors = await throughput(one, args.connections, args.seconds, pid)
+            rate, busy, errors = await throughput(fire, args.connections, args.seconds, pid)
             # the machine is shared: other processes' bursts land in the tail, so the
             # open-loop phase runs --repeat times and each p99 is reported
-            runs = [await latency(one, rate / 2, args.seconds, pid) for _ in range(args.repeat)]
+            runs = [await latency(fire, rate / 2, args.seconds, pid) for _ in range(args.repeat)]
         finally:
             close()
             await asyncio.sleep(0.1)
