@@ -348,3 +348,26 @@ def test_the_app_ignores_other_scopes(rules_file: Path) -> None:
     run(app({"type": "lifespan"}, receive, send))
     assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     _ = httpx
+
+
+def test_a_store_error_is_a_503_not_a_crash(rules_file: Path) -> None:
+    """Rule limits fail open or closed, but a store error that reaches the app
+    anyway (a bug, a store of someone else's) is answered, counted and logged."""
+    from ratewarden import AsyncMemoryStore, StoreUnavailable  # noqa: PLC0415
+    from ratewarden.server import App, Service  # noqa: PLC0415
+
+    class Broken(Service):
+        async def check_attributes(self, *args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailable("redis: connection refused")
+
+    async def main() -> None:
+        app = App(Broken(rules_file, AsyncMemoryStore()))
+        async with client_for(app) as client:
+            answer = await client.post("/v1/check", json=LOGIN)
+            assert answer.status_code == 503
+            assert answer.json()["error"] == "store unavailable: redis: connection refused"
+            assert (await client.get("/auth")).status_code == 503
+            metrics = (await client.get("/metrics")).text
+        assert "ratewarden_store_errors_total 2.0" in metrics
+
+    run(main())

@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, unquote
 
 import msgspec
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, StoreError
 from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
 from ._metrics import CONTENT_TYPE_LATEST
 from ._service import InvalidRequest, Service
@@ -189,6 +189,9 @@ class App:
             status, headers, body = exc.status, _JSON + exc.headers, _encode(Problem(exc.message))
         except InvalidRequest as exc:
             status, headers, body = exc.status, _JSON, _encode(Problem(str(exc)))
+        except StoreError as exc:  # a limit whose failure policy is "raise"
+            self.service.metrics.store_errors.inc()
+            status, headers, body = 503, _JSON, _encode(Problem(f"store unavailable: {exc}"))
         # with a length, uvicorn sends the body as it is instead of chunking it
         headers = [*headers, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -364,7 +367,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
     def errs(*codes: int) -> dict[str, Any]:
         words = {400: "Bad request", 401: "No valid bearer token", 404: "Unknown domain or rule",
                  413: "Body too large",
-                 422: "Invalid request", 503: "Not ready"}  # fmt: skip
+                 422: "Invalid request", 503: "The store is unavailable"}  # fmt: skip
         return {str(c): {"description": words[c], **errors} for c in codes}
 
     obj = {"type": "object"}
@@ -386,7 +389,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
                     "requestBody": body,
                     "responses": {
                         "200": answer("The decision", check_res),
-                        **errs(400, 401, 404, 413, 422),
+                        **errs(400, 401, 404, 413, 422, 503),
                     },
                 }
             },
@@ -397,7 +400,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
                     "requestBody": batch_body,
                     "responses": {
                         "200": answer("One decision per check", batch_res),
-                        **errs(400, 401, 404, 413, 422),
+                        **errs(400, 401, 404, 413, 422, 503),
                     },
                 }
             },
@@ -442,7 +445,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
                     "responses": {
                         "200": answer("Allowed"),
                         "429": answer("Over the limit", problem),
-                        **errs(401),
+                        **errs(401, 503),
                     },
                 }
                 for method in (m.lower() for m in AUTH_METHODS)

@@ -15,6 +15,7 @@ import hmac
 import logging
 import math
 import tempfile
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,7 @@ class _RateLimitService:
         self.Request = m["RateLimitRequest"]
         self.Response = m["RateLimitResponse"]
         self.HeaderValue = m["HeaderValue"]
+        self._observe = service.metrics.observe
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.unary_unary_rpc_method_handler(
@@ -101,6 +103,7 @@ class _RateLimitService:
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {"ShouldRateLimit": method})
 
     async def should_rate_limit(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
         if self._token is not None:
             sent = dict(context.invocation_metadata() or ()).get("authorization", "")
             if not hmac.compare_digest(sent.encode(), self._token.encode()):
@@ -126,8 +129,11 @@ class _RateLimitService:
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except StoreError as exc:  # a limit whose failure policy is "raise"
+            self.service.metrics.store_errors.inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        return self._response(result)
+        response = self._response(result)
+        self._observe("grpc", time.perf_counter() - started)
+        return response
 
     def _response(self, result: CheckResult) -> Any:
         response = self.Response(overall_code=1 if result.allowed else 2)
