@@ -1,0 +1,165 @@
+"""Rate limiting for any ASGI application (Starlette, FastAPI, Quart, ...).
+
+    from ratewarden import AsyncMemoryStore
+    from ratewarden.integrations.asgi import RateLimitMiddleware
+    from ratewarden.rules import AsyncRuleEngine
+
+    engine = AsyncRuleEngine("rules.yaml", AsyncMemoryStore())
+    app = RateLimitMiddleware(app, engine, identify=lambda scope: {"user": ...})
+
+A plain ASGI class, not Starlette's ``BaseHTTPMiddleware`` (which runs the app in
+another task and breaks context variables): per request it builds the rule
+attributes, awaits the engine once and either calls the app, adding the
+rate-limit headers to its response, or answers in its place. No framework is
+imported: this module needs no extra.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
+
+from ..rules import AsyncRuleEngine, Outcome
+from ._request import HeaderMode, Reply, Responder, attributes, check_engine
+
+__all__ = [
+    "ASGIApp",
+    "RateLimitMiddleware",
+    "Scope",
+    "scope_attributes",
+    "scope_headers",
+    "send_reply",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+IdentifyScope = Callable[
+    [Scope], "Mapping[str, object] | Awaitable[Mapping[str, object] | None] | None"
+]
+
+log = logging.getLogger("ratewarden.integrations")
+
+
+def scope_headers(scope: Scope) -> dict[str, str]:
+    """An HTTP scope's headers by name (ASGI names are lower-case already); a
+    repeated header's values joined with ", ", as HTTP allows."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers") or ():
+        name = raw_name.decode("latin-1")
+        value = raw_value.decode("latin-1")
+        if name in headers:
+            headers[name] += ", " + value
+        else:
+            headers[name] = value
+    return headers
+
+
+def scope_attributes(scope: Scope, identity: Mapping[str, object] | None) -> dict[str, object]:
+    """The rule attributes of an HTTP scope (see `_request.attributes`). The route
+    template is known once a router has matched (``scope["route"]``, as Starlette
+    and FastAPI set it): so inside a route's own middleware or dependency."""
+    client = scope.get("client")
+    route = getattr(scope.get("route"), "path", None)
+    return attributes(
+        scope.get("method", "GET"),
+        scope.get("path", "/"),
+        client[0] if client else None,
+        scope_headers(scope),
+        identity=identity,
+        route=route if isinstance(route, str) else None,
+    )
+
+
+async def send_reply(send: Send, reply: Reply) -> None:
+    """Answer ``reply`` in the application's place."""
+    headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in reply.headers]
+    headers.append((b"content-length", str(len(reply.body)).encode()))
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": reply.body})
+
+
+class RateLimitMiddleware:
+    """Checks every HTTP request against ``engine`` (an `AsyncRuleEngine`) before
+    ``app`` sees it; websocket and lifespan scopes pass straight through.
+
+    ``identify(scope)`` (plain or async) returns the attributes only the
+    application knows (``user``, ``api_key``, ``plan``, ``org``, ...); method,
+    path, peer ip, headers and body_size come from the scope. Place the middleware
+    after your authentication middleware to read what it put in the scope.
+
+    Per outcome: allowed, the app runs and its response gets the rate-limit
+    headers (``headers="all"``; ``"denied"``: only rejections carry them,
+    ``"none"``: only Retry-After); ``reject``: the rule's status (429 or 503) with
+    a problem+json body; ``delay``: the request is held on the store's clock
+    (``asyncio.sleep``, the loop keeps serving) and checked again, then passes or
+    is rejected; ``shadow_ban``: the rule's configured response, the app never
+    called; ``log_only`` rules count and show nothing.
+
+    A store that cannot decide is the rule's ``on_failure`` policy's business
+    (the engine answers for it); anything else the limiter raises is logged to
+    ``ratewarden.integrations`` and the request let through: the limiter never
+    turns a request into a 500.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        engine: AsyncRuleEngine,
+        *,
+        identify: IdentifyScope | None = None,
+        headers: HeaderMode = "all",
+        legacy: bool = True,
+        ietf: bool = True,
+    ) -> None:
+        self.app = app
+        self.engine = check_engine(engine, AsyncRuleEngine, "RateLimitMiddleware (ASGI)")
+        self.identify = identify
+        self.responder = Responder(headers, legacy=legacy, ietf=ietf)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        outcome = await self.check(scope)
+        if outcome is None or outcome.allowed:
+            extra = [] if outcome is None else self.responder.passed(outcome)
+            if not extra:
+                await self.app(scope, receive, send)
+                return
+            await self.app(scope, receive, _adding(send, extra))
+            return
+        await send_reply(send, self.responder.refused(outcome))
+
+    async def check(self, scope: Scope) -> Outcome | None:
+        """The engine's outcome for ``scope``, delays waited out; None when the
+        limiter failed (logged): let the request through."""
+        identity: Any = None
+        if self.identify is not None:
+            identity = self.identify(scope)
+            if inspect.isawaitable(identity):
+                identity = await identity
+        try:
+            return await self.engine.acheck(scope_attributes(scope, identity), wait=True)
+        except Exception:
+            log.exception("rate limiter failed; the request goes through unchecked")
+            return None
+
+    def __repr__(self) -> str:
+        return f"<RateLimitMiddleware {self.engine!r} headers={self.responder.mode!r}>"
+
+
+def _adding(send: Send, extra: list[tuple[str, str]]) -> Send:
+    """``send``, with ``extra`` headers added to the response start."""
+    raw = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in extra]
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *raw]}
+        await send(message)
+
+    return send_with_headers
