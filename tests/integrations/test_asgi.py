@@ -272,3 +272,21 @@ def test_repr(aengine: AsyncRuleEngine) -> None:
     assert repr(RateLimitMiddleware(app, aengine)).startswith(
         "<RateLimitMiddleware <AsyncRuleEngine 7 rules"
     )
+
+
+def test_route_middleware_sees_the_route_template(clock: FakeClock) -> None:
+    """Starlette runs a Route's own middleware after routing: ``route`` is known."""
+    ruleset = loads("""
+rules:
+  - {name: per-route, rate: 2/minute, by: route, match: {attributes: {route: "/items/{id}"}}}
+""")
+    engine = AsyncRuleEngine(ruleset, AsyncMemoryStore(clock=clock))
+
+    async def endpoint(request: Request) -> Response:
+        return JSONResponse({"id": request.path_params["id"]})
+
+    limited = Middleware(RateLimitMiddleware, engine=engine)
+    app = Starlette(routes=[Route("/items/{id}", endpoint, middleware=[limited])])
+    with TestClient(app) as client:
+        statuses = [client.get(f"/items/{i}").status_code for i in range(3)]
+    assert statuses == [200, 200, 429]  # one counter for the route, whatever the id
