@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
+from itertools import pairwise
 
 from ratewarden import AsyncLimiter, AsyncMemoryStore, FakeClock
 
@@ -57,7 +58,7 @@ if __name__ == "__main__":
     start = clock.time_ns()
     asyncio.run(main())
     span = (sent_at[-1] - start) / 1e9
-    gaps = {b - a for a, b in zip(sent_at, sent_at[1:], strict=False)}
+    gaps = {b - a for a, b in pairwise(sent_at)}
     print(f"{len(sent_at)} events sent by {WORKERS} workers in {span:.3f} s of simulated time")
     print(f"rate: {(len(sent_at) - 1) / span:.0f} requests per second")
     print(f"gap between calls: {sorted(gaps)} ns")
