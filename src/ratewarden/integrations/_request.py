@@ -29,6 +29,7 @@ __all__ = [
     "Responder",
     "attributes",
     "check_engine",
+    "content_length",
 ]
 
 R = TypeVar("R")
@@ -61,23 +62,30 @@ def attributes(
     ip: str | None,
     headers: Mapping[str, str],
     *,
+    body_size: int | None = None,
     identity: Mapping[str, object] | None = None,
     route: str | None = None,
 ) -> dict[str, object]:
     """The rule attributes of a request: ``method``, ``path`` (as requested),
-    ``ip`` (the peer), ``headers`` (lower-case names), ``route`` (the template the
-    framework matched, when it knows it: ``/orders/{id}``), ``body_size`` (from
-    Content-Length, for ``cost: {attribute: body_size}``), then what ``identity``
-    says (it may override any of these)."""
+    ``ip`` (the peer), ``headers`` (lower-case names; the front ends pass a lazy
+    view, since most rule sets never read one), ``body_size`` (Content-Length, for
+    ``cost: {attribute: body_size}``), ``route`` (the template the framework
+    matched, when it knows it: ``/orders/{id}``), then what ``identity`` says (it
+    may override any of these)."""
     found: dict[str, object] = {"method": method, "path": path, "ip": ip, "headers": headers}
+    if body_size is not None:
+        found["body_size"] = body_size
     if route is not None:
         found["route"] = route
-    length = headers.get("content-length")
-    if length is not None and length.isdigit():
-        found["body_size"] = int(length)
     if identity:
         found.update(identity)
     return found
+
+
+def content_length(value: str | bytes | None) -> int | None:
+    if value is None or not value.isdigit():
+        return None
+    return int(value)
 
 
 def check_engine(engine: object, kind: type[E], where: str) -> E:

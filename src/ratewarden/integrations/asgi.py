@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from ..rules import AsyncRuleEngine, Outcome
-from ._request import HeaderMode, Reply, Responder, attributes, check_engine
+from ._request import HeaderMode, Reply, Responder, attributes, check_engine, content_length
 
 __all__ = [
     "ASGIApp",
@@ -59,17 +59,48 @@ def scope_headers(scope: Scope) -> dict[str, str]:
     return headers
 
 
+class ScopeHeaders(Mapping[str, str]):
+    """`scope_headers`, decoded on first use: most rule sets never read a header
+    (only ``by: header:...`` and trusted proxies do), so most requests skip it."""
+
+    __slots__ = ("_decoded", "_scope")
+
+    def __init__(self, scope: Scope) -> None:
+        self._scope = scope
+        self._decoded: dict[str, str] | None = None
+
+    def _all(self) -> dict[str, str]:
+        if self._decoded is None:
+            self._decoded = scope_headers(self._scope)
+        return self._decoded
+
+    def __getitem__(self, name: str) -> str:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
 def scope_attributes(scope: Scope, identity: Mapping[str, object] | None) -> dict[str, object]:
     """The rule attributes of an HTTP scope (see `_request.attributes`). The route
     template is known once a router has matched (``scope["route"]``, as Starlette
     and FastAPI set it): so inside a route's own middleware or dependency."""
     client = scope.get("client")
     route = getattr(scope.get("route"), "path", None)
+    length = None
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            length = content_length(value)
+            break
     return attributes(
         scope.get("method", "GET"),
         scope.get("path", "/"),
         client[0] if client else None,
-        scope_headers(scope),
+        ScopeHeaders(scope),
+        body_size=length,
         identity=identity,
         route=route if isinstance(route, str) else None,
     )

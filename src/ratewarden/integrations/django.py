@@ -32,8 +32,8 @@ from django.utils.module_loading import import_string
 
 from .._errors import ConfigurationError
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
-from ._request import HeaderMode, Reply, Responder, attributes
-from .wsgi import environ_headers, log
+from ._request import HeaderMode, Reply, Responder, attributes, content_length
+from .wsgi import EnvironHeaders, log
 
 __all__ = ["RateLimitMiddleware", "limit", "request_attributes"]
 
@@ -49,11 +49,13 @@ def request_attributes(
     Django writes it) once URL resolution has happened, i.e. in a view decorator."""
     match = getattr(request, "resolver_match", None)
     route = getattr(match, "route", None) or None
+    meta = request.META
     return attributes(
         request.method or "GET",
         request.path,
-        request.META.get("REMOTE_ADDR"),
-        environ_headers(request.META),
+        meta.get("REMOTE_ADDR"),
+        EnvironHeaders(meta),
+        body_size=content_length(meta.get("CONTENT_LENGTH")),
         identity=identity,
         route=route,
     )

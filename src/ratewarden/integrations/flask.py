@@ -8,27 +8,31 @@
 
 The extension checks each request in ``before_request``, after routing, so the
 rules see the ``route`` (``/items/<int:id>``); allowed responses get the
-rate-limit headers in ``after_request``. The engine is the sync `RuleEngine`.
+rate-limit headers on their way out (the extension wraps ``app.wsgi_app``).
+The engine is the sync `RuleEngine`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from flask import Flask, Request, Response, g, make_response, request
+from flask import Flask, Request, Response, make_response, request
 
 from ..rules import Outcome, RuleEngine
 from ._request import HeaderMode, Reply, Responder, check_engine
 from .wsgi import check, environ_attributes, reply_headers
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 __all__ = ["RateLimiter", "limit"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 IdentifyRequest = Callable[[Request], "Mapping[str, object] | None"]
-_KEY = "_ratewarden_headers"
+_KEY = "ratewarden.headers"
 
 
 def _outcome(
@@ -76,7 +80,9 @@ class RateLimiter:
             raise TypeError("RateLimiter needs an engine: RateLimiter(app, engine)")
         app.extensions["ratewarden"] = self
         app.before_request(self._before)
-        app.after_request(self._after)
+        # The headers go on at the WSGI layer, on the way out: a plain list
+        # append, where werkzeug's Headers.add validates each of five fields.
+        app.wsgi_app = _AddHeaders(app.wsgi_app)  # type: ignore[method-assign]
 
     def _before(self) -> Response | None:
         if self.engine is None:  # pragma: no cover - init_app refuses that
@@ -85,14 +91,23 @@ class RateLimiter:
         if outcome is None or outcome.allowed:
             extra = [] if outcome is None else self.responder.passed(outcome)
             if extra:
-                setattr(g, _KEY, extra)
+                request.environ[_KEY] = extra
             return None
         return _response(self.responder.refused(outcome))
 
-    def _after(self, response: Response) -> Response:
-        for name, value in g.pop(_KEY, ()):
-            response.headers.add(name, value)
-        return response
+
+class _AddHeaders:
+    """Adds the headers `RateLimiter` left in the environ to the response."""
+
+    def __init__(self, app: WSGIApplication) -> None:
+        self.app = app
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            extra = environ.get(_KEY)
+            return start_response(status, [*headers, *extra] if extra else headers, exc_info)
+
+        return self.app(environ, start)
 
 
 def limit(

@@ -14,19 +14,25 @@ framework is imported: this module needs no extra.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from ..rules import Outcome, RuleEngine
-from ._request import HeaderMode, Reply, Responder, attributes, check_engine
+from ._request import HeaderMode, Reply, Responder, attributes, check_engine, content_length
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 else:
     StartResponse = WSGIApplication = WSGIEnvironment = Any
 
-__all__ = ["RateLimitMiddleware", "environ_attributes", "environ_headers", "status_line"]
+__all__ = [
+    "EnvironHeaders",
+    "RateLimitMiddleware",
+    "environ_attributes",
+    "environ_headers",
+    "status_line",
+]
 
 log = logging.getLogger("ratewarden.integrations")
 IdentifyEnviron = Callable[["WSGIEnvironment"], "Mapping[str, object] | None"]
@@ -45,6 +51,33 @@ def environ_headers(environ: WSGIEnvironment) -> dict[str, str]:
     return headers
 
 
+class EnvironHeaders(Mapping[str, str]):
+    """The request headers as a view over the environ: a lookup reads one key
+    (``x-forwarded-for`` -> ``HTTP_X_FORWARDED_FOR``) and nothing is copied, since
+    most rule sets never read a header."""
+
+    __slots__ = ("_environ",)
+
+    def __init__(self, environ: WSGIEnvironment) -> None:
+        self._environ = environ
+
+    def __getitem__(self, name: str) -> str:
+        key = _ENVIRON_KEYS.get(name) or "HTTP_" + name.upper().replace("-", "_")
+        value = self._environ.get(key)
+        if value is None or (key in _UNPREFIXED and not value):
+            raise KeyError(name)
+        return str(value)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(environ_headers(self._environ))
+
+    def __len__(self) -> int:
+        return len(environ_headers(self._environ))
+
+
+_ENVIRON_KEYS = {v: k for k, v in _UNPREFIXED.items()}
+
+
 def environ_attributes(
     environ: WSGIEnvironment,
     identity: Mapping[str, object] | None,
@@ -53,12 +86,13 @@ def environ_attributes(
     """The rule attributes of a WSGI request (see `_request.attributes`)."""
     # PEP 3333 hands the path over as latin-1 text of the raw bytes
     raw = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
-    path = raw.encode("latin-1").decode("utf-8", "replace") if not raw.isascii() else raw
+    path = raw if raw.isascii() else raw.encode("latin-1").decode("utf-8", "replace")
     return attributes(
         environ.get("REQUEST_METHOD", "GET"),
         path or "/",
         environ.get("REMOTE_ADDR"),
-        environ_headers(environ),
+        EnvironHeaders(environ),
+        body_size=content_length(environ.get("CONTENT_LENGTH")),
         identity=identity,
         route=route,
     )
