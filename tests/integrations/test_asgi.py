@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import socket
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
@@ -20,6 +22,7 @@ from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock
 from ratewarden.integrations.asgi import RateLimitMiddleware, Scope
 from ratewarden.integrations.asgi import scope_headers as headers_of
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleSet, loads
+from ratewarden.stores.redis import AsyncRedisStore
 
 from .conftest import RATE_HEADERS, expected_headers, state
 
@@ -290,3 +293,36 @@ rules:
     with TestClient(app) as client:
         statuses = [client.get(f"/items/{i}").status_code for i in range(3)]
     assert statuses == [200, 200, 429]  # one counter for the route, whatever the id
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(("policy", "status"), [("fail_open", 200), ("fail_closed", 429)])
+def test_an_unreachable_store_follows_the_rule_policy(
+    policy: str, status: int, calls: list[str]
+) -> None:
+    """Redis down (a loopback port nobody listens on): the rule's on_failure
+    decides, and the answer is never a 500."""
+    ruleset = loads(f"""
+rules:
+  - {{name: api, rate: 3/minute, by: ip, on_failure: {policy}, match: {{paths: "/api*"}}}}
+""")
+    store = AsyncRedisStore(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        with TestClient(make_app(AsyncRuleEngine(ruleset, store), calls)) as client:
+            responses = [client.get("/api/items") for _ in range(3)]
+    finally:
+        asyncio.run(store.aclose())
+    assert [r.status_code for r in responses] == [status] * 3
+    assert all(not r.headers.get("x-ratelimit-remaining") for r in responses)  # no counts
+    if status == 429:
+        body = responses[0].json()
+        assert (
+            body["detail"] == "the rate limiter cannot count right now and this limit fails closed"
+        )
+        assert int(responses[0].headers["retry-after"]) >= 1
+    assert len(calls) == (3 if status == 200 else 0)
