@@ -13,7 +13,7 @@ behind proxies, so the proxy logic lives in one place, the rule engine.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Literal, NamedTuple, TypeVar
 
 import msgspec
@@ -24,7 +24,6 @@ from ..rules import AsyncRuleEngine, Outcome, RuleEngine
 __all__ = [
     "PROBLEM_TYPE",
     "HeaderMode",
-    "Identify",
     "Reply",
     "Responder",
     "attributes",
@@ -32,12 +31,7 @@ __all__ = [
     "content_length",
 ]
 
-R = TypeVar("R")
 E = TypeVar("E", RuleEngine, AsyncRuleEngine)
-
-# What an integration asks of the application about a request: user, api_key,
-# plan, org or any attribute a rule names (None or {} for an anonymous caller).
-Identify = Callable[[R], "Mapping[str, object] | None"]
 
 HeaderMode = Literal["all", "denied", "none"]
 _MODES = ("all", "denied", "none")
