@@ -34,12 +34,7 @@ class Policy(NamedTuple):
 def sf_string(text: str) -> str:
     """``text`` as an RFC 8941 string: quoted, ``\\`` and ``"`` escaped, and any
     character outside printable ASCII (which the syntax cannot carry) as ``?``."""
-    # printable ASCII (the usual rule name) skips the per-character pass, which
-    # cost ~0.6 us of every response's headers
-    if text.isascii() and text.isprintable():
-        safe = text
-    else:
-        safe = "".join(c if " " <= c <= "~" else "?" for c in text)
+    safe = "".join(c if " " <= c <= "~" else "?" for c in text)
     return '"' + safe.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
