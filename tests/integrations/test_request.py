@@ -8,7 +8,7 @@ from ratewarden import ConfigurationError, Decision
 from ratewarden.integrations._request import Responder, attributes
 from ratewarden.integrations.asgi import ScopeHeaders, scope_attributes
 from ratewarden.integrations.wsgi import EnvironHeaders, environ_attributes, status_line
-from ratewarden.rules import Outcome
+from ratewarden.rules import Outcome, Response
 
 
 def test_identity_overrides_and_extends() -> None:
@@ -70,3 +70,11 @@ def test_responder_modes_and_a_cost_above_the_limit() -> None:
     assert ("Retry-After", "1") not in reply.headers  # no retry can ever pass: none promised
     assert b"costs more than a limit of 10 ever grants" in reply.body
     assert Responder("denied").passed(Outcome(True, "allow", never)) == []
+
+
+def test_a_shadow_ban_header_outside_latin1_is_replaced_not_raised() -> None:
+    response = Response(status=200, body="ok", headers={"X-Note": "café → ok"})
+    outcome = Outcome(False, "shadow_ban", None, status=200, response=response)
+    reply = Responder().refused(outcome)
+    assert ("X-Note", "café ? ok") in reply.headers
+    assert ("Content-Type", "text/plain; charset=utf-8") in reply.headers

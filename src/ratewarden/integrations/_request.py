@@ -127,7 +127,9 @@ class Responder:
         if outcome.action == "shadow_ban" and outcome.response is not None:
             response = outcome.response
             body = response.body.encode()
-            headers = list(response.headers.items())
+            # HTTP header values are latin-1 (ASGI and PEP 3333 both insist);
+            # a rule file may hold anything, which must not turn into a 500
+            headers = [(_latin1(n), _latin1(v)) for n, v in response.headers.items()]
             if not any(name.lower() == "content-type" for name, _ in headers):
                 headers.append(("Content-Type", _guess_type(response.body)))
             return Reply(response.status, headers, body)
@@ -164,6 +166,10 @@ def problem(outcome: Outcome) -> bytes:
         "violated-policies": list(policies),
     }
     return msgspec.json.encode(body)
+
+
+def _latin1(text: str) -> str:
+    return text if text.isascii() else text.encode("latin-1", "replace").decode("latin-1")
 
 
 def _guess_type(body: str) -> str:
