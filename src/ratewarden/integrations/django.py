@@ -15,8 +15,9 @@
 The middleware is sync- and async-capable: Django runs it the way its handler
 runs, so an ASGI deployment never hops threads for it. Either engine works in
 either mode: an `AsyncRuleEngine` is awaited (or run to completion from sync
-code), a sync `RuleEngine` runs as it is under WSGI and on a worker thread
-under ASGI, so a store that blocks never stalls the event loop.
+code); a sync `RuleEngine` runs as it is under WSGI, and under ASGI inline on
+a `MemoryStore` but on a worker thread for other stores and for delays, so
+nothing that blocks or sleeps stalls the event loop.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from django.utils.module_loading import import_string
 
 from .._errors import ConfigurationError
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
+from ..stores import MemoryStore
 from ._request import HeaderMode, Reply, Responder, attributes, content_length
 from .wsgi import EnvironHeaders, log
 
@@ -75,6 +77,12 @@ async def _check_async(engine: Engine, attrs: Mapping[str, object]) -> Outcome |
     try:
         if isinstance(engine, AsyncRuleEngine):
             return await engine.acheck(attrs, wait=True)
+        if isinstance(engine.store, MemoryStore):
+            # a lock held for microseconds: cheaper inline than a thread hop;
+            # only a delay (which sleeps) goes to a thread
+            outcome = engine.check(attrs)
+            if outcome.action != "delay":
+                return outcome
         # a sync store may block (Redis) and a delay sleeps: never on the loop
         return await sync_to_async(engine.check, thread_sensitive=False)(attrs, wait=True)
     except Exception:
