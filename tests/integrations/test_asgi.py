@@ -18,7 +18,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket
 
-from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock
+from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock, MemoryStore
 from ratewarden.integrations.asgi import RateLimitMiddleware, Scope
 from ratewarden.integrations.asgi import scope_headers as headers_of
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleSet, loads
@@ -258,14 +258,31 @@ def test_a_broken_limiter_never_becomes_a_500(
     assert "request goes through unchecked" in caplog.text
 
 
-def test_a_sync_engine_is_refused_with_a_hint(engine: RuleEngine) -> None:
+def test_a_sync_memory_engine_works_under_asgi(
+    engine: RuleEngine, store: MemoryStore, ruleset: RuleSet, clock: FakeClock, calls: list[str]
+) -> None:
+    """Checked inline (a memory store never blocks); a delay sleeps on a worker thread."""
+    app = make_app(engine, calls)  # type: ignore[arg-type]
+    with TestClient(app, client=("203.0.113.7", 5000)) as client:
+        responses = [client.get("/api/items") for _ in range(3)]
+        now = state(store, ruleset, "api", "203.0.113.7")
+        assert client.get("/api/items").status_code == 429
+        start = clock.time_ns()
+        slow = [client.get("/slow").status_code for _ in range(2)]
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    assert rate_headers(responses[2]) == expected_headers(now, quota=3, window=60)
+    assert slow == [200, 200]
+    assert clock.time_ns() - start == 1_000_000_000
+
+
+def test_anything_but_an_engine_is_refused(aengine: AsyncRuleEngine) -> None:
     async def app(scope: Scope, receive: Callable[[], Awaitable[Any]], send: Any) -> None:
         raise AssertionError
 
-    with pytest.raises(ConfigurationError, match="needs a AsyncRuleEngine"):
-        RateLimitMiddleware(app, engine)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="needs a RuleEngine or AsyncRuleEngine"):
+        RateLimitMiddleware(app, object())  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="headers must be one of"):
-        RateLimitMiddleware(app, AsyncRuleEngine(engine.ruleset, AsyncMemoryStore()), headers="x")  # type: ignore[arg-type]
+        RateLimitMiddleware(app, aengine, headers="x")  # type: ignore[arg-type]
 
 
 def test_repr(aengine: AsyncRuleEngine) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "Reply",
     "Responder",
     "attributes",
+    "check_any_engine",
     "check_engine",
     "content_length",
 ]
@@ -89,6 +90,15 @@ def check_engine(engine: object, kind: type[E], where: str) -> E:
         raise ConfigurationError(
             f"{where} needs a {kind.__name__} (on a store such as {store}),"
             f" got {type(engine).__name__}"
+        )
+    return engine
+
+
+def check_any_engine(engine: object, where: str) -> RuleEngine | AsyncRuleEngine:
+    """``engine`` if it is a rule engine of either kind, else a `ConfigurationError`."""
+    if not isinstance(engine, RuleEngine | AsyncRuleEngine):
+        raise ConfigurationError(
+            f"{where} needs a RuleEngine or AsyncRuleEngine, got {type(engine).__name__}"
         )
     return engine
 

@@ -16,13 +16,15 @@ imported: this module needs no extra.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from ..rules import AsyncRuleEngine, Outcome
-from ._request import HeaderMode, Reply, Responder, attributes, check_engine, content_length
+from ..rules import AsyncRuleEngine, Outcome, RuleEngine
+from ..stores import MemoryStore
+from ._request import HeaderMode, Reply, Responder, attributes, check_any_engine, content_length
 
 __all__ = [
     "ASGIApp",
@@ -106,6 +108,24 @@ def scope_attributes(scope: Scope, identity: Mapping[str, object] | None) -> dic
     )
 
 
+async def run_engine(
+    engine: AsyncRuleEngine | RuleEngine, attributes: Mapping[str, object]
+) -> Outcome:
+    """The engine's outcome, delays waited out, without blocking the event loop:
+    an `AsyncRuleEngine` is awaited; a sync `RuleEngine` runs inline on a
+    `MemoryStore` (its lock is held for microseconds, far less than a thread
+    hop), and on a worker thread for other stores (which may block) and for a
+    delay (which sleeps). A delayed request counted nowhere, so checking it
+    again on the thread counts it once."""
+    if isinstance(engine, AsyncRuleEngine):
+        return await engine.acheck(attributes, wait=True)
+    if isinstance(engine.store, MemoryStore):
+        outcome = engine.check(attributes)
+        if outcome.action != "delay":
+            return outcome
+    return await asyncio.to_thread(engine.check, attributes, wait=True)
+
+
 async def send_reply(send: Send, reply: Reply) -> None:
     """Answer ``reply`` in the application's place."""
     headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in reply.headers]
@@ -115,8 +135,10 @@ async def send_reply(send: Send, reply: Reply) -> None:
 
 
 class RateLimitMiddleware:
-    """Checks every HTTP request against ``engine`` (an `AsyncRuleEngine`) before
-    ``app`` sees it; websocket and lifespan scopes pass straight through.
+    """Checks every HTTP request against ``engine`` before ``app`` sees it;
+    websocket and lifespan scopes pass straight through. The engine is an
+    `AsyncRuleEngine`, or a sync `RuleEngine` (see `run_engine`: fine on a
+    `MemoryStore`, a thread hop per request on Redis).
 
     ``identify(scope)`` (plain or async) returns the attributes only the
     application knows (``user``, ``api_key``, ``plan``, ``org``, ...); method,
@@ -140,7 +162,7 @@ class RateLimitMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        engine: AsyncRuleEngine,
+        engine: AsyncRuleEngine | RuleEngine,
         *,
         identify: IdentifyScope | None = None,
         headers: HeaderMode = "all",
@@ -148,7 +170,7 @@ class RateLimitMiddleware:
         ietf: bool = True,
     ) -> None:
         self.app = app
-        self.engine = check_engine(engine, AsyncRuleEngine, "RateLimitMiddleware (ASGI)")
+        self.engine = check_any_engine(engine, "RateLimitMiddleware (ASGI)")
         self.identify = identify
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
 
@@ -175,7 +197,7 @@ class RateLimitMiddleware:
             if inspect.isawaitable(identity):
                 identity = await identity
         try:
-            return await self.engine.acheck(scope_attributes(scope, identity), wait=True)
+            return await run_engine(self.engine, scope_attributes(scope, identity))
         except Exception:
             log.exception("rate limiter failed; the request goes through unchecked")
             return None

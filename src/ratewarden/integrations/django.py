@@ -26,15 +26,15 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
 from .._errors import ConfigurationError
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
-from ..stores import MemoryStore
-from ._request import HeaderMode, Reply, Responder, attributes, content_length
+from ._request import HeaderMode, Reply, Responder, attributes, check_any_engine, content_length
+from .asgi import run_engine
 from .wsgi import EnvironHeaders, log
 
 __all__ = ["RateLimitMiddleware", "limit", "request_attributes"]
@@ -75,16 +75,7 @@ def _check_sync(engine: Engine, attrs: Mapping[str, object]) -> Outcome | None:
 
 async def _check_async(engine: Engine, attrs: Mapping[str, object]) -> Outcome | None:
     try:
-        if isinstance(engine, AsyncRuleEngine):
-            return await engine.acheck(attrs, wait=True)
-        if isinstance(engine.store, MemoryStore):
-            # a lock held for microseconds: cheaper inline than a thread hop;
-            # only a delay (which sleeps) goes to a thread
-            outcome = engine.check(attrs)
-            if outcome.action != "delay":
-                return outcome
-        # a sync store may block (Redis) and a delay sleeps: never on the loop
-        return await sync_to_async(engine.check, thread_sensitive=False)(attrs, wait=True)
+        return await run_engine(engine, attrs)
     except Exception:
         log.exception("rate limiter failed; the request goes through unchecked")
         return None
@@ -110,11 +101,7 @@ class _Limits:
         identify: IdentifyRequest | None,
         responder: Responder,
     ) -> None:
-        if not isinstance(engine, RuleEngine | AsyncRuleEngine):
-            raise ConfigurationError(
-                f"ratewarden needs a RuleEngine or AsyncRuleEngine, got {type(engine).__name__}"
-            )
-        self.engine: Engine = engine
+        self.engine: Engine = check_any_engine(engine, "ratewarden")
         self.identify = identify
         self.responder = responder
 

@@ -26,9 +26,9 @@ import msgspec
 from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException
 
-from ..rules import AsyncRuleEngine, Outcome
-from ._request import HeaderMode, Reply, Responder, check_engine
-from .asgi import log, scope_attributes
+from ..rules import AsyncRuleEngine, Outcome, RuleEngine
+from ._request import HeaderMode, Reply, Responder, check_any_engine
+from .asgi import log, run_engine, scope_attributes
 
 __all__ = ["RateLimit", "RateLimited", "install", "rate_limited_handler"]
 
@@ -63,7 +63,8 @@ def install(app: FastAPI) -> None:
 
 
 class RateLimit:
-    """A dependency checking the request against ``engine`` (an `AsyncRuleEngine`).
+    """A dependency checking the request against ``engine`` (an `AsyncRuleEngine`,
+    or a sync `RuleEngine` as `ratewarden.integrations.asgi.run_engine` runs it).
 
     Allowed: the rate-limit headers go on the response (``headers`` as for the
     middleware; FastAPI copies them onto what the endpoint returns unless the
@@ -76,14 +77,14 @@ class RateLimit:
 
     def __init__(
         self,
-        engine: AsyncRuleEngine,
+        engine: AsyncRuleEngine | RuleEngine,
         *,
         identify: IdentifyRequest | None = None,
         headers: HeaderMode = "all",
         legacy: bool = True,
         ietf: bool = True,
     ) -> None:
-        self.engine = check_engine(engine, AsyncRuleEngine, "RateLimit")
+        self.engine = check_any_engine(engine, "RateLimit")
         self.identify = identify
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
 
@@ -94,7 +95,7 @@ class RateLimit:
             if inspect.isawaitable(identity):
                 identity = await identity
         try:
-            outcome = await self.engine.acheck(scope_attributes(request.scope, identity), wait=True)
+            outcome = await run_engine(self.engine, scope_attributes(request.scope, identity))
         except Exception:
             log.exception("rate limiter failed; the request goes through unchecked")
             return None
