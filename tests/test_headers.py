@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from ratewarden import Decision
 from ratewarden._headers import Policy, rate_limit_headers, retry_after_header, sf_string
 
@@ -41,3 +44,9 @@ def test_structured_field_strings() -> None:
         ("RateLimit-Policy", '"w";q=1;w=1'),
         ("RateLimit", '"default";r=0;t=1'),
     ]
+
+
+@given(st.text())
+def test_sf_string_fast_path_agrees_with_the_character_pass(text: str) -> None:
+    safe = "".join(c if " " <= c <= "~" else "?" for c in text)
+    assert sf_string(text) == '"' + safe.replace("\\", "\\\\").replace('"', '\\"') + '"'

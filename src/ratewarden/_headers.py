@@ -14,6 +14,7 @@ with the same fields, built here once:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -34,11 +35,14 @@ class Policy(NamedTuple):
 def sf_string(text: str) -> str:
     """``text`` as an RFC 8941 string: quoted, ``\\`` and ``"`` escaped, and any
     character outside printable ASCII (which the syntax cannot carry) as ``?``."""
-    if text.isascii() and text.isprintable():  # printable ASCII: " " to "~", the usual case
-        safe = text
-    else:
-        safe = "".join(c if " " <= c <= "~" else "?" for c in text)
-    return '"' + safe.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if not (text.isascii() and text.isprintable()):  # rare: rule names are ASCII
+        text = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@functools.lru_cache(maxsize=4096)  # a service has few limits; each formats once
+def _policy_item(policy: Policy) -> str:
+    return f"{sf_string(policy.name)};q={policy.quota};w={max(1, math.ceil(policy.window))}"
 
 
 def _seconds(value: float) -> int:

@@ -9,6 +9,7 @@ themselves, so a hit costs one Python call into the store and no more.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AsyncContextDecorator, ContextDecorator
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
 
@@ -21,7 +22,15 @@ from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 from .stores._base import AsyncHitFn, AsyncResetFn, BindOptions, Check, HitFn, ResetFn
 from .stores._failure import OnFailure, check_policy
 
-__all__ = ["AsyncLimiter", "Limiter", "LimiterOptions", "ahit_many", "hit_many"]
+__all__ = [
+    "AsyncLimiter",
+    "AsyncSlot",
+    "Limiter",
+    "LimiterOptions",
+    "Slot",
+    "ahit_many",
+    "hit_many",
+]
 
 DEFAULT_ALGORITHM = "sliding_window_counter"
 
@@ -165,6 +174,13 @@ class Limiter(_Shell):
         finally:
             self._turns.leave(key)
 
+    def slot(self, key: str, max_wait: float, cost: int = 1) -> Slot:
+        """`acquire` as a context manager or decorator: ``with limiter.slot(key,
+        max_wait=1.0): call()``, or ``@limiter.slot(key, max_wait=1.0)`` on a
+        function; every entry (every call) waits for a permit of its own."""
+        check_max_wait(max_wait)
+        return Slot(self, key, max_wait, cost)
+
 
 class AsyncLimiter(_Shell):
     """The asyncio twin of `Limiter`: the same options, every call awaited, and
@@ -204,6 +220,40 @@ class AsyncLimiter(_Shell):
                 await clock.asleep(next_wait(decision, key, clock.time_ns(), deadline, max_wait))
         finally:
             self._turns.leave(key)
+
+    def slot(self, key: str, max_wait: float, cost: int = 1) -> AsyncSlot:
+        """`acquire` as an async context manager or a decorator of coroutine
+        functions: ``async with limiter.slot(key, max_wait=1.0): await call()``."""
+        check_max_wait(max_wait)
+        return AsyncSlot(self, key, max_wait, cost)
+
+
+class Slot(ContextDecorator):
+    """A permit from a `Limiter` on entering (see `Limiter.slot`); the entry's
+    value is the permit's Decision. Leaving gives nothing back: a rate counts
+    starts, not calls in flight."""
+
+    def __init__(self, limiter: Limiter, key: str, max_wait: float, cost: int) -> None:
+        self.limiter, self.key, self.max_wait, self.cost = limiter, key, max_wait, cost
+
+    def __enter__(self) -> Decision:
+        return self.limiter.acquire(self.key, self.max_wait, self.cost)
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+class AsyncSlot(AsyncContextDecorator):
+    """The asyncio twin of `Slot` (see `AsyncLimiter.slot`)."""
+
+    def __init__(self, limiter: AsyncLimiter, key: str, max_wait: float, cost: int) -> None:
+        self.limiter, self.key, self.max_wait, self.cost = limiter, key, max_wait, cost
+
+    async def __aenter__(self) -> Decision:
+        return await self.limiter.acquire(self.key, self.max_wait, self.cost)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
 
 
 _L = TypeVar("_L", Limiter, AsyncLimiter)

@@ -263,3 +263,23 @@ def test_odd_attribute_types_do_not_break_evaluation(ruleset: RuleSet) -> None:
     assert got["per-user"] == ("42", 1)
     assert "login" not in got
     assert applied(ruleset, method="get", path="/api/v1/orders", user=7)["orders-read"] == ("7", 1)
+
+
+@pytest.mark.parametrize(
+    ("forwarded", "client"),
+    [
+        ('for=6.6.6.6, for="5.5.5.5:4711";proto=https', "5.5.5.5"),  # port dropped
+        ('for="[2001:db8::7]:80", for=10.0.0.7', "2001:db8::7"),  # brackets dropped
+        ("For=5.5.5.5;by=10.0.0.1", "5.5.5.5"),  # names are case-insensitive
+        ("proto=https", "10.0.0.1"),  # no for=: as close as we get is the peer
+    ],
+)
+def test_client_ip_from_the_forwarded_header(forwarded: str, client: str) -> None:
+    ruleset = loads(
+        textwrap.dedent("""
+        client_ip: {trusted_proxies: [10.0.0.0/8], header: Forwarded}
+        rules: [{name: login, rate: 5/minute, by: ip}]
+        """)
+    )
+    got = applied(ruleset, ip="10.0.0.1", headers={"forwarded": forwarded})
+    assert got["login"] == (client, 1)

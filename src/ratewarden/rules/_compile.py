@@ -312,12 +312,28 @@ def _client_ip_function(config: ClientIP) -> Callable[[Mapping[str, object]], ob
         if not isinstance(forwarded, str) or not forwarded.strip():
             return peer
         hops = [hop.strip() for hop in forwarded.split(",")]
+        if header == "forwarded":
+            hops = [_forwarded_for(hop) for hop in hops]
         for hop in reversed(hops):
             if hop and not trusted(hop):
                 return hop
         return hops[0] or peer  # every hop is ours: the first is as close as we get
 
     return client_ip
+
+
+def _forwarded_for(element: str) -> str:
+    """The address in one element of an RFC 7239 ``Forwarded`` header (``for=``,
+    unquoted, without port or IPv6 brackets); "" when it names none."""
+    for pair in element.split(";"):
+        name, _, value = pair.strip().partition("=")
+        if name.strip().lower() != "for":
+            continue
+        value = value.strip().strip('"')
+        if value.startswith("["):  # "[2001:db8::1]:4711"
+            return value[1:].partition("]")[0]
+        return value.partition(":")[0] if value.count(":") == 1 else value
+    return ""
 
 
 _METHODS = {m: m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")}

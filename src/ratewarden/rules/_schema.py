@@ -101,7 +101,7 @@ class Rule(_Base, frozen=True):
 class ClientIP(_Base, frozen=True):
     """How ``by: ip`` finds the client: the peer address (attribute ``ip``), or,
     when the peer is a trusted proxy, the right-most untrusted address of
-    ``header`` (X-Forwarded-For)."""
+    ``header`` (X-Forwarded-For; ``forwarded`` reads RFC 7239's ``for=``)."""
 
     trusted_proxies: list[str] = []
     header: str = "x-forwarded-for"

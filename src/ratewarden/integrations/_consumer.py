@@ -1,0 +1,105 @@
+"""What the outgoing-call integrations share (httpx, aiohttp): no I/O here.
+
+Before a call: a permit from the limiter for the call's key, after any pause a
+provider asked for on that key, all within ``max_wait``. After a call: a 429 (or
+503) with ``Retry-After`` pauses the key until then, so the next calls wait
+instead of collecting more refusals. The shells only sleep and send.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Collection
+from email.utils import parsedate_to_datetime
+
+from .._clock import Clock
+from .._errors import ConfigurationError, RateLimitTimeout
+from .._waiting import check_max_wait
+
+__all__ = ["Pauses", "retry_after_seconds"]
+
+
+def retry_after_seconds(value: str | None, now_ns: int) -> float | None:
+    """A ``Retry-After`` value in seconds from now: delta-seconds or an HTTP-date;
+    None when absent or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is GMT; a sloppy one without a zone too
+        return None
+    return max(0.0, when.timestamp() - now_ns / 1e9)
+
+
+class Pauses:
+    """The keys providers told to wait, and until when (on ``clock``).
+
+    ``max_wait`` bounds each call's wait for pause and permit together (``inf``:
+    wait as long as it takes, ``0``: fail at once); ``pause_on`` the statuses
+    whose ``Retry-After`` pauses the key; a 429 without one pauses
+    ``default_pause`` seconds.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        max_wait: float,
+        pause_on: Collection[int] = (429, 503),
+        default_pause: float = 1.0,
+    ) -> None:
+        check_max_wait(max_wait)
+        if not default_pause >= 0:  # also NaN
+            raise ConfigurationError(f"default_pause must be >= 0 seconds, got {default_pause!r}")
+        self.clock = clock
+        self.max_wait = max_wait
+        self.pause_on = frozenset(pause_on)
+        self.default_pause = float(default_pause)
+        self._until: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def before(self, key: str) -> tuple[float, float]:
+        """Seconds to sleep for a pause on ``key``, and the ``max_wait`` left for
+        the permit after it; `RateLimitTimeout` when the pause alone is too long."""
+        with self._lock:
+            until = self._until.get(key)
+            if until is None:
+                return 0.0, self.max_wait
+            left = (until - self.clock.time_ns()) / 1e9
+            if left <= 0:
+                del self._until[key]
+                return 0.0, self.max_wait
+        if left > self.max_wait:
+            raise RateLimitTimeout(
+                f"{key!r}: the provider asked for a pause of {left:.6g}s,"
+                f" more than max_wait={self.max_wait}s",
+                key=key,
+                retry_after=left,
+            )
+        return left, self.max_wait - left
+
+    def after(self, key: str, status: int, retry_after: str | None) -> float | None:
+        """Note a response; the pause it starts on ``key`` in seconds, if any."""
+        if status not in self.pause_on:
+            return None
+        now = self.clock.time_ns()
+        seconds = retry_after_seconds(retry_after, now)
+        if seconds is None:
+            if status != 429:
+                return None  # a 503 without Retry-After need not be about rate
+            seconds = self.default_pause
+        if not math.isfinite(seconds) or seconds <= 0:
+            return None
+        with self._lock:
+            until = now + round(seconds * 1e9)
+            self._until[key] = max(until, self._until.get(key, 0))
+        return seconds
+
+    def __len__(self) -> int:
+        return len(self._until)

@@ -1,0 +1,191 @@
+"""What every framework integration shares, written once: no framework, no I/O.
+
+A front end turns its request into rule attributes with `attributes`, lets the
+rule engine decide, and turns the `Outcome` into what to answer with
+`Responder`: headers for a response that goes ahead, or a whole `Reply` for one
+that does not (a rejection's problem body, a shadow ban's pretended success).
+
+The client address is the peer's (``ip``); the rule file's ``client_ip``
+settings (trusted proxies, X-Forwarded-For or Forwarded) find the real client
+behind proxies, so the proxy logic lives in one place, the rule engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Literal, NamedTuple, TypeVar
+
+import msgspec
+
+from .._errors import ConfigurationError
+from ..rules import AsyncRuleEngine, Outcome, RuleEngine
+
+__all__ = [
+    "PROBLEM_TYPE",
+    "HeaderMode",
+    "Reply",
+    "Responder",
+    "attributes",
+    "check_any_engine",
+    "check_engine",
+    "content_length",
+]
+
+E = TypeVar("E", RuleEngine, AsyncRuleEngine)
+
+HeaderMode = Literal["all", "denied", "none"]
+_MODES = ("all", "denied", "none")
+
+# The IETF RateLimit draft's problem type for a request over its quota.
+PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+_TITLE = "Request cannot be satisfied as assigned quota has been exceeded"
+_PROBLEM_JSON = ("Content-Type", "application/problem+json")
+
+
+class Reply(NamedTuple):
+    """A response the limiter answers in the application's place."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def attributes(
+    method: str,
+    path: str,
+    ip: str | None,
+    headers: Mapping[str, str],
+    *,
+    body_size: int | None = None,
+    identity: Mapping[str, object] | None = None,
+    route: str | None = None,
+) -> dict[str, object]:
+    """The rule attributes of a request: ``method``, ``path`` (as requested),
+    ``ip`` (the peer), ``headers`` (lower-case names; the front ends pass a lazy
+    view, since most rule sets never read one), ``body_size`` (Content-Length, for
+    ``cost: {attribute: body_size}``), ``route`` (the template the framework
+    matched, when it knows it: ``/orders/{id}``), then what ``identity`` says (it
+    may override any of these)."""
+    found: dict[str, object] = {"method": method, "path": path, "ip": ip, "headers": headers}
+    if body_size is not None:
+        found["body_size"] = body_size
+    if route is not None:
+        found["route"] = route
+    if identity:
+        found.update(identity)
+    return found
+
+
+def content_length(value: str | bytes | None) -> int | None:
+    if value is None or not value.isdigit():
+        return None
+    return int(value)
+
+
+def check_engine(engine: object, kind: type[E], where: str) -> E:
+    """``engine`` if it is a ``kind``, else a `ConfigurationError` saying which to use."""
+    if not isinstance(engine, kind):
+        store = "AsyncMemoryStore" if kind.__name__.startswith("Async") else "MemoryStore"
+        raise ConfigurationError(
+            f"{where} needs a {kind.__name__} (on a store such as {store}),"
+            f" got {type(engine).__name__}"
+        )
+    return engine
+
+
+def check_any_engine(engine: object, where: str) -> RuleEngine | AsyncRuleEngine:
+    """``engine`` if it is a rule engine of either kind, else a `ConfigurationError`."""
+    if not isinstance(engine, RuleEngine | AsyncRuleEngine):
+        raise ConfigurationError(
+            f"{where} needs a RuleEngine or AsyncRuleEngine, got {type(engine).__name__}"
+        )
+    return engine
+
+
+class Responder:
+    """Turns Outcomes into headers and replies, as configured once.
+
+    ``headers``: ``"all"`` adds the rate-limit headers to every response a limit
+    applied to, ``"denied"`` only to rejections, ``"none"`` never (Retry-After
+    still goes on a rejection: a 429 without it invites a retry storm).
+    ``legacy``: the X-RateLimit-* trio; ``ietf``: RateLimit and RateLimit-Policy.
+    """
+
+    __slots__ = ("ietf", "legacy", "mode", "on_pass")
+
+    def __init__(
+        self, headers: HeaderMode = "all", *, legacy: bool = True, ietf: bool = True
+    ) -> None:
+        if headers not in _MODES:
+            raise ConfigurationError(f"headers must be one of {', '.join(_MODES)}, got {headers!r}")
+        self.mode = headers
+        self.legacy = bool(legacy)
+        self.ietf = bool(ietf)
+        self.on_pass = headers == "all"
+
+    def passed(self, outcome: Outcome) -> list[tuple[str, str]]:
+        """Headers to add to the application's response for an allowed request."""
+        if not self.on_pass or outcome.decision is None:
+            return []
+        return outcome.headers(legacy=self.legacy, ietf=self.ietf)
+
+    def refused(self, outcome: Outcome) -> Reply:
+        """The answer to a request the limiter stops: the rule's configured success
+        response for a shadow ban (no rate-limit headers: the client must not
+        learn it is limited), else a problem+json rejection with its status."""
+        if outcome.action == "shadow_ban" and outcome.response is not None:
+            response = outcome.response
+            body = response.body.encode()
+            # HTTP header values are latin-1 (ASGI and PEP 3333 both insist);
+            # a rule file may hold anything, which must not turn into a 500
+            headers = [(_latin1(n), _latin1(v)) for n, v in response.headers.items()]
+            if not any(name.lower() == "content-type" for name, _ in headers):
+                headers.append(("Content-Type", _guess_type(response.body)))
+            return Reply(response.status, headers, body)
+        if self.mode == "none":
+            headers = [(n, v) for n, v in outcome.headers() if n == "Retry-After"]
+        else:
+            headers = outcome.headers(legacy=self.legacy, ietf=self.ietf)
+        headers.append(_PROBLEM_JSON)
+        return Reply(outcome.status, headers, problem(outcome))
+
+
+def problem(outcome: Outcome) -> bytes:
+    """The RFC 9457 problem body of a rejection, with the draft's
+    ``violated-policies``: the limit that denied (the one whose retry is furthest
+    away, so retrying after it passes them all)."""
+    decision = outcome.decision
+    policies: Iterable[str] = ()
+    if decision is None:
+        detail = "the request was refused by the rate limiter"
+    else:
+        policies = [decision.rule or "default"]
+        if decision.degraded:
+            detail = "the rate limiter cannot count right now and this limit fails closed"
+        elif math.isinf(decision.retry_after):
+            detail = f"the request costs more than a limit of {decision.limit} ever grants"
+        else:
+            wait = max(1, math.ceil(decision.retry_after))
+            detail = f"over the limit of {decision.limit}; retry in {wait} s"
+    body = {
+        "type": PROBLEM_TYPE,
+        "title": _TITLE,
+        "status": outcome.status,
+        "detail": detail,
+        "violated-policies": list(policies),
+    }
+    return msgspec.json.encode(body)
+
+
+def _latin1(text: str) -> str:
+    return text if text.isascii() else text.encode("latin-1", "replace").decode("latin-1")
+
+
+def _guess_type(body: str) -> str:
+    """A shadow ban's body is usually the JSON the real endpoint would send."""
+    try:
+        msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return "text/plain; charset=utf-8"
+    return "application/json"

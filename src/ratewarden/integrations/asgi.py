@@ -1,0 +1,218 @@
+"""Rate limiting for any ASGI application (Starlette, FastAPI, Quart, ...).
+
+    from ratewarden import AsyncMemoryStore
+    from ratewarden.integrations.asgi import RateLimitMiddleware
+    from ratewarden.rules import AsyncRuleEngine
+
+    engine = AsyncRuleEngine("rules.yaml", AsyncMemoryStore())
+    app = RateLimitMiddleware(app, engine, identify=lambda scope: {"user": ...})
+
+A plain ASGI class, not Starlette's ``BaseHTTPMiddleware`` (which runs the app in
+another task and breaks context variables): per request it builds the rule
+attributes, awaits the engine once and either calls the app, adding the
+rate-limit headers to its response, or answers in its place. No framework is
+imported: this module needs no extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from typing import Any
+
+from ..rules import AsyncRuleEngine, Outcome, RuleEngine
+from ..stores import MemoryStore
+from ._request import HeaderMode, Reply, Responder, attributes, check_any_engine, content_length
+
+__all__ = [
+    "ASGIApp",
+    "RateLimitMiddleware",
+    "Scope",
+    "scope_attributes",
+    "scope_headers",
+    "send_reply",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+IdentifyScope = Callable[
+    [Scope], "Mapping[str, object] | Awaitable[Mapping[str, object] | None] | None"
+]
+
+log = logging.getLogger("ratewarden.integrations")
+
+
+def scope_headers(scope: Scope) -> dict[str, str]:
+    """An HTTP scope's headers by name (ASGI names are lower-case already); a
+    repeated header's values joined with ", ", as HTTP allows."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers") or ():
+        name = raw_name.decode("latin-1")
+        value = raw_value.decode("latin-1")
+        if name in headers:
+            headers[name] += ", " + value
+        else:
+            headers[name] = value
+    return headers
+
+
+class ScopeHeaders(Mapping[str, str]):
+    """`scope_headers`, decoded on first use: most rule sets never read a header
+    (only ``by: header:...`` and trusted proxies do), so most requests skip it."""
+
+    __slots__ = ("_decoded", "_scope")
+
+    def __init__(self, scope: Scope) -> None:
+        self._scope = scope
+        self._decoded: dict[str, str] | None = None
+
+    def _all(self) -> dict[str, str]:
+        if self._decoded is None:
+            self._decoded = scope_headers(self._scope)
+        return self._decoded
+
+    def __getitem__(self, name: str) -> str:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+def scope_attributes(scope: Scope, identity: Mapping[str, object] | None) -> dict[str, object]:
+    """The rule attributes of an HTTP scope (see `_request.attributes`). The route
+    template is known once a router has matched (``scope["route"]``, as Starlette
+    and FastAPI set it): so inside a route's own middleware or dependency."""
+    client = scope.get("client")
+    route = getattr(scope.get("route"), "path", None)
+    length = None
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            length = content_length(value)
+            break
+    return attributes(
+        scope.get("method", "GET"),
+        scope.get("path", "/"),
+        client[0] if client else None,
+        ScopeHeaders(scope),
+        body_size=length,
+        identity=identity,
+        route=route if isinstance(route, str) else None,
+    )
+
+
+async def run_engine(
+    engine: AsyncRuleEngine | RuleEngine, attributes: Mapping[str, object]
+) -> Outcome:
+    """The engine's outcome, delays waited out, without blocking the event loop:
+    an `AsyncRuleEngine` is awaited; a sync `RuleEngine` runs inline on a
+    `MemoryStore` (its lock is held for microseconds, far less than a thread
+    hop), and on a worker thread for other stores (which may block) and for a
+    delay (which sleeps). A delayed request counted nowhere, so checking it
+    again on the thread counts it once."""
+    if isinstance(engine, AsyncRuleEngine):
+        return await engine.acheck(attributes, wait=True)
+    if isinstance(engine.store, MemoryStore):
+        outcome = engine.check(attributes)
+        if outcome.action != "delay":
+            return outcome
+    return await asyncio.to_thread(engine.check, attributes, wait=True)
+
+
+async def send_reply(send: Send, reply: Reply) -> None:
+    """Answer ``reply`` in the application's place."""
+    headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in reply.headers]
+    headers.append((b"content-length", str(len(reply.body)).encode()))
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": reply.body})
+
+
+class RateLimitMiddleware:
+    """Checks every HTTP request against ``engine`` before ``app`` sees it;
+    websocket and lifespan scopes pass straight through. The engine is an
+    `AsyncRuleEngine`, or a sync `RuleEngine` (see `run_engine`: fine on a
+    `MemoryStore`, a thread hop per request on Redis).
+
+    ``identify(scope)`` (plain or async) returns the attributes only the
+    application knows (``user``, ``api_key``, ``plan``, ``org``, ...); method,
+    path, peer ip, headers and body_size come from the scope. Place the middleware
+    after your authentication middleware to read what it put in the scope.
+
+    Per outcome: allowed, the app runs and its response gets the rate-limit
+    headers (``headers="all"``; ``"denied"``: only rejections carry them,
+    ``"none"``: only Retry-After); ``reject``: the rule's status (429 or 503) with
+    a problem+json body; ``delay``: the request is held on the store's clock
+    (``asyncio.sleep``, the loop keeps serving) and checked again, then passes or
+    is rejected; ``shadow_ban``: the rule's configured response, the app never
+    called; ``log_only`` rules count and show nothing.
+
+    A store that cannot decide is the rule's ``on_failure`` policy's business
+    (the engine answers for it); anything else the limiter raises is logged to
+    ``ratewarden.integrations`` and the request let through: the limiter never
+    turns a request into a 500.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        engine: AsyncRuleEngine | RuleEngine,
+        *,
+        identify: IdentifyScope | None = None,
+        headers: HeaderMode = "all",
+        legacy: bool = True,
+        ietf: bool = True,
+    ) -> None:
+        self.app = app
+        self.engine = check_any_engine(engine, "RateLimitMiddleware (ASGI)")
+        self.identify = identify
+        self.responder = Responder(headers, legacy=legacy, ietf=ietf)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        outcome = await self.check(scope)
+        if outcome is None or outcome.allowed:
+            extra = [] if outcome is None else self.responder.passed(outcome)
+            if not extra:
+                await self.app(scope, receive, send)
+                return
+            await self.app(scope, receive, _adding(send, extra))
+            return
+        await send_reply(send, self.responder.refused(outcome))
+
+    async def check(self, scope: Scope) -> Outcome | None:
+        """The engine's outcome for ``scope``, delays waited out; None when the
+        limiter failed (logged): let the request through."""
+        identity: Any = None
+        if self.identify is not None:
+            identity = self.identify(scope)
+            if inspect.isawaitable(identity):
+                identity = await identity
+        try:
+            return await run_engine(self.engine, scope_attributes(scope, identity))
+        except Exception:
+            log.exception("rate limiter failed; the request goes through unchecked")
+            return None
+
+    def __repr__(self) -> str:
+        return f"<RateLimitMiddleware {self.engine!r} headers={self.responder.mode!r}>"
+
+
+def _adding(send: Send, extra: list[tuple[str, str]]) -> Send:
+    """``send``, with ``extra`` headers added to the response start."""
+    raw = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in extra]
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *raw]}
+        await send(message)
+
+    return send_with_headers

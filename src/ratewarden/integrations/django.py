@@ -1,0 +1,205 @@
+"""Rate limiting for Django, sync and async (``pip install ratewarden[django]``).
+
+    # settings.py
+    MIDDLEWARE = [..., "ratewarden.integrations.django.RateLimitMiddleware"]
+    RATEWARDEN = {
+        "ENGINE": "myproject.limits.engine",       # a RuleEngine/AsyncRuleEngine, or its path
+        "IDENTIFY": "myproject.limits.identify",   # optional: request -> {"user": ...}
+        "HEADERS": "all",                          # or "denied", "none"
+    }
+
+    # views.py: a view's own limits (sync or async views)
+    @limit(export_engine)
+    async def export(request): ...
+
+The middleware is sync- and async-capable: Django runs it the way its handler
+runs, so an ASGI deployment never hops threads for it. Either engine works in
+either mode: an `AsyncRuleEngine` is awaited (or run to completion from sync
+code); a sync `RuleEngine` runs as it is under WSGI, and under ASGI inline on
+a `MemoryStore` but on a worker thread for other stores and for delays, so
+nothing that blocks or sleeps stalls the event loop.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.utils.module_loading import import_string
+
+from .._errors import ConfigurationError
+from ..rules import AsyncRuleEngine, Outcome, RuleEngine
+from ._request import HeaderMode, Reply, Responder, attributes, check_any_engine, content_length
+from .asgi import run_engine
+from .wsgi import EnvironHeaders, log
+
+__all__ = ["RateLimitMiddleware", "limit", "request_attributes"]
+
+Engine = RuleEngine | AsyncRuleEngine
+IdentifyRequest = Callable[[HttpRequest], "Mapping[str, object] | None"]
+Handler = Callable[[HttpRequest], Any]
+
+
+def request_attributes(
+    request: HttpRequest, identity: Mapping[str, object] | None
+) -> dict[str, object]:
+    """The rule attributes of a Django request; ``route`` (``items/<int:id>``, as
+    Django writes it) once URL resolution has happened, i.e. in a view decorator."""
+    match = getattr(request, "resolver_match", None)
+    route = getattr(match, "route", None) or None
+    meta = request.META
+    return attributes(
+        request.method or "GET",
+        request.path,
+        meta.get("REMOTE_ADDR"),
+        EnvironHeaders(meta),
+        body_size=content_length(meta.get("CONTENT_LENGTH")),
+        identity=identity,
+        route=route,
+    )
+
+
+def _check_sync(engine: Engine, attrs: Mapping[str, object]) -> Outcome | None:
+    try:
+        if isinstance(engine, AsyncRuleEngine):
+            return async_to_sync(engine.acheck)(attrs, wait=True)
+        return engine.check(attrs, wait=True)
+    except Exception:
+        log.exception("rate limiter failed; the request goes through unchecked")
+        return None
+
+
+async def _check_async(engine: Engine, attrs: Mapping[str, object]) -> Outcome | None:
+    try:
+        return await run_engine(engine, attrs)
+    except Exception:
+        log.exception("rate limiter failed; the request goes through unchecked")
+        return None
+
+
+def _http_response(reply: Reply) -> HttpResponse:
+    return HttpResponse(reply.body, status=reply.status, headers=dict(reply.headers))
+
+
+def _with_headers(response: HttpResponseBase, extra: list[tuple[str, str]]) -> HttpResponseBase:
+    for name, value in extra:
+        response.headers[name] = value
+    return response
+
+
+class _Limits:
+    """An engine, how to identify callers and how to answer: the part of the
+    middleware and the decorator that does no I/O."""
+
+    def __init__(
+        self,
+        engine: object,
+        identify: IdentifyRequest | None,
+        responder: Responder,
+    ) -> None:
+        self.engine: Engine = check_any_engine(engine, "ratewarden")
+        self.identify = identify
+        self.responder = responder
+
+    def attributes(self, request: HttpRequest) -> dict[str, object]:
+        identity = None if self.identify is None else self.identify(request)
+        return request_attributes(request, identity)
+
+    def before(self, outcome: Outcome | None) -> HttpResponse | list[tuple[str, str]]:
+        """A refusal to answer now, or the headers for the response to come."""
+        if outcome is None:
+            return []
+        if not outcome.allowed:
+            return _http_response(self.responder.refused(outcome))
+        return self.responder.passed(outcome)
+
+    def run(self, request: HttpRequest, handler: Handler) -> HttpResponseBase:
+        verdict = self.before(_check_sync(self.engine, self.attributes(request)))
+        if isinstance(verdict, HttpResponse):
+            return verdict
+        return _with_headers(handler(request), verdict)
+
+    async def arun(
+        self, request: HttpRequest, handler: Callable[[HttpRequest], Awaitable[Any]]
+    ) -> HttpResponseBase:
+        verdict = self.before(await _check_async(self.engine, self.attributes(request)))
+        if isinstance(verdict, HttpResponse):
+            return verdict
+        return _with_headers(await handler(request), verdict)
+
+
+def _from_settings() -> _Limits:
+    config: dict[str, Any] = dict(getattr(settings, "RATEWARDEN", {}))
+    engine = config.get("ENGINE")
+    if engine is None:
+        raise ConfigurationError("settings.RATEWARDEN['ENGINE'] is missing: the rule engine")
+    if isinstance(engine, str):
+        engine = import_string(engine)
+    identify = config.get("IDENTIFY")
+    if isinstance(identify, str):
+        identify = import_string(identify)
+    responder = Responder(
+        config.get("HEADERS", "all"),
+        legacy=config.get("LEGACY", True),
+        ietf=config.get("IETF", True),
+    )
+    return _Limits(engine, identify, responder)
+
+
+class RateLimitMiddleware:
+    """Checks every request against the engine in ``settings.RATEWARDEN``
+    (``ENGINE``, optional ``IDENTIFY``, ``HEADERS``, ``LEGACY``, ``IETF``), as the
+    ASGI middleware does, before URL resolution (so without ``route``: use `limit`
+    on a view for limits by route)."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Handler) -> None:
+        self.get_response = get_response
+        self.limits = _from_settings()
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.limits.arun(request, self.get_response)
+        return self.limits.run(request, self.get_response)
+
+
+def limit(
+    engine: Engine,
+    *,
+    identify: IdentifyRequest | None = None,
+    headers: HeaderMode = "all",
+    legacy: bool = True,
+    ietf: bool = True,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A view decorator for a view's own limits, sync or async views alike; the
+    rules see the view's ``route``."""
+    limits = _Limits(engine, identify, Responder(headers, legacy=legacy, ietf=ietf))
+
+    def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+        if iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def async_limited(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                async def call(request: HttpRequest) -> Any:
+                    return await view(request, *args, **kwargs)
+
+                return await limits.arun(request, call)
+
+            return async_limited
+
+        @functools.wraps(view)
+        def limited(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            return limits.run(request, lambda request: view(request, *args, **kwargs))
+
+        return limited
+
+    return decorate

@@ -1,0 +1,142 @@
+"""Rate limiting for Flask (``pip install ratewarden[flask]``).
+
+    limiter = RateLimiter(app, RuleEngine("rules.yaml", MemoryStore()))
+
+    @app.get("/export")
+    @limit(RuleEngine("export-rules.yaml", store))     # a view's own limits
+    def export(): ...
+
+The extension checks each request in ``before_request``, after routing, so the
+rules see the ``route`` (``/items/<int:id>``); allowed responses get the
+rate-limit headers on their way out (the extension wraps ``app.wsgi_app``).
+The engine is the sync `RuleEngine`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from flask import Flask, Request, Response, make_response, request
+
+from ..rules import Outcome, RuleEngine
+from ._request import HeaderMode, Reply, Responder, check_engine
+from .wsgi import check, environ_attributes, reply_headers
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+__all__ = ["RateLimiter", "limit"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+IdentifyRequest = Callable[[Request], "Mapping[str, object] | None"]
+_KEY = "ratewarden.headers"
+
+
+def _outcome(
+    engine: RuleEngine, identify: IdentifyRequest | None, current: Request
+) -> Outcome | None:
+    identity = None if identify is None else identify(current)
+    rule = current.url_rule
+    attributes = environ_attributes(current.environ, identity, None if rule is None else rule.rule)
+    return check(engine, attributes)
+
+
+def _response(reply: Reply) -> Response:
+    return Response(reply.body, status=reply.status, headers=reply_headers(reply))
+
+
+class RateLimiter:
+    """The Flask extension: every request of ``app`` checked against ``engine``.
+
+    ``identify(request)`` returns what only the application knows (user,
+    api_key, plan, org, ...); ``headers``, ``legacy``, ``ietf`` and the handling
+    of each action are as for the ASGI middleware. ``init_app`` for the app
+    factory pattern.
+    """
+
+    def __init__(
+        self,
+        app: Flask | None = None,
+        engine: RuleEngine | None = None,
+        *,
+        identify: IdentifyRequest | None = None,
+        headers: HeaderMode = "all",
+        legacy: bool = True,
+        ietf: bool = True,
+    ) -> None:
+        self.engine = None if engine is None else check_engine(engine, RuleEngine, "RateLimiter")
+        self.identify = identify
+        self.responder = Responder(headers, legacy=legacy, ietf=ietf)
+        if app is not None:
+            self.init_app(app, engine)
+
+    def init_app(self, app: Flask, engine: RuleEngine | None = None) -> None:
+        if engine is not None:
+            self.engine = check_engine(engine, RuleEngine, "RateLimiter")
+        if self.engine is None:
+            raise TypeError("RateLimiter needs an engine: RateLimiter(app, engine)")
+        app.extensions["ratewarden"] = self
+        app.before_request(self._before)
+        # The headers go on at the WSGI layer, on the way out: a plain list
+        # append, where werkzeug's Headers.add validates each of five fields.
+        app.wsgi_app = _AddHeaders(app.wsgi_app)  # type: ignore[method-assign]
+
+    def _before(self) -> Response | None:
+        if self.engine is None:  # pragma: no cover - init_app refuses that
+            return None
+        outcome = _outcome(self.engine, self.identify, request)
+        if outcome is None or outcome.allowed:
+            extra = [] if outcome is None else self.responder.passed(outcome)
+            if extra:
+                request.environ[_KEY] = extra
+            return None
+        return _response(self.responder.refused(outcome))
+
+
+class _AddHeaders:
+    """Adds the headers `RateLimiter` left in the environ to the response."""
+
+    def __init__(self, app: WSGIApplication) -> None:
+        self.app = app
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            extra = environ.get(_KEY)
+            return start_response(status, [*headers, *extra] if extra else headers, exc_info)
+
+        return self.app(environ, start)
+
+
+def limit(
+    engine: RuleEngine,
+    *,
+    identify: IdentifyRequest | None = None,
+    headers: HeaderMode = "all",
+    legacy: bool = True,
+    ietf: bool = True,
+) -> Callable[[Callable[P, Any]], Callable[P, Any]]:
+    """A view decorator: the view's own limits from ``engine``, checked when the
+    view is called (after the extension's, if both apply)."""
+    check_engine(engine, RuleEngine, "limit")
+    responder = Responder(headers, legacy=legacy, ietf=ietf)
+
+    def decorate(view: Callable[P, Any]) -> Callable[P, Any]:
+        @functools.wraps(view)
+        def limited(*args: P.args, **kwargs: P.kwargs) -> Any:
+            outcome = _outcome(engine, identify, request)
+            if outcome is not None and not outcome.allowed:
+                return _response(responder.refused(outcome))
+            extra = [] if outcome is None else responder.passed(outcome)
+            if not extra:
+                return view(*args, **kwargs)
+            response = make_response(view(*args, **kwargs))
+            for name, value in extra:
+                response.headers.add(name, value)
+            return response
+
+        return limited
+
+    return decorate

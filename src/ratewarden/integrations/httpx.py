@@ -1,0 +1,103 @@
+"""Obey someone else's limit with httpx (``pip install ratewarden[httpx]``).
+
+    limiter = Limiter("10/second", algorithm="gcra", name="partner")
+    transport = RateLimitTransport(limiter, max_wait=5.0)
+    with httpx.Client(transport=transport) as client:
+        client.get("https://api.partner.example/orders")   # waits for a permit
+
+Each request first takes a permit for its key (the host, or ``key(request)``)
+with ``acquire``: waiting up to ``max_wait`` (``math.inf``: as long as it takes,
+``0``: fail at once), then `RateLimitTimeout`. A 429 or 503 answer with
+``Retry-After`` pauses that key until then (a 429 without it: ``default_pause``
+seconds), so later requests wait instead of piling up more refusals; the
+response itself is returned as it came. `AsyncRateLimitTransport` is the asyncio
+twin, for an `AsyncLimiter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+import httpx
+
+from .._limiter import AsyncLimiter, Limiter
+from ._consumer import Pauses
+
+__all__ = ["AsyncRateLimitTransport", "RateLimitTransport", "host_key"]
+
+KeyFn = Callable[[httpx.Request], str]
+
+
+def host_key(request: httpx.Request) -> str:
+    """The default key: the host the request goes to."""
+    return request.url.host
+
+
+class RateLimitTransport(httpx.BaseTransport):
+    """Wraps ``transport`` (default `httpx.HTTPTransport()`) with a permit from
+    ``limiter`` before each request (see the module docstring)."""
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        transport: httpx.BaseTransport | None = None,
+        *,
+        max_wait: float,
+        key: KeyFn = host_key,
+        pause_on: Collection[int] = (429, 503),
+        default_pause: float = 1.0,
+    ) -> None:
+        self.limiter = limiter
+        self.transport = httpx.HTTPTransport() if transport is None else transport
+        self.key = key
+        self.pauses = Pauses(
+            limiter.store.clock, max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        key = self.key(request)
+        pause, left = self.pauses.before(key)
+        if pause:
+            self.limiter.store.clock.sleep(pause)
+        self.limiter.acquire(key, left)
+        response = self.transport.handle_request(request)
+        self.pauses.after(key, response.status_code, response.headers.get("retry-after"))
+        return response
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class AsyncRateLimitTransport(httpx.AsyncBaseTransport):
+    """The asyncio twin of `RateLimitTransport`, for an `AsyncLimiter`; waiting
+    never blocks the event loop."""
+
+    def __init__(
+        self,
+        limiter: AsyncLimiter,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        max_wait: float,
+        key: KeyFn = host_key,
+        pause_on: Collection[int] = (429, 503),
+        default_pause: float = 1.0,
+    ) -> None:
+        self.limiter = limiter
+        self.transport = httpx.AsyncHTTPTransport() if transport is None else transport
+        self.key = key
+        self.pauses = Pauses(
+            limiter.store.clock, max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        key = self.key(request)
+        pause, left = self.pauses.before(key)
+        if pause:
+            await self.limiter.store.clock.asleep(pause)
+        await self.limiter.acquire(key, left)
+        response = await self.transport.handle_async_request(request)
+        self.pauses.after(key, response.status_code, response.headers.get("retry-after"))
+        return response
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()

@@ -1,0 +1,163 @@
+"""Rate limiting for any WSGI application (Flask, Django, Pyramid, Bottle, ...).
+
+    from ratewarden import MemoryStore
+    from ratewarden.integrations.wsgi import RateLimitMiddleware
+    from ratewarden.rules import RuleEngine
+
+    app = RateLimitMiddleware(app, RuleEngine("rules.yaml", MemoryStore()))
+
+WSGI serves a request on a thread of its own, so the engine is the sync
+`RuleEngine` and a ``delay`` holds that thread (on the store's clock). No
+framework is imported: this module needs no extra.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from ..rules import Outcome, RuleEngine
+from ._request import HeaderMode, Reply, Responder, attributes, check_engine, content_length
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+else:
+    StartResponse = WSGIApplication = WSGIEnvironment = Any
+
+__all__ = [
+    "EnvironHeaders",
+    "RateLimitMiddleware",
+    "environ_attributes",
+    "environ_headers",
+    "status_line",
+]
+
+log = logging.getLogger("ratewarden.integrations")
+IdentifyEnviron = Callable[["WSGIEnvironment"], "Mapping[str, object] | None"]
+_UNPREFIXED = {"CONTENT_TYPE": "content-type", "CONTENT_LENGTH": "content-length"}
+
+
+def environ_headers(environ: WSGIEnvironment) -> dict[str, str]:
+    """The request headers by lower-case name (``HTTP_X_FORWARDED_FOR`` ->
+    ``x-forwarded-for``)."""
+    headers: dict[str, str] = {}
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            headers[key[5:].lower().replace("_", "-")] = value
+        elif key in _UNPREFIXED and value:
+            headers[_UNPREFIXED[key]] = value
+    return headers
+
+
+class EnvironHeaders(Mapping[str, str]):
+    """The request headers as a view over the environ: a lookup reads one key
+    (``x-forwarded-for`` -> ``HTTP_X_FORWARDED_FOR``) and nothing is copied, since
+    most rule sets never read a header."""
+
+    __slots__ = ("_environ",)
+
+    def __init__(self, environ: WSGIEnvironment) -> None:
+        self._environ = environ
+
+    def __getitem__(self, name: str) -> str:
+        key = _ENVIRON_KEYS.get(name) or "HTTP_" + name.upper().replace("-", "_")
+        value = self._environ.get(key)
+        if value is None or (key in _UNPREFIXED and not value):
+            raise KeyError(name)
+        return str(value)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(environ_headers(self._environ))
+
+    def __len__(self) -> int:
+        return len(environ_headers(self._environ))
+
+
+_ENVIRON_KEYS = {v: k for k, v in _UNPREFIXED.items()}
+
+
+def environ_attributes(
+    environ: WSGIEnvironment,
+    identity: Mapping[str, object] | None,
+    route: str | None = None,
+) -> dict[str, object]:
+    """The rule attributes of a WSGI request (see `_request.attributes`)."""
+    # PEP 3333 hands the path over as latin-1 text of the raw bytes
+    raw = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
+    path = raw if raw.isascii() else raw.encode("latin-1").decode("utf-8", "replace")
+    return attributes(
+        environ.get("REQUEST_METHOD", "GET"),
+        path or "/",
+        environ.get("REMOTE_ADDR"),
+        EnvironHeaders(environ),
+        body_size=content_length(environ.get("CONTENT_LENGTH")),
+        identity=identity,
+        route=route,
+    )
+
+
+def status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+def check(engine: RuleEngine, attributes: Mapping[str, object]) -> Outcome | None:
+    """The engine's outcome, delays waited out; None when the limiter failed
+    (logged): the request goes through."""
+    try:
+        return engine.check(attributes, wait=True)
+    except Exception:
+        log.exception("rate limiter failed; the request goes through unchecked")
+        return None
+
+
+def reply_headers(reply: Reply) -> list[tuple[str, str]]:
+    return [*reply.headers, ("Content-Length", str(len(reply.body)))]
+
+
+class RateLimitMiddleware:
+    """Checks every request against ``engine`` (a `RuleEngine`) before ``app``
+    sees it. ``identify(environ)`` returns the attributes only the application
+    knows (user, api_key, plan, org, ...); ``headers``, ``legacy`` and ``ietf``
+    and the handling of each action are as for the ASGI middleware
+    (`ratewarden.integrations.asgi.RateLimitMiddleware`)."""
+
+    def __init__(
+        self,
+        app: WSGIApplication,
+        engine: RuleEngine,
+        *,
+        identify: IdentifyEnviron | None = None,
+        headers: HeaderMode = "all",
+        legacy: bool = True,
+        ietf: bool = True,
+    ) -> None:
+        self.app = app
+        self.engine = check_engine(engine, RuleEngine, "RateLimitMiddleware (WSGI)")
+        self.identify = identify
+        self.responder = Responder(headers, legacy=legacy, ietf=ietf)
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        identity = None if self.identify is None else self.identify(environ)
+        outcome = check(self.engine, environ_attributes(environ, identity))
+        if outcome is None or outcome.allowed:
+            extra = [] if outcome is None else self.responder.passed(outcome)
+            if not extra:
+                return self.app(environ, start_response)
+
+            def start_with_headers(
+                status: str, headers: list[tuple[str, str]], exc_info: Any = None
+            ) -> Any:
+                return start_response(status, [*headers, *extra], exc_info)
+
+            return self.app(environ, start_with_headers)
+        reply = self.responder.refused(outcome)
+        start_response(status_line(reply.status), reply_headers(reply))
+        return [reply.body]
+
+    def __repr__(self) -> str:
+        return f"<RateLimitMiddleware {self.engine!r} headers={self.responder.mode!r}>"

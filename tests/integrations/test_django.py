@@ -1,0 +1,184 @@
+"""Django: the middleware (sync under WSGI, async under ASGI) and the view
+decorator on sync and async views, with settings configured here."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import django
+import pytest
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import AsyncClient, Client, override_settings
+from django.urls import path
+
+from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock, MemoryStore
+from ratewarden.integrations.django import limit
+from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleSet, loads
+
+from .conftest import RATE_HEADERS, expected_headers, state
+
+if not settings.configured:
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY="tests-only",
+        ALLOWED_HOSTS=["*"],
+        ROOT_URLCONF=__name__,
+        MIDDLEWARE=[],
+        USE_TZ=True,
+    )
+    django.setup()
+
+CALLS: list[str] = []
+ROUTE_RULES = """
+rules:
+  - {name: per-route, rate: 2/minute, by: route, match: {attributes: {route: "items/<int:id>"}}}
+"""
+ROUTE_ENGINES: dict[str, Any] = {}
+
+
+def view(request: HttpRequest) -> HttpResponse:
+    CALLS.append(request.path)
+    return JsonResponse({"ok": True})
+
+
+async def async_view(request: HttpRequest) -> HttpResponse:
+    CALLS.append(request.path)
+    return JsonResponse({"ok": True})
+
+
+def sync_item(request: HttpRequest, id: int) -> HttpResponse:
+    return ROUTE_ENGINES["sync"](request, id)  # type: ignore[no-any-return]
+
+
+async def async_item(request: HttpRequest, id: int) -> HttpResponse:
+    return await ROUTE_ENGINES["async"](request, id)  # type: ignore[no-any-return]
+
+
+urlpatterns = [
+    path("api/items", view),
+    path("api/async", async_view),
+    path("busy", view),
+    path("slow", async_view),
+    path("signup", view),
+    path("me", view),
+    path("items/<int:id>", sync_item),
+    path("aitems/<int:id>", async_item),
+]
+
+MIDDLEWARE = ["ratewarden.integrations.django.RateLimitMiddleware"]
+
+
+def identify(request: HttpRequest) -> dict[str, object] | None:
+    user = request.headers.get("X-User")
+    return {"user": user} if user else None
+
+
+def rate_headers(response: Any) -> dict[str, str]:
+    return {k.lower(): v for k, v in response.headers.items() if k.lower() in RATE_HEADERS}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls() -> None:
+    CALLS.clear()
+
+
+@pytest.mark.parametrize("kind", ["sync engine", "async engine"])
+def test_sync_middleware(
+    kind: str, ruleset: RuleSet, clock: FakeClock, store: MemoryStore, astore: AsyncMemoryStore
+) -> None:
+    engine: Any = (
+        RuleEngine(ruleset, store) if kind == "sync engine" else AsyncRuleEngine(ruleset, astore)
+    )
+    config = {"ENGINE": engine, "IDENTIFY": f"{__name__}.identify"}
+    with override_settings(MIDDLEWARE=MIDDLEWARE, RATEWARDEN=config):
+        client = Client(REMOTE_ADDR="203.0.113.7")
+        for remaining in (2, 1, 0):
+            response = client.get("/api/items")
+            assert response.status_code == 200
+            now = state(engine.store, ruleset, "api", "203.0.113.7")
+            assert now.remaining == remaining
+            assert rate_headers(response) == expected_headers(now, quota=3, window=60)
+        refused = client.get("/api/items")
+        assert refused.status_code == 429
+        assert refused["Content-Type"] == "application/problem+json"
+        assert refused.json()["violated-policies"] == ["api"]
+        exact = state(engine.store, ruleset, "api", "203.0.113.7").retry_after
+        header = int(refused["Retry-After"])
+        start = clock.time_ns()
+        clock.advance(exact - 0.001)
+        assert client.get("/api/items").status_code == 429
+        clock.now_ns = start + header * 1_000_000_000
+        assert client.get("/api/items").status_code == 200
+        assert [client.get("/busy").status_code for _ in range(2)] == [200, 503]
+        assert [client.get("/me", HTTP_X_USER="al").status_code for _ in range(3)][-1] == 429
+        client.post("/signup")
+        banned = client.post("/signup")
+        assert (banned.status_code, banned.json()) == (202, {"status": "pending"})
+    assert CALLS.count("/api/items") == 4
+    assert CALLS.count("/signup") == 1
+
+
+@pytest.mark.parametrize("kind", ["sync engine", "async engine"])
+def test_async_middleware(
+    kind: str, ruleset: RuleSet, clock: FakeClock, store: MemoryStore, astore: AsyncMemoryStore
+) -> None:
+    engine: Any = (
+        RuleEngine(ruleset, store) if kind == "sync engine" else AsyncRuleEngine(ruleset, astore)
+    )
+
+    async def scenario() -> list[Any]:
+        client = AsyncClient(REMOTE_ADDR="203.0.113.7")
+        return [await client.get("/api/async") for _ in range(4)] + [
+            await client.get("/slow") for _ in range(2)
+        ]
+
+    with override_settings(MIDDLEWARE=MIDDLEWARE, RATEWARDEN={"ENGINE": engine}):
+        start = clock.time_ns()
+        responses = asyncio.run(scenario())
+    assert [r.status_code for r in responses] == [200, 200, 200, 429, 200, 200]
+    assert rate_headers(responses[0])["x-ratelimit-remaining"] == "2"
+    assert responses[3].json()["violated-policies"] == ["api"]
+    assert clock.time_ns() - start == 1_000_000_000  # the second /slow was held 1 s
+    assert CALLS == ["/api/async"] * 3 + ["/slow"] * 2
+
+
+def test_view_decorator_on_sync_and_async_views(clock: FakeClock) -> None:
+    sync_engine = RuleEngine(loads(ROUTE_RULES), MemoryStore(clock=clock))
+    async_rules = loads(ROUTE_RULES.replace("items/", "aitems/"))
+    async_engine = AsyncRuleEngine(async_rules, AsyncMemoryStore(clock=clock))
+
+    @limit(sync_engine)
+    def item(request: HttpRequest, id: int) -> HttpResponse:
+        return JsonResponse({"id": id})
+
+    @limit(async_engine)
+    async def aitem(request: HttpRequest, id: int) -> HttpResponse:
+        return JsonResponse({"id": id})
+
+    ROUTE_ENGINES.update({"sync": item, "async": aitem})
+    with override_settings(MIDDLEWARE=[]):
+        client = Client()
+        sync_statuses = [client.get(f"/items/{i}").status_code for i in range(3)]
+
+        async def scenario() -> list[int]:
+            aclient = AsyncClient()
+            return [(await aclient.get(f"/aitems/{i}")).status_code for i in range(3)]
+
+        async_statuses = asyncio.run(scenario())
+    assert sync_statuses == [200, 200, 429]  # one counter for the route "items/<int:id>"
+    assert async_statuses == [200, 200, 429]
+
+
+def test_settings_are_checked() -> None:
+    with (
+        override_settings(MIDDLEWARE=MIDDLEWARE, RATEWARDEN={}),
+        pytest.raises(ConfigurationError, match="ENGINE"),
+    ):
+        Client().get("/api/items")
+    with (
+        override_settings(MIDDLEWARE=MIDDLEWARE, RATEWARDEN={"ENGINE": object()}),
+        pytest.raises(ConfigurationError, match="needs a RuleEngine or AsyncRuleEngine"),
+    ):
+        Client().get("/api/items")
