@@ -254,7 +254,7 @@ class _Servers:
             host, port = self.http_socket.getsockname()[:2]
             self.where.insert(0, f"HTTP on http://{host}:{port}")
 
-    async def run_until(self, stop: asyncio.Event) -> None:
+    async def run_until(self, stop: asyncio.Event, service: Any) -> None:
         waiting: set[asyncio.Future[Any]] = {asyncio.ensure_future(stop.wait())}
         http_task = None
         if self.http is not None:
@@ -262,6 +262,7 @@ class _Servers:
             waiting.add(http_task)
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         log.info("draining: up to %gs for requests in flight", self.options.drain)
+        service.draining = True  # /healthz and /readyz say 503 from now on
         stopping: list[Any] = []
         if self.grpc is not None:
             stopping.append(self.grpc.stop(self.options.drain))
@@ -306,8 +307,7 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         print(f"ratewarden {os.getpid()}: {', '.join(servers.where)}; rules {options.config}; "
               f"store {_redact(options.store)}{memory}", flush=True)  # fmt: skip
         log.info("serving: %s", ", ".join(servers.where))
-        await servers.run_until(stop)
-        service.draining = True
+        await servers.run_until(stop, service)
         log.info("stopped")
     finally:
         await servers.close()
