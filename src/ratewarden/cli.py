@@ -1,6 +1,8 @@
-"""The ``ratewarden`` command: ``demo``, ``check-config FILE``, ``explain FILE --attr k=v``.
+"""The ``ratewarden`` command: ``serve``, ``demo``, ``check-config FILE``,
+``explain FILE --attr k=v``.
 
-The rule commands import ``ratewarden.rules`` (and so PyYAML) only when they run.
+The rule commands import ``ratewarden.rules`` (and so PyYAML) only when they run,
+``serve`` the server packages only when it runs.
 """
 
 from __future__ import annotations
@@ -168,6 +170,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ratewarden", description=__doc__)
     parser.add_argument("--version", action="version", version=f"ratewarden {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the service: HTTP API, Envoy RLS gRPC, /auth")
+    try:
+        from .server import add_arguments  # noqa: PLC0415 - the server extra, if installed
+    except ImportError:
+        serve_missing = True
+    else:
+        serve_missing = False
+        add_arguments(serve)
     sub.add_parser("demo", help="show every algorithm and acquire() at work")
     check = sub.add_parser("check-config", help="check a rule file; print its compiled rules")
     check.add_argument("file")
@@ -185,6 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="a request header")  # fmt: skip
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            if serve_missing:
+                print("ratewarden serve needs: pip install 'ratewarden[server,grpc]'",
+                      file=sys.stderr)  # fmt: skip
+                return 1
+            from .server import options_from, run  # noqa: PLC0415
+
+            return run(options_from(args))
         if args.command == "demo":
             demo()
         elif args.command == "check-config":

@@ -316,3 +316,25 @@ def test_outcome_headers_name_every_enforced_limit() -> None:
     preview = engine.check({"method": "GET", "path": "/api/preview/1", "user": "u2"})
     assert "per-user" in dict(preview.headers())["RateLimit-Policy"]
     assert "preview" not in dict(preview.headers())["RateLimit-Policy"]  # log_only: never shown
+
+
+def test_cost_multiplies_what_every_rule_charges() -> None:
+    engine = RuleEngine(loads(RULES), MemoryStore(clock=FakeClock()))
+    request = {"path": "/api/orders", "user": "u"}
+    outcome = engine.check(request, cost=3)  # per-endpoint 3/minute: exactly full
+    assert outcome.allowed
+    assert outcome.decision is not None
+    assert outcome.decision.remaining == 0
+    assert not engine.check(request).allowed
+    with pytest.raises(ConfigurationError, match="cost must be an integer >= 1"):
+        engine.check(request, cost=0)
+
+
+def test_async_cost_is_the_same() -> None:
+    async def main() -> None:
+        engine = AsyncRuleEngine(loads(RULES), AsyncMemoryStore(clock=FakeClock()))
+        request = {"path": "/api/orders", "user": "u"}
+        assert not (await engine.acheck(request, cost=4)).allowed  # more than 3 at once
+        assert (await engine.acheck(request, cost=3)).allowed
+
+    asyncio.run(main())

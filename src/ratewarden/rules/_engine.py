@@ -204,8 +204,10 @@ class _Core(Generic[L]):
         return f"<{type(self).__name__} {len(ruleset)} rules{source} on {store!r}>"
 
     def _plan(
-        self, attributes: Mapping[str, object]
+        self, attributes: Mapping[str, object], cost: int = 1
     ) -> tuple[RuleSet, list[Applicable], list[tuple[L, str, int]], list[tuple[L, str, int]]]:
+        if type(cost) is not int or cost < 1:
+            raise ConfigurationError(f"cost must be an integer >= 1, got {cost!r}")
         bound = self._bound  # read once: a reload in between cannot mix two rule sets
         applicable = bound.ruleset.evaluate(attributes)
         limiters = bound.limiters
@@ -213,7 +215,7 @@ class _Core(Generic[L]):
         shadow: list[tuple[L, str, int]] = []
         for a in applicable:
             (shadow if a.rule.action == "log_only" else enforced).append(
-                (limiters[a.slot], a.key, a.cost)
+                (limiters[a.slot], a.key, a.cost * cost)
             )
         return bound.ruleset, applicable, enforced, shadow
 
@@ -262,11 +264,15 @@ class RuleEngine(_Core[Limiter]):
             refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
         )  # fmt: skip
 
-    def check(self, attributes: Mapping[str, object], *, wait: bool = False) -> Outcome:
+    def check(
+        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
+    ) -> Outcome:
         """Count the request described by ``attributes``. With ``wait=True`` a
         ``delay`` outcome is waited out on the store's clock (up to the rule's
-        ``max_wait`` in all) and the request checked again."""
-        outcome = self._check_once(attributes)
+        ``max_wait`` in all) and the request checked again. ``cost`` multiplies what
+        every rule charges (a batch of ``cost`` requests checked as one, as the
+        service's ``cost`` field and envoy's ``hits_addend`` ask)."""
+        outcome = self._check_once(attributes, cost)
         if not wait or outcome.action != "delay" or outcome.rule is None:
             return outcome
         clock = self.store.clock
@@ -275,12 +281,12 @@ class RuleEngine(_Core[Limiter]):
             if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
                 return _too_long(outcome)
             clock.sleep(outcome.wait)
-            outcome = self._check_once(attributes)
+            outcome = self._check_once(attributes, cost)
             if outcome.action != "delay":
                 return outcome
 
-    def _check_once(self, attributes: Mapping[str, object]) -> Outcome:
-        ruleset, applicable, enforced, shadow = self._plan(attributes)
+    def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
+        ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
         decision = hit_many(enforced) if enforced else None
         report = None
         if shadow and (decision is None or decision.allowed):
@@ -302,9 +308,11 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
             refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
         )  # fmt: skip
 
-    async def acheck(self, attributes: Mapping[str, object], *, wait: bool = False) -> Outcome:
+    async def acheck(
+        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
+    ) -> Outcome:
         """The twin of `RuleEngine.check`; waiting never blocks the event loop."""
-        outcome = await self._check_once(attributes)
+        outcome = await self._check_once(attributes, cost)
         if not wait or outcome.action != "delay" or outcome.rule is None:
             return outcome
         clock = self.store.clock
@@ -313,12 +321,12 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
             if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
                 return _too_long(outcome)
             await clock.asleep(outcome.wait)
-            outcome = await self._check_once(attributes)
+            outcome = await self._check_once(attributes, cost)
             if outcome.action != "delay":
                 return outcome
 
-    async def _check_once(self, attributes: Mapping[str, object]) -> Outcome:
-        ruleset, applicable, enforced, shadow = self._plan(attributes)
+    async def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
+        ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
         decision = await ahit_many(enforced) if enforced else None
         report = None
         if shadow and (decision is None or decision.allowed):

@@ -1,0 +1,500 @@
+"""The HTTP API as a plain ASGI app (no framework: a dict of routes and msgspec).
+
+A raw app, not Starlette: on this project's VM a Starlette route for
+``/v1/check`` served about a third fewer checks per second than this under the
+same uvicorn (bench/RESULTS.md, "The service"), and the API is a handful of
+fixed routes that need none of a framework's routing, middleware or request
+objects.
+
+Routes (``openapi()`` documents the same, from the same msgspec types):
+
+    POST   /v1/check          one check -> CheckResult
+    POST   /v1/check/batch    up to 1000 checks -> {"results": [...]}
+    GET    /v1/rules          the rules in force
+    POST   /v1/reload         load the rule file again (admin)
+    DELETE /v1/keys/{key}     forget a key, in every limit or one rule's (admin)
+    ANY    /auth              for gateways: 200, or 429 + Retry-After + X-RateLimit-*
+    GET    /healthz /readyz   alive / the store answers
+    GET    /metrics           Prometheus
+    GET    /openapi.json      this API
+
+Bad input is a 4xx with ``{"error": ...}``; the body size is limited.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+import msgspec
+
+from .._errors import ConfigurationError, StoreError
+from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
+from ._metrics import CONTENT_TYPE_LATEST
+from ._service import InvalidRequest, Service
+
+__all__ = ["App", "auth_attributes"]
+
+log = logging.getLogger("ratewarden.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+_JSON = [(b"content-type", b"application/json")]
+_encode = msgspec.json.Encoder().encode
+_decode_check = msgspec.json.Decoder(CheckRequest).decode
+_decode_batch = msgspec.json.Decoder(BatchRequest).decode
+
+# Headers a gateway forwards about the original request, and the attribute each
+# becomes (nginx sets the X-Original-* ones in its auth_request location;
+# Traefik's forwardAuth sends the X-Forwarded-* ones).
+_AUTH_HEADERS = {
+    b"x-original-uri": "path",
+    b"x-forwarded-uri": "path",
+    b"x-original-method": "method",
+    b"x-forwarded-method": "method",
+    b"x-api-key": "api_key",
+    b"x-user": "user",
+    b"x-org": "org",
+    b"x-plan": "plan",
+    b"x-forwarded-host": "host",
+}
+
+
+# The methods a gateway's subrequest may carry (nginx's is the original one's).
+AUTH_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE")
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, headers: Headers | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or []
+
+
+def auth_attributes(headers: Headers, peer: str | None) -> dict[str, object]:
+    """The attributes of the request a gateway asks about, from its headers.
+
+    ``ip`` is the peer (the gateway) and every header goes into ``headers``, so
+    the rule file's ``client_ip.trusted_proxies`` decides whether X-Forwarded-For
+    is believed, as for any other front end."""
+    attributes: dict[str, object] = {}
+    header_map: dict[str, str] = {}
+    for raw_name, raw_value in headers:
+        value = raw_value.decode("latin-1")
+        header_map[raw_name.decode("latin-1")] = value
+        name = _AUTH_HEADERS.get(raw_name)
+        if name is not None and name not in attributes:
+            attributes[name] = value
+    path = attributes.get("path")
+    if isinstance(path, str) and "?" in path:
+        attributes["path"] = path.partition("?")[0]
+    attributes.setdefault("method", "GET")
+    if peer is not None:
+        attributes["ip"] = peer
+    attributes["headers"] = header_map
+    return attributes
+
+
+class App:
+    """The ASGI app of a `Service`. ``token``: the bearer token every endpoint
+    but health needs (``open_checks``: the check endpoints, rules, metrics and
+    the OpenAPI document need none, the admin ones still do)."""
+
+    def __init__(
+        self,
+        service: Service,
+        *,
+        token: str | None = None,
+        open_checks: bool = False,
+        max_body: int = 64 * 1024,
+    ) -> None:
+        if token is not None and not token:
+            raise ConfigurationError("the bearer token must not be empty")
+        if type(max_body) is not int or max_body < 1024:
+            raise ConfigurationError(f"max_body must be >= 1024 bytes, got {max_body!r}")
+        self.service = service
+        self._token = None if token is None else b"Bearer " + token.encode()
+        self.open_checks = open_checks
+        self.max_body = max_body
+        self._openapi = json.dumps(
+            openapi(secured=token is not None, open_checks=open_checks)
+        ).encode()
+        observe = service.metrics.observe
+        self._observe = observe
+        # (method, path) -> (handler, endpoint name for metrics, who may call it)
+        self._routes: dict[tuple[str, str], tuple[_Handler, str, str]] = {
+            ("POST", "/v1/check"): (self._check, "check", "check"),
+            ("POST", "/v1/check/batch"): (self._batch, "batch", "check"),
+            ("GET", "/v1/rules"): (self._rules, "rules", "check"),
+            ("POST", "/v1/reload"): (self._reload, "reload", "admin"),
+            ("GET", "/healthz"): (self._health, "healthz", "public"),
+            ("GET", "/readyz"): (self._ready, "readyz", "public"),
+            ("GET", "/metrics"): (self._metrics, "metrics", "check"),
+            ("GET", "/openapi.json"): (self._openapi_doc, "openapi", "check"),
+        }
+        self._paths = {path for _, path in self._routes} | {"/auth"}
+        self._allowed = {
+            path: ", ".join(sorted(m for m, p in self._routes if p == path)) for path in self._paths
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await _lifespan(receive, send)
+        # websockets: not ours; the server closes them
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        method: str = scope["method"]
+        path: str = scope["path"]
+        endpoint = "other"
+        try:
+            if path == "/auth":
+                endpoint = "auth"
+                if method not in AUTH_METHODS:
+                    raise _HTTPError(405, f"{method} is not allowed on /auth",
+                                     [(b"allow", ", ".join(AUTH_METHODS).encode())])  # fmt: skip
+                self._authorize(scope, "check")
+                status, headers, body = await self._auth(scope, receive)
+            else:
+                route = self._routes.get((method, path))
+                if route is None:
+                    if path.startswith("/v1/keys/") and method == "DELETE":
+                        endpoint = "keys"
+                        self._authorize(scope, "admin")
+                        status, headers, body = await self._reset(scope)
+                    elif path in self._paths or path.startswith("/v1/keys/"):
+                        allow = self._allowed.get(path, "DELETE")
+                        raise _HTTPError(405, f"{method} is not allowed on {path}",
+                                         [(b"allow", allow.encode())])  # fmt: skip
+                    else:
+                        raise _HTTPError(404, f"no such endpoint: {path}")
+                else:
+                    handler, endpoint, who = route
+                    self._authorize(scope, who)
+                    status, headers, body = await handler(scope, receive)
+        except _HTTPError as exc:
+            status, headers, body = exc.status, _JSON + exc.headers, _encode(Problem(exc.message))
+        except InvalidRequest as exc:
+            status, headers, body = exc.status, _JSON, _encode(Problem(str(exc)))
+        except StoreError as exc:  # a limit whose failure policy is "raise"
+            self.service.metrics.store_errors.inc()
+            status, headers, body = 503, _JSON, _encode(Problem(f"store unavailable: {exc}"))
+        # with a length, uvicorn sends the body as it is instead of chunking it
+        headers = [*headers, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        self._observe(endpoint, time.perf_counter() - started)
+
+    def _authorize(self, scope: Scope, who: str) -> None:
+        if self._token is None or who == "public" or (who == "check" and self.open_checks):
+            return
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                if hmac.compare_digest(value, self._token):
+                    return
+                break
+        raise _HTTPError(
+            401,
+            "a valid bearer token is needed",
+            [(b"www-authenticate", b'Bearer realm="ratewarden"')],
+        )
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.max_body
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                raise _HTTPError(413, f"the body is larger than {limit} bytes")
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _HTTPError(400, "the client went away")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _HTTPError(413, f"the body is larger than {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    # -- handlers: each returns (status, headers, body) -------------------------
+
+    async def _check(self, scope: Scope, receive: Receive) -> _Answer:
+        request = _parse(_decode_check, await self._body(scope, receive))
+        result = await self.service.check(request)
+        return 200, _JSON, _encode(result)
+
+    async def _batch(self, scope: Scope, receive: Receive) -> _Answer:
+        batch = _parse(_decode_batch, await self._body(scope, receive))
+        results: list[CheckResult] = []
+        for request in batch.checks:  # in order: a batch counts as its checks would
+            try:
+                results.append(await self.service.check(request))
+            except InvalidRequest as exc:
+                error = type(exc)(f"checks[{len(results)}]: {exc}")
+                raise error from None
+        return 200, _JSON, _encode(BatchResult(results))
+
+    async def _rules(self, scope: Scope, receive: Receive) -> _Answer:
+        return 200, _JSON, _encode(self.service.describe())
+
+    async def _reload(self, scope: Scope, receive: Receive) -> _Answer:
+        try:
+            answer = await self.service.reload()
+        except ConfigurationError as exc:
+            message = f"not reloaded, the rules in force stay: {exc}"
+            return 422, _JSON, _encode(Problem(message))
+        return 200, _JSON, _encode(answer)
+
+    async def _reset(self, scope: Scope) -> _Answer:
+        key = unquote(scope["path"][len("/v1/keys/") :])
+        if not key:
+            raise _HTTPError(400, "no key given: DELETE /v1/keys/{key}")
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        rule = query.get("rule", [None])[-1]
+        count = await self.service.reset(key, rule)
+        return 200, _JSON, _encode({"key": key, "limits_reset": count})
+
+    async def _health(self, scope: Scope, receive: Receive) -> _Answer:
+        if self.service.draining:
+            return 503, _JSON, _encode({"status": "draining"})
+        return 200, _JSON, b'{"status":"ok"}'
+
+    async def _ready(self, scope: Scope, receive: Receive) -> _Answer:
+        if self.service.draining:
+            return 503, _JSON, _encode({"status": "draining"})
+        problem = await self.service.ready()
+        if problem is not None:
+            return 503, _JSON, _encode({"status": problem})
+        return 200, _JSON, b'{"status":"ready"}'
+
+    async def _metrics(self, scope: Scope, receive: Receive) -> _Answer:
+        body = self.service.metrics.exposition()
+        return 200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], body
+
+    async def _openapi_doc(self, scope: Scope, receive: Receive) -> _Answer:
+        return 200, _JSON, self._openapi
+
+    async def _auth(self, scope: Scope, receive: Receive) -> _Answer:
+        client = scope.get("client")
+        attributes = auth_attributes(scope["headers"], None if client is None else client[0])
+        # a gateway holds the request while a delay rule waits; it cannot wait itself
+        outcome = await self.service.check_attributes(attributes, wait=True)
+        headers = [(k.lower().encode(), v.encode()) for k, v in outcome.headers()]
+        if outcome.allowed:
+            return 200, headers, b""
+        if outcome.action == "shadow_ban" and outcome.response is not None:
+            response = outcome.response
+            headers += [(k.lower().encode(), v.encode()) for k, v in response.headers.items()]
+            return response.status, headers, response.body.encode()
+        problem = _encode(Problem(f"rate limited by {_rule_name(outcome)}"))
+        return outcome.status, _JSON + headers, problem
+
+
+_Answer = tuple[int, Headers, bytes]
+_Handler = Callable[[Scope, Receive], Awaitable[_Answer]]
+
+
+def _rule_name(outcome: Any) -> str:
+    return outcome.rule.name if outcome.rule is not None else "a limit"
+
+
+def _parse(decode: Callable[[bytes], Any], body: bytes) -> Any:
+    if not body:
+        raise _HTTPError(400, "the request needs a JSON body")
+    try:
+        return decode(body)
+    except msgspec.ValidationError as exc:
+        raise _HTTPError(422, f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise _HTTPError(400, f"malformed JSON: {exc}") from None
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, Any]:
+    """The OpenAPI 3.1 document, its schemas made by msgspec from the types the
+    app decodes and encodes, so that it cannot drift from what the app does;
+    ``secured``: a bearer token is required, as `App` requires it."""
+    (check_req, batch_req, check_res, batch_res, problem), components = (
+        msgspec.json.schema_components(
+            [CheckRequest, BatchRequest, CheckResult, BatchResult, Problem],
+            ref_template="#/components/schemas/{name}",
+        )
+    )
+    errors = {"content": {"application/json": {"schema": problem}}}
+    # what msgspec cannot say: a cost is a whole number (read as a float, so that
+    # 3.0 passes as JSON Schema's integer does), and attributes, or a domain
+    # with descriptors, not both
+    components["CheckRequest"]["properties"]["cost"]["type"] = "integer"
+    components["CheckRequest"]["oneOf"] = [
+        {"required": ["attributes"],
+         "properties": {"attributes": {"type": "object"}, "domain": {"type": "null"},
+                        "descriptors": {"type": "null"}}},
+        {"required": ["domain", "descriptors"],
+         "properties": {"attributes": {"type": "null"}, "domain": {"type": "string"},
+                        "descriptors": {"type": "array"}}},
+    ]  # fmt: skip
+
+    def answer(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"description": description}
+        if schema is not None:
+            out["content"] = {"application/json": {"schema": schema}}
+        return out
+
+    def errs(*codes: int) -> dict[str, Any]:
+        words = {400: "Bad request", 401: "No valid bearer token", 404: "Unknown domain or rule",
+                 413: "Body too large",
+                 422: "Invalid request", 503: "The store is unavailable"}  # fmt: skip
+        return {str(c): {"description": words[c], **errors} for c in codes}
+
+    obj = {"type": "object"}
+    body = {"required": True, "content": {"application/json": {"schema": check_req}}}
+    batch_body = {"required": True, "content": {"application/json": {"schema": batch_req}}}
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "ratewarden", "version": "1"},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/check": {
+                "post": {
+                    "operationId": "check",
+                    "summary": "Count one request against the limits that apply to it",
+                    "requestBody": body,
+                    "responses": {
+                        "200": answer("The decision", check_res),
+                        **errs(400, 401, 404, 413, 422, 503),
+                    },
+                }
+            },
+            "/v1/check/batch": {
+                "post": {
+                    "operationId": "checkBatch",
+                    "summary": "Several checks, in order",
+                    "requestBody": batch_body,
+                    "responses": {
+                        "200": answer("One decision per check", batch_res),
+                        **errs(400, 401, 404, 413, 422, 503),
+                    },
+                }
+            },
+            "/v1/rules": {
+                "get": {
+                    "operationId": "rules",
+                    "responses": {"200": answer("The rules in force", obj), **errs(401)},
+                }
+            },
+            "/v1/reload": {
+                "post": {
+                    "operationId": "reload",
+                    "summary": "Load the rule file again; a bad file leaves the rules in force",
+                    "responses": {"200": answer("Reloaded", obj), **errs(401, 422)},
+                }
+            },
+            "/v1/keys/{key}": {
+                "delete": {
+                    "operationId": "resetKey",
+                    "parameters": [
+                        {
+                            "name": "key",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "minLength": 1},
+                        },
+                        {
+                            "name": "rule",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "string"},
+                        },
+                    ],
+                    "responses": {"200": answer("Forgotten", obj), **errs(400, 401, 404)},
+                }
+            },
+            # a gateway's subrequest may come with the original request's method
+            "/auth": {
+                method: {
+                    "operationId": f"auth_{method}",
+                    "summary": "For gateways: the original request described by headers",
+                    "responses": {
+                        "200": answer("Allowed"),
+                        "429": answer("Over the limit", problem),
+                        **errs(401, 503),
+                    },
+                }
+                for method in (m.lower() for m in AUTH_METHODS)
+            },
+            "/healthz": {
+                "get": {
+                    "operationId": "health",
+                    "security": [],
+                    "responses": {"200": answer("Alive", obj), "503": answer("Draining", obj)},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "operationId": "ready",
+                    "security": [],
+                    "responses": {"200": answer("Ready", obj), "503": answer("Not ready", obj)},
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "operationId": "metrics",
+                    "responses": {
+                        "200": {
+                            "description": "Prometheus text format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        },
+                        **errs(401),
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "operationId": "openapi",
+                    "responses": {"200": answer("This document", obj), **errs(401)},
+                }
+            },
+        },
+    }
+    if not secured:
+        del document["security"]
+        for operation in _operations(document):
+            operation.pop("security", None)
+    elif open_checks:
+        for path in ("/v1/check", "/v1/check/batch", "/v1/rules", "/auth", "/metrics",
+                     "/openapi.json"):  # fmt: skip
+            for operation in document["paths"][path].values():
+                operation["security"] = []
+    return document
+
+
+def _operations(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [op for item in document["paths"].values() for op in item.values()]

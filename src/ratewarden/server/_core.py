@@ -1,0 +1,256 @@
+"""What the HTTP API and the gRPC service share, without I/O: the request and
+answer shapes, and the translations between them and the rule engine.
+
+A check is either **attributes** (``{"attributes": {"path": ..., "ip": ...}}``,
+matched by the YAML rules) or **descriptors** in envoy's shape (``{"domain": ...,
+"descriptors": [{"entries": [{"key": ..., "value": ...}]}]}``). Descriptors of a
+domain configured with ``--envoy-config`` follow envoyproxy/ratelimit's
+semantics (`ratewarden.rules.EnvoyConfig`); descriptors of the rules' own domain
+(``--domain``, "ratewarden" by default) are merged into attributes and matched
+by the YAML rules, so Envoy can use the same rule file as everything else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from .._decision import Decision
+from .._headers import rate_limit_headers
+from ..rules import EnvoyLimit, EnvoyResult, Outcome
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_COST",
+    "BatchRequest",
+    "BatchResult",
+    "CheckRequest",
+    "CheckResult",
+    "Descriptor",
+    "DescriptorStatus",
+    "Entry",
+    "Problem",
+    "descriptor_attributes",
+    "envoy_result",
+    "outcome_result",
+]
+
+# hits_addend is a uint32 on envoy's wire; a cost above it is surely a mistake.
+MAX_COST = 2**32 - 1
+MAX_BATCH = 1000
+MAX_DESCRIPTORS = 64
+MAX_ENTRIES = 64
+# Envoy's descriptor keys for what the YAML rules call by other names: a
+# `remote_address` action sends the client address, `request_headers` actions
+# carry what their descriptor_key says (path, method, ... by convention).
+ENVOY_ALIASES = {"remote_address": "ip", "source_cluster": "source", "destination_cluster": "dest"}
+
+# A float type only so that 3.0 is read as 3, as JSON Schema's "integer" allows;
+# the document says integer and `whole_cost` refuses 2.5.
+Cost = Annotated[float, msgspec.Meta(ge=1, le=MAX_COST)]
+
+
+class Entry(msgspec.Struct, forbid_unknown_fields=True):
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    value: Annotated[str, msgspec.Meta(max_length=8192)]
+
+
+class Descriptor(msgspec.Struct, forbid_unknown_fields=True):
+    entries: Annotated[list[Entry], msgspec.Meta(min_length=1, max_length=MAX_ENTRIES)]
+
+
+class CheckRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Either ``attributes`` or ``domain`` + ``descriptors``; ``cost`` is how many
+    requests this one counts as (every rule's own cost is multiplied by it)."""
+
+    attributes: dict[str, Any] | None = None
+    domain: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    descriptors: (
+        Annotated[list[Descriptor], msgspec.Meta(min_length=1, max_length=MAX_DESCRIPTORS)] | None
+    ) = None
+    cost: Cost = 1
+
+
+class BatchRequest(msgspec.Struct, forbid_unknown_fields=True):
+    checks: Annotated[list[CheckRequest], msgspec.Meta(min_length=1, max_length=MAX_BATCH)]
+
+
+class DescriptorStatus(msgspec.Struct, omit_defaults=True):
+    """One descriptor's answer, as envoy's DescriptorStatus: ``limit`` and the
+    counts are given for the descriptor whose limit spoke for the request."""
+
+    code: Literal["OK", "OVER_LIMIT"]
+    limit: str | None = None
+    requests_per_unit: int | None = None
+    unit_seconds: int | None = None
+    remaining: int | None = None
+    reset_after: float | None = None
+
+
+class Shadow(msgspec.Struct):
+    """What the ``log_only`` (or shadow_mode) limits would have said."""
+
+    allowed: bool
+    rule: str | None
+
+
+class CheckResult(msgspec.Struct):
+    """The answer to one check. ``allowed``: let it through; ``action`` what to do
+    (allow, reject, delay (hold ``wait`` seconds, then check again), shadow_ban);
+    ``status``: the HTTP status to answer; ``headers``: the rate-limit headers to
+    send (X-RateLimit-*, RateLimit, RateLimit-Policy, Retry-After)."""
+
+    allowed: bool
+    action: Literal["allow", "reject", "delay", "shadow_ban"]
+    status: int
+    rule: str | None
+    limit: int | None
+    remaining: int | None
+    reset_after: float | None
+    retry_after: float | None  # null: no retry can ever pass (a cost above the limit)
+    wait: float
+    degraded: bool
+    headers: dict[str, str]
+    shadow: Shadow | None = None
+    statuses: list[DescriptorStatus] | None = None
+    body: str | None = None  # what a shadow-banned request is answered
+
+
+class BatchResult(msgspec.Struct):
+    results: list[CheckResult]
+
+
+class Problem(msgspec.Struct):
+    """Every 4xx and 5xx answer: what was wrong, in words."""
+
+    error: str
+
+
+def whole_cost(cost: float) -> int:
+    if not float(cost).is_integer():
+        raise ValueError(f"cost must be a whole number, got {cost!r}")
+    return int(cost)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _counts(decision: Decision | None) -> tuple[int | None, int | None, float | None]:
+    if decision is None or decision.degraded:
+        return None, None, None
+    return decision.limit, max(decision.remaining, 0), _finite(decision.reset_after)
+
+
+def _shadow(decision: Decision | None) -> Shadow | None:
+    return None if decision is None else Shadow(decision.allowed, decision.rule)
+
+
+def outcome_result(outcome: Outcome) -> CheckResult:
+    """The rule engine's `Outcome` as the API answers it."""
+    decision = outcome.decision
+    limit, remaining, reset = _counts(decision)
+    rule = outcome.rule.name if outcome.rule is not None else None
+    if rule is None and decision is not None and not decision.allowed:
+        rule = decision.rule
+    response = outcome.response
+    headers = dict(outcome.headers())
+    body = None
+    if outcome.action == "shadow_ban" and response is not None:
+        headers.update(response.headers)
+        body = response.body
+    return CheckResult(
+        outcome.allowed, outcome.action, outcome.status, rule, limit, remaining, reset,
+        _finite(outcome.retry_after), outcome.wait, decision is not None and decision.degraded,
+        headers, _shadow(outcome.shadow), body=body,
+    )  # fmt: skip
+
+
+def descriptor_attributes(
+    domain: str, descriptors: Sequence[Sequence[tuple[str, str]]]
+) -> dict[str, object]:
+    """Descriptors of the rules' own domain as attributes for the YAML rules:
+    every entry of every descriptor, later ones winning, envoy's names aliased
+    (``remote_address`` is ``ip``), and the domain itself as ``domain``."""
+    attributes: dict[str, object] = {"domain": domain}
+    for entries in descriptors:
+        for key, value in entries:
+            attributes[ENVOY_ALIASES.get(key, key)] = value
+    return attributes
+
+
+def envoy_statuses(result: EnvoyResult) -> list[DescriptorStatus]:
+    """One status per descriptor. The Decision of a request covers all its limits
+    (the one closest to denying speaks), so the counts go to the descriptor whose
+    limit that is; the others get their code only (envoy takes the x-ratelimit
+    headers from the status with a limit, so they stay right)."""
+    decision = result.decision
+    spoken = False
+    out: list[DescriptorStatus] = []
+    for limit in result.limits:
+        if limit is None or limit.unlimited or limit.shadow:
+            out.append(DescriptorStatus("OK"))
+            continue
+        speaks = not spoken and decision is not None and decision.rule == limit.path
+        if not speaks or decision is None:
+            out.append(DescriptorStatus("OK"))
+            continue
+        spoken = True
+        out.append(_status(limit, decision))
+    return out
+
+
+def _status(limit: EnvoyLimit, decision: Decision) -> DescriptorStatus:
+    code: Literal["OK", "OVER_LIMIT"] = "OK" if decision.allowed else "OVER_LIMIT"
+    per_unit = 0 if limit.blocked else decision.limit
+    if decision.degraded:
+        return DescriptorStatus(code, limit.name or limit.path)
+    return DescriptorStatus(
+        code, limit.name or limit.path, per_unit, limit.period, max(decision.remaining, 0),
+        _finite(decision.reset_after),
+    )  # fmt: skip
+
+
+def envoy_result(result: EnvoyResult) -> CheckResult:
+    """An envoy-style check's answer: 429 when over the limit."""
+    decision = result.decision
+    limit, remaining, reset = _counts(decision)
+    headers: dict[str, str] = {}
+    retry: float | None = 0.0
+    if decision is not None:
+        headers = dict(rate_limit_headers(decision, ietf=False))
+        retry = _finite(decision.retry_after)
+    allowed = result.overall_ok
+    return CheckResult(
+        allowed, "allow" if allowed else "reject", 200 if allowed else 429,
+        None if allowed or decision is None else decision.rule, limit, remaining, reset,
+        retry, 0.0, decision is not None and decision.degraded, headers,
+        _shadow(result.shadow), envoy_statuses(result),
+    )  # fmt: skip
+
+
+def rule_statuses(outcome: Outcome, count: int) -> list[DescriptorStatus]:
+    """Statuses for descriptors the YAML rules decided: they were checked as one
+    request, so each carries that request's code, and the first its counts."""
+    decision = outcome.decision
+    code: Literal["OK", "OVER_LIMIT"] = "OK" if outcome.allowed else "OVER_LIMIT"
+    out = [DescriptorStatus(code) for _ in range(count)]
+    if out and decision is not None and not decision.degraded:
+        rule = outcome.rule.name if outcome.rule is not None else decision.rule
+        period = None
+        for applicable in outcome.limits:
+            if applicable.limit.name == decision.rule:
+                period = applicable.limit.rate.period
+                break
+        out[0] = DescriptorStatus(
+            code, rule, decision.limit, None if period is None else math.ceil(period),
+            max(decision.remaining, 0), _finite(decision.reset_after),
+        )  # fmt: skip
+    return out
+
+
+def entries_of(descriptors: Sequence[Descriptor]) -> list[list[tuple[str, str]]]:
+    return [[(e.key, e.value) for e in d.entries] for d in descriptors]

@@ -1,0 +1,389 @@
+"""``ratewarden serve``: the options, the store, uvicorn and grpc.aio on one event
+loop, JSON logs, SIGTERM drains, SIGHUP reloads, ``--workers`` forks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._errors import ConfigurationError
+from ..stores import AsyncMemoryStore, AsyncStore
+
+__all__ = ["ServeOptions", "add_arguments", "options_from", "run"]
+
+log = logging.getLogger("ratewarden.server")
+
+DEFAULT_HTTP = "127.0.0.1:8080"
+DEFAULT_GRPC = "127.0.0.1:8081"
+
+
+def default_rules() -> str:
+    """The example rule file of the repository (a checkout or an editable install)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "examples" / "rules.yaml"
+        if candidate.is_file():
+            return str(candidate)
+    raise ConfigurationError("no --config given and no examples/rules.yaml found")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    config: str
+    store: str = "memory"
+    http: str | None = DEFAULT_HTTP
+    grpc: str | None = DEFAULT_GRPC
+    envoy_config: tuple[str, ...] = ()
+    domain: str = "ratewarden"
+    token: str | None = None
+    open_checks: bool = False
+    max_body: int = 64 * 1024
+    max_keys: int = 1_000_000
+    store_timeout: float = 0.05
+    workers: int = 1
+    drain: float = 10.0
+    log_format: str = "json"
+    log_level: str = "info"
+    grpc_tls: tuple[str | None, str | None, str | None] = (None, None, None)
+
+
+def _address(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigurationError(f"{what} takes HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--config", metavar="RULES.yaml",
+        help="the rule file (default: the repository's examples/rules.yaml)")  # fmt: skip
+    add("--store", default="memory", metavar="URL",
+        help="memory (default), redis://, rediss://, unix://, redis+cluster://h:p,h:p "
+        "or redis+sentinel://h:p/service")  # fmt: skip
+    add("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
+        help=f"the HTTP API (default {DEFAULT_HTTP}; 'off' for none)")  # fmt: skip
+    add("--grpc", default=DEFAULT_GRPC, metavar="HOST:PORT",
+        help=f"Envoy's RLS v3 over gRPC (default {DEFAULT_GRPC}; 'off' for none)")  # fmt: skip
+    add("--envoy-config", action="append", default=[], metavar="FILE",
+        help="an envoyproxy/ratelimit config file (one domain each; repeat)")  # fmt: skip
+    add("--domain", default="ratewarden",
+        help="the envoy domain whose descriptors the rule file decides")  # fmt: skip
+    add("--token-file", metavar="FILE",
+        help="a bearer token every endpoint but health needs (or $RATEWARDEN_TOKEN)")  # fmt: skip
+    add("--open-checks", action="store_true",
+        help="with a token: checks, /auth, rules and metrics need none "
+        "(reload and key resets still do)")  # fmt: skip
+    add("--max-body", type=int, default=64 * 1024, metavar="BYTES")
+    add("--max-keys", type=int, default=1_000_000,
+        help="the memory store's bound (least recently used keys go first)")  # fmt: skip
+    add("--store-timeout", type=float, default=0.05, metavar="SECONDS")
+    add("--workers", type=int, default=1,
+        help="processes (a Redis store only: the memory store is per process)")  # fmt: skip
+    add("--drain", type=float, default=10.0, metavar="SECONDS",
+        help="on SIGTERM, how long requests in flight may take to finish")  # fmt: skip
+    add("--log-format", choices=("json", "text"), default="json")
+    add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add("--grpc-cert", metavar="PEM", help="TLS for gRPC: certificate chain")
+    add("--grpc-key", metavar="PEM", help="TLS for gRPC: private key")
+    add("--grpc-client-ca", metavar="PEM",
+        help="mTLS for gRPC: clients must show a certificate from this CA")  # fmt: skip
+
+
+def options_from(args: argparse.Namespace) -> ServeOptions:
+    token = os.environ.get("RATEWARDEN_TOKEN") or None
+    if args.token_file is not None:
+        token = Path(args.token_file).read_text().strip()
+        if not token:
+            raise ConfigurationError(f"{args.token_file} holds no token")
+    return ServeOptions(
+        config=args.config or default_rules(),
+        store=args.store,
+        http=None if args.http == "off" else args.http,
+        grpc=None if args.grpc == "off" else args.grpc,
+        envoy_config=tuple(args.envoy_config),
+        domain=args.domain,
+        token=token,
+        open_checks=args.open_checks,
+        max_body=args.max_body,
+        max_keys=args.max_keys,
+        store_timeout=args.store_timeout,
+        workers=args.workers,
+        drain=args.drain,
+        log_format=args.log_format,
+        log_level=args.log_level,
+        grpc_tls=(args.grpc_cert, args.grpc_key, args.grpc_client_ca),
+    )
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and the exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def setup_logging(fmt: str, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JSONFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+
+
+def make_store(url: str, options: ServeOptions) -> AsyncStore:
+    if url == "memory":
+        return AsyncMemoryStore(max_keys=options.max_keys)
+    if url.split("://", 1)[0] not in ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel"):
+        raise ConfigurationError(f"--store takes 'memory' or a Redis URL, got {url!r}")
+    from ..stores.redis import AsyncRedisStore  # noqa: PLC0415 - only with a Redis store
+
+    return AsyncRedisStore(url, timeout=options.store_timeout)
+
+
+def check_options(options: ServeOptions) -> None:
+    if options.http is None and options.grpc is None:
+        raise ConfigurationError("--http off and --grpc off: nothing to serve")
+    if type(options.workers) is not int or options.workers < 1:
+        raise ConfigurationError(f"--workers must be >= 1, got {options.workers!r}")
+    if options.workers > 1 and options.store == "memory":
+        raise ConfigurationError(
+            f"--workers {options.workers} with the memory store: each process would keep "
+            f"its own counters and admit the whole limit, {options.workers} times the rate. "
+            "Use --store redis://... for several workers (or one worker)."
+        )
+    if options.workers > 1 and options.grpc is not None and options.grpc.endswith(":0"):
+        raise ConfigurationError("--workers needs a fixed --grpc port (the workers share it)")
+    if options.drain < 0:
+        raise ConfigurationError(f"--drain must be >= 0 seconds, got {options.drain!r}")
+    for address, what in ((options.http, "--http"), (options.grpc, "--grpc")):
+        if address is not None:
+            _address(address, what)
+
+
+def bind(address: str) -> socket.socket:
+    host, port = _address(address, "--http")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigurationError(f"cannot listen on {address}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+@contextlib.contextmanager
+def _no_signal_capture() -> Generator[None, None, None]:
+    yield
+
+
+class _Servers:
+    """The service's two servers on one event loop, started and drained together."""
+
+    def __init__(self, options: ServeOptions, http_socket: socket.socket | None) -> None:
+        self.options = options
+        self.http_socket = http_socket
+        self.grpc: Any = None
+        self.http: Any = None
+        self.where: list[str] = []
+
+    async def start(self, service: Any) -> None:
+        options = self.options
+        if options.grpc is not None:
+            from ._grpc import GrpcServer, parse_tls  # noqa: PLC0415 - the grpc extra
+
+            self.grpc = GrpcServer(service, options.grpc, token=options.token,
+                                   tls=parse_tls(*options.grpc_tls),
+                                   reuse_port=options.workers > 1)  # fmt: skip
+            await self.grpc.start()
+            self.where.append(f"gRPC on {options.grpc.rpartition(':')[0]}:{self.grpc.port}")
+        if options.http is not None:
+            import uvicorn  # noqa: PLC0415 - the server extra, only when serving
+
+            from ._app import App  # noqa: PLC0415
+
+            if self.http_socket is None:
+                self.http_socket = bind(options.http)
+            app = App(service, token=options.token, open_checks=options.open_checks,
+                      max_body=options.max_body)  # fmt: skip
+            config = uvicorn.Config(
+                app, http="httptools", loop="none", lifespan="off", log_config=None,
+                access_log=False, timeout_graceful_shutdown=max(math.ceil(options.drain), 1),
+                server_header=False, date_header=False,
+            )  # fmt: skip
+            self.http = uvicorn.Server(config)
+            # our signal handling drains both servers; uvicorn's own would re-raise
+            # SIGTERM when it is done and kill the process before gRPC has drained
+            self.http.capture_signals = _no_signal_capture
+            host, port = self.http_socket.getsockname()[:2]
+            self.where.insert(0, f"HTTP on http://{host}:{port}")
+
+    async def run_until(self, stop: asyncio.Event, service: Any) -> None:
+        waiting: set[asyncio.Future[Any]] = {asyncio.ensure_future(stop.wait())}
+        http_task = None
+        if self.http is not None:
+            http_task = asyncio.ensure_future(self.http.serve(sockets=[self.http_socket]))
+            waiting.add(http_task)
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        log.info("draining: up to %gs for requests in flight", self.options.drain)
+        service.draining = True  # /healthz and /readyz say 503 from now on
+        stopping: list[Any] = []
+        if self.grpc is not None:
+            stopping.append(self.grpc.stop(self.options.drain))
+        if self.http is not None and http_task is not None:
+            self.http.should_exit = True
+            stopping.append(http_task)
+        await asyncio.gather(*stopping)
+        for future in waiting:
+            future.cancel()
+
+    async def close(self) -> None:
+        if self.grpc is not None:
+            await self.grpc.server.stop(0)
+
+
+async def serve(options: ServeOptions, http_socket: socket.socket | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, then drain: health says 503 / NOT_SERVING,
+    listeners close, requests in flight get ``options.drain`` seconds."""
+    from prometheus_client import disable_created_metrics  # noqa: PLC0415
+
+    from ._service import Service  # noqa: PLC0415
+
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # a *_created series per rule doubles /metrics for nothing
+    store = make_store(options.store, options)
+    service = Service(options.config, store, envoy_files=options.envoy_config,
+                      domain=options.domain)  # fmt: skip
+    servers = _Servers(options, http_socket)
+    # The compiled rules and the imported modules live as long as the process:
+    # moved out of the collector's reach, they no longer lengthen every full
+    # collection (a pause each request in flight then waits out)
+    gc.collect()
+    gc.freeze()
+    try:
+        await servers.start(service)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, _reload_soon, service)
+        memory = " (memory: counters live in this process only)" if (
+            options.store == "memory") else ""  # fmt: skip
+        print(f"ratewarden {os.getpid()}: {', '.join(servers.where)}; rules {options.config}; "
+              f"store {_redact(options.store)}{memory}", flush=True)  # fmt: skip
+        log.info("serving: %s", ", ".join(servers.where))
+        await servers.run_until(stop, service)
+        log.info("stopped")
+    finally:
+        await servers.close()
+        await service.aclose()
+
+
+def _reload_soon(service: Any) -> None:
+    async def go() -> None:
+        with contextlib.suppress(ConfigurationError):
+            await service.reload()
+
+    task = asyncio.get_running_loop().create_task(go())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return url
+
+
+def _worker(options: ServeOptions, http_socket: socket.socket | None) -> None:
+    setup_logging(options.log_format, options.log_level)
+    _run_loop(options, http_socket)
+
+
+def _run_loop(options: ServeOptions, http_socket: socket.socket | None) -> None:
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up
+
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    runner(serve(options, http_socket))
+
+
+def run(options: ServeOptions) -> int:
+    """Serve in this process, or in ``options.workers`` forked ones sharing the
+    HTTP socket (and the gRPC port, through SO_REUSEPORT)."""
+    check_options(options)
+    setup_logging(options.log_format, options.log_level)
+    if options.workers == 1:
+        _run_loop(options, None)
+        return 0
+    http_socket = None if options.http is None else bind(options.http)
+    context = multiprocessing.get_context("fork")  # nothing threaded has started yet
+    workers = [context.Process(target=_worker, args=(options, http_socket), daemon=False)
+               for _ in range(options.workers)]  # fmt: skip
+    for worker in workers:
+        worker.start()
+    if http_socket is not None:
+        host, port = http_socket.getsockname()[:2]
+        print(f"ratewarden: {options.workers} workers, HTTP on http://{host}:{port}", flush=True)
+
+    def forward(signum: int, frame: object) -> None:
+        for worker in workers:
+            if worker.pid is not None and worker.is_alive():
+                os.kill(worker.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = 0
+    for worker in workers:
+        worker.join()
+        code = code or (worker.exitcode or 0)
+    if http_socket is not None:
+        http_socket.close()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - cli.py calls run
+    parser = argparse.ArgumentParser(prog="ratewarden serve")
+    add_arguments(parser)
+    return run(options_from(parser.parse_args(argv)))

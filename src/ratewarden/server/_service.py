@@ -1,0 +1,248 @@
+"""`Service`: the rule engine, the envoy configuration, the store and the metrics
+that both front ends (HTTP and gRPC) call. Each check is one engine call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._errors import ConfigurationError, RatewardenError, StoreError
+from .._limiter import AsyncLimiter
+from ..rules import AsyncEnvoyConfig, AsyncRuleEngine, Outcome, RuleSet
+from ..stores import AsyncStore
+from ._core import (
+    CheckRequest,
+    CheckResult,
+    descriptor_attributes,
+    entries_of,
+    envoy_result,
+    outcome_result,
+    rule_statuses,
+    whole_cost,
+)
+from ._metrics import Metrics
+
+__all__ = ["InvalidRequest", "NotFound", "Service"]
+
+log = logging.getLogger("ratewarden.server")
+
+
+class InvalidRequest(RatewardenError, ValueError):
+    """A request the service cannot check (no attributes, empty descriptors, ...):
+    HTTP answers ``status`` (400), gRPC INVALID_ARGUMENT, both with this message."""
+
+    status = 400
+
+
+class NotFound(InvalidRequest):
+    """A domain or rule the service does not know: HTTP 404."""
+
+    status = 404
+
+
+class Service:
+    """What ``ratewarden serve`` serves, without the transports.
+
+    ``domain`` is the envoy domain whose descriptors the YAML rules decide; the
+    domains of ``envoy_files`` follow envoyproxy/ratelimit's configuration.
+    """
+
+    def __init__(
+        self,
+        rules: str | os.PathLike[str] | RuleSet,
+        store: AsyncStore,
+        *,
+        envoy_files: Sequence[str | os.PathLike[str]] = (),
+        domain: str = "ratewarden",
+    ) -> None:
+        self.store = store
+        self.engine = AsyncRuleEngine(rules, store)
+        self.envoy_files = tuple(Path(p) for p in envoy_files)
+        self.envoy = AsyncEnvoyConfig.load(*self.envoy_files, store=store) if envoy_files else None
+        if self.envoy is not None and domain in self.envoy.domains:
+            raise ConfigurationError(
+                f"domain {domain!r} is both the rules' domain and in an envoy config file;"
+                " pick another --domain"
+            )
+        self.domain = domain
+        self.metrics = Metrics()
+        self.metrics.rules.set(len(self.engine.ruleset))
+        self.draining = False
+
+    # -- checks ---------------------------------------------------------------
+
+    async def check(self, request: CheckRequest, *, wait: bool = False) -> CheckResult:
+        """One check of the API's shape: attributes, or a domain and descriptors."""
+        try:
+            cost = whole_cost(request.cost)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        if request.attributes is not None:
+            if request.domain is not None or request.descriptors is not None:
+                raise InvalidRequest("give either attributes or domain + descriptors, not both")
+            outcome = await self.check_attributes(request.attributes, cost, wait=wait)
+            return outcome_result(outcome)
+        if request.domain is None or request.descriptors is None:
+            raise InvalidRequest("give attributes, or a domain and at least one descriptor")
+        return await self.check_descriptors(request.domain, entries_of(request.descriptors), cost)
+
+    async def check_attributes(
+        self, attributes: Mapping[str, object], cost: int = 1, *, wait: bool = False
+    ) -> Outcome:
+        outcome = await self.engine.acheck(attributes, cost=cost, wait=wait)
+        self._count(outcome)
+        return outcome
+
+    async def check_descriptors(
+        self, domain: str, descriptors: Sequence[Sequence[tuple[str, str]]], cost: int = 1
+    ) -> CheckResult:
+        if not descriptors:
+            raise InvalidRequest("a check needs at least one descriptor")
+        if any(not entries for entries in descriptors):
+            raise InvalidRequest("every descriptor needs at least one entry")
+        if domain == self.domain:
+            attributes = descriptor_attributes(domain, descriptors)
+            outcome = await self.check_attributes(attributes, cost)
+            result = outcome_result(outcome)
+            result.statuses = rule_statuses(outcome, len(descriptors))
+            return result
+        envoy = self.envoy
+        if envoy is None or domain not in envoy.domains:
+            raise NotFound(
+                f"unknown domain {domain!r}: the rules answer domain {self.domain!r}"
+                + ("" if envoy is None else f", the envoy config {sorted(envoy.domains)}")
+            )
+        try:
+            answer = await envoy.acheck(domain, descriptors, cost)
+        except ConfigurationError as exc:
+            raise InvalidRequest(str(exc)) from None
+        rules = [limit.path for limit in answer.limits if limit is not None]
+        decision = answer.decision
+        denied = decision.rule if decision is not None and not answer.overall_ok else None
+        closest = decision.rule if decision is not None else None
+        shadow = answer.shadow
+        shadow_denied = shadow.rule if shadow is not None and not shadow.allowed else None
+        self.metrics.count(rules, decision, denied, closest, shadow_denied)
+        return envoy_result(answer)
+
+    def _count(self, outcome: Outcome) -> None:
+        if not outcome.limits:
+            return
+        rules = list(dict.fromkeys(a.rule.name for a in outcome.limits))
+        decision = outcome.decision
+        by_limit = self.engine.ruleset.by_limit_name
+        closest = None
+        if decision is not None and decision.rule is not None:
+            rule = by_limit.get(decision.rule)
+            closest = None if rule is None else rule.name
+        denied = None
+        if not outcome.allowed:
+            denied = outcome.rule.name if outcome.rule is not None else closest
+        shadow = outcome.shadow
+        shadow_denied = None
+        if shadow is not None and not shadow.allowed and shadow.rule is not None:
+            rule = by_limit.get(shadow.rule)
+            shadow_denied = shadow.rule if rule is None else rule.name
+        self.metrics.count(rules, decision, denied, closest, shadow_denied)
+
+    # -- admin ----------------------------------------------------------------
+
+    async def reload(self) -> dict[str, Any]:
+        """Load the rule file (and envoy files) again; a bad file raises
+        `ConfigurationError` and leaves everything in force as it was."""
+        try:
+            # compiling 10,000 rules takes seconds: not on the event loop
+            ruleset = await asyncio.to_thread(self.engine.reload)
+            envoy = None
+            if self.envoy_files:
+                envoy = await asyncio.to_thread(
+                    AsyncEnvoyConfig.load, *self.envoy_files, store=self.store
+                )
+        except ConfigurationError:
+            self.metrics.reloads.labels("failed").inc()
+            raise
+        if envoy is not None:
+            self.envoy = envoy  # the same limiter names: counters carry on
+        self.metrics.reloads.labels("ok").inc()
+        self.metrics.rules.set(len(ruleset))
+        log.info("rules reloaded: %d rules", len(ruleset))
+        return {"reloaded": True, "rules": len(ruleset), "warnings": list(ruleset.warnings)}
+
+    async def reset(self, key: str, rule: str | None = None) -> int:
+        """Forget ``key`` in every limit (of ``rule``, if named); how many limits."""
+        ruleset = self.engine.ruleset
+        if rule is not None and rule not in ruleset.by_name:
+            domain_paths = self._envoy_limiters()
+            if rule not in domain_paths:
+                raise NotFound(f"no rule named {rule!r}")
+        count = 0
+        for spec in ruleset.limits:
+            if rule is not None and ruleset.by_limit_name[spec.name].name != rule:
+                continue
+            # the same name and limit on the same store: the engine's counters
+            limiter = AsyncLimiter(
+                spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
+                refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
+            )  # fmt: skip
+            await limiter.reset(key)
+            count += 1
+        for path, limiter in self._envoy_limiters().items():
+            if rule is None or rule == path:
+                await limiter.reset(key)
+                count += 1
+        return count
+
+    def _envoy_limiters(self) -> dict[str, AsyncLimiter]:
+        if self.envoy is None:
+            return {}
+        return {lim.name or "": lim for lim in self.envoy.limiters}
+
+    async def ready(self) -> str | None:
+        """None when the store answers; else why not."""
+        client = getattr(self.store, "client", None)
+        if client is None:
+            return None  # the memory store is always there
+        try:
+            await asyncio.wait_for(client.ping(), timeout=1.0)
+        except (OSError, TimeoutError, RatewardenError) as exc:
+            return f"store unreachable: {exc!r}"
+        except Exception as exc:
+            return f"store unreachable: {exc!r}"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        ruleset = self.engine.ruleset
+        rules = [
+            {
+                "name": r.name,
+                "group": r.group,
+                "priority": r.priority,
+                "action": r.action,
+                "by": list(r.by),
+                "rates": [str(s.rate) for s in r.limits],
+                "algorithm": r.limits[0].algorithm,
+                "description": r.rule.description,
+            }
+            for r in ruleset.rules
+        ]
+        envoy = [] if self.envoy is None else sorted(self.envoy.domains)
+        return {
+            "source": ruleset.source,
+            "domain": self.domain,
+            "rules": rules,
+            "envoy_domains": envoy,
+            "store": type(self.store).__name__,
+        }
+
+    async def aclose(self) -> None:
+        closer = getattr(self.store, "aclose", None)
+        if closer is not None:
+            try:
+                await closer()
+            except StoreError:
+                log.warning("closing the store failed", exc_info=True)

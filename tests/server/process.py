@@ -1,0 +1,67 @@
+"""``ratewarden serve`` as a real process on free loopback ports, for the tests
+that need a real server (drain, workers, gateways in front)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.redis_server import free_port
+
+RATEWARDEN = Path(sys.executable).parent / "ratewarden"
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[str]
+    http: int
+    grpc: int
+    stderr: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http}"
+
+    def terminate(self, timeout: float = 20) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+@contextmanager
+def serving(*args: str, tmp: Path, ready: float = 30) -> Iterator[Served]:
+    """Start the service; yield once it printed where it listens; stop it after."""
+    http, grpc = free_port(), free_port()
+    stderr = tmp / f"serve-{http}.log"
+    command = [str(RATEWARDEN), "serve", "--http", f"127.0.0.1:{http}",
+               "--grpc", f"127.0.0.1:{grpc}", *args]  # fmt: skip
+    with stderr.open("w") as err:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    served = Served(process, http, grpc, stderr)
+    try:
+        deadline = time.monotonic() + ready
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        if not re.search(r"HTTP on http://", line):
+            process.kill()
+            process.wait()
+            pytest.fail(f"ratewarden serve did not start ({line!r}):\n{stderr.read_text()}")
+        if time.monotonic() > deadline:
+            pytest.fail("ratewarden serve took too long to start")
+        yield served
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()

@@ -1,0 +1,373 @@
+"""The HTTP API through its ASGI app: checks, batches, admin, /auth, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ratewarden.server import auth_attributes
+from tests.server.conftest import client_for, make_app
+
+LOGIN = {"attributes": {"method": "POST", "path": "/api/login", "ip": "203.0.113.7"}}
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_check_allows_then_rejects_exactly_at_the_limit(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            answers = [(await client.post("/v1/check", json=LOGIN)).json() for _ in range(4)]
+        assert [a["allowed"] for a in answers] == [True, True, True, False]
+        assert [a["remaining"] for a in answers[:3]] == [2, 1, 0]
+        denied = answers[3]
+        assert denied["action"] == "reject"
+        assert denied["status"] == 429
+        assert denied["rule"] == "login"
+        assert denied["retry_after"] > 0
+        assert denied["headers"]["X-RateLimit-Limit"] == "3"
+        assert int(denied["headers"]["Retry-After"]) >= 1
+
+    run(main())
+
+
+def test_cost_counts_one_check_as_several(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            first = (await client.post("/v1/check", json={**LOGIN, "cost": 3})).json()
+            second = (await client.post("/v1/check", json=LOGIN)).json()
+            too_big = (await client.post("/v1/check", json={**LOGIN, "cost": 4})).json()
+        assert first["allowed"]
+        assert first["remaining"] == 0
+        assert not second["allowed"]
+        assert too_big["allowed"] is False
+
+    run(main())
+
+
+def test_a_rule_status_shadow_ban_and_log_only(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            search = {"attributes": {"path": "/api/search", "user": "u"}}
+            answers = [(await client.post("/v1/check", json=search)).json() for _ in range(3)]
+            assert answers[2]["status"] == 503
+            comment = {"attributes": {"path": "/api/comments", "method": "POST", "user": "u"}}
+            await client.post("/v1/check", json=comment)
+            banned = (await client.post("/v1/check", json=comment)).json()
+            assert banned["action"] == "shadow_ban"
+            assert banned["status"] == 202
+            assert banned["body"] == "queued"
+            assert banned["headers"]["x-queued"] == "yes"
+            watched = {"attributes": {"path": "/api/watched"}}
+            shadows = [(await client.post("/v1/check", json=watched)).json() for _ in range(5)]
+            assert all(s["allowed"] for s in shadows)  # log_only never denies
+            assert shadows[4]["shadow"] == {"allowed": False, "rule": shadows[4]["shadow"]["rule"]}
+
+    run(main())
+
+
+def test_descriptors_of_the_rules_domain_become_attributes(rules_file: Path) -> None:
+    async def main() -> None:
+        request = {
+            "domain": "ratewarden",
+            "descriptors": [
+                {"entries": [{"key": "remote_address", "value": "198.51.100.1"}]},
+                {"entries": [{"key": "path", "value": "/api/login"},
+                             {"key": "method", "value": "POST"}]},
+            ],
+        }  # fmt: skip
+        async with client_for(make_app(rules_file)) as client:
+            answers = [(await client.post("/v1/check", json=request)).json() for _ in range(4)]
+        assert [a["allowed"] for a in answers] == [True, True, True, False]
+        statuses = answers[3]["statuses"]
+        assert len(statuses) == 2
+        assert statuses[0]["code"] == "OVER_LIMIT"
+        assert statuses[0]["requests_per_unit"] == 3
+        assert statuses[0]["unit_seconds"] == 60
+
+    run(main())
+
+
+def test_descriptors_of_an_envoy_domain(rules_file: Path, envoy_file: Path) -> None:
+    def request(*entries: tuple[str, str]) -> dict[str, Any]:
+        items = [{"entries": [{"key": k, "value": v}]} for k, v in entries]
+        return {"domain": "edge", "descriptors": items}
+
+    async def main() -> None:
+        async with client_for(make_app(rules_file, envoy_file)) as client:
+            ip = request(("remote_address", "10.0.0.1"), ("path", "/free"))
+            answers = [(await client.post("/v1/check", json=ip)).json() for _ in range(3)]
+            assert [a["allowed"] for a in answers] == [True, True, False]
+            assert [s["code"] for s in answers[2]["statuses"]] == ["OVER_LIMIT", "OK"]
+            assert answers[2]["statuses"][0]["limit"] == "edge.remote_address"
+            blocked = (await client.post("/v1/check", json=request(("path", "/blocked")))).json()
+            assert blocked["allowed"] is False
+            unknown = await client.post("/v1/check", json={**ip, "domain": "nowhere"})
+            assert unknown.status_code == 404
+            assert "unknown domain 'nowhere'" in unknown.json()["error"]
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"{not json", 400, "malformed JSON"),
+        (b"", 400, "needs a JSON body"),
+        (b"[]", 422, "Expected `object`"),
+        (b'{"attributes": {}, "cost": "x"}', 422, "got `str` - at `$.cost`"),
+        (b'{"attributes": {}, "cost": 2.5}', 400, "cost must be a whole number"),
+        (b'{"attributes": {}, "cost": 0}', 422, ">= 1"),
+        (b'{"attributes": {}, "surprise": 1}', 422, "unknown field"),
+        (b"{}", 400, "give attributes, or a domain"),
+        (b'{"domain": "ratewarden"}', 400, "give attributes, or a domain"),
+        (b'{"domain": "ratewarden", "descriptors": []}', 422, "length >= 1"),
+        (b'{"domain": "ratewarden", "descriptors": [{"entries": []}]}', 422, "length >= 1"),
+        (b'{"attributes": {}, "domain": "x", "descriptors": [{"entries": [{"key": "a", '
+         b'"value": "b"}]}]}', 400, "not both"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_a_4xx_with_a_message(
+    rules_file: Path, body: bytes, status: int, words: str
+) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            answer = await client.post("/v1/check", content=body)
+        assert answer.status_code == status, answer.text
+        assert words in answer.json()["error"]
+
+    run(main())
+
+
+def test_odd_attribute_values_never_raise(rules_file: Path) -> None:
+    async def main() -> None:
+        odd = {"attributes": {"path": ["x"], "method": 7, "ip": None, "headers": "no",
+                              "user": {"a": 1}}}  # fmt: skip
+        async with client_for(make_app(rules_file)) as client:
+            answer = await client.post("/v1/check", json=odd)
+        assert answer.status_code == 200
+
+    run(main())
+
+
+def test_huge_bodies_are_refused_before_they_are_read(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file, max_body=2048)) as client:
+            answer = await client.post("/v1/check", content=b" " * 4096)
+            assert answer.status_code == 413
+            batch = {"checks": [LOGIN] * 2000}
+            answer = await client.post("/v1/check/batch", json=batch)
+            assert answer.status_code == 413
+
+    run(main())
+
+
+def test_unknown_routes_and_methods(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            assert (await client.get("/nope")).status_code == 404
+            assert (await client.get("/v1/check")).status_code == 405
+            assert (await client.get("/v1/keys/abc")).status_code == 405
+
+    run(main())
+
+
+def test_batch_checks_in_order(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            answer = await client.post("/v1/check/batch", json={"checks": [LOGIN] * 4})
+            assert answer.status_code == 200
+            results = answer.json()["results"]
+            assert [r["allowed"] for r in results] == [True, True, True, False]
+            bad = {"checks": [LOGIN, {"domain": "nowhere", "descriptors": [
+                {"entries": [{"key": "a", "value": "b"}]}]}]}  # fmt: skip
+            answer = await client.post("/v1/check/batch", json=bad)
+            assert answer.status_code == 404
+            assert answer.json()["error"].startswith("checks[1]: unknown domain")
+            too_many = await client.post("/v1/check/batch", json={"checks": [{}] * 1001})
+            assert too_many.status_code in (413, 422)
+
+    run(main())
+
+
+def test_rules_reload_and_key_reset(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            rules = (await client.get("/v1/rules")).json()
+            assert [r["name"] for r in rules["rules"]][:2] == ["login", "per-user"]
+            for _ in range(3):
+                await client.post("/v1/check", json=LOGIN)
+            assert not (await client.post("/v1/check", json=LOGIN)).json()["allowed"]
+            reset = await client.delete("/v1/keys/203.0.113.7", params={"rule": "login"})
+            assert reset.json() == {"key": "203.0.113.7", "limits_reset": 1}
+            assert (await client.post("/v1/check", json=LOGIN)).json()["allowed"]
+            nope = await client.delete("/v1/keys/x", params={"rule": "nope"})
+            assert nope.status_code == 404
+
+            rules_file.write_text(rules_file.read_text().replace("3/minute", "5/minute"))
+            reloaded = await client.post("/v1/reload")
+            assert reloaded.status_code == 200
+            assert reloaded.json()["rules"] == 5
+            answer = (await client.post("/v1/check", json=LOGIN)).json()
+            assert answer["limit"] == 5
+
+            rules_file.write_text("rules: [{name: broken}]")
+            failed = await client.post("/v1/reload")
+            assert failed.status_code == 422
+            assert "the rules in force stay" in failed.json()["error"]
+            assert (await client.post("/v1/check", json=LOGIN)).json()["limit"] == 5
+
+    run(main())
+
+
+def test_auth_endpoint_for_gateways(rules_file: Path) -> None:
+    headers = {"X-Original-URI": "/api/login?next=/", "X-Original-Method": "POST",
+               "X-Forwarded-For": "192.0.2.9"}  # fmt: skip
+
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            answers = [await client.get("/auth", headers=headers) for _ in range(4)]
+            other = await client.get("/auth", headers={**headers, "X-Forwarded-For": "192.0.2.10"})
+        assert [a.status_code for a in answers] == [200, 200, 200, 429]
+        assert answers[0].headers["x-ratelimit-remaining"] == "2"
+        assert int(answers[3].headers["retry-after"]) >= 1
+        assert answers[3].headers["x-ratelimit-remaining"] == "0"
+        assert "login" in answers[3].json()["error"]
+        assert other.status_code == 200  # the trusted proxy's X-Forwarded-For is the key
+
+    run(main())
+
+
+def test_auth_attributes_from_traefik_headers() -> None:
+    headers = [(b"x-forwarded-uri", b"/a/b?c=d"), (b"x-forwarded-method", b"PUT"),
+               (b"x-api-key", b"k1"), (b"x-forwarded-for", b"1.2.3.4")]  # fmt: skip
+    attributes = auth_attributes(headers, "127.0.0.1")
+    assert attributes["path"] == "/a/b"
+    assert attributes["method"] == "PUT"
+    assert attributes["api_key"] == "k1"
+    assert attributes["ip"] == "127.0.0.1"
+    assert attributes["headers"] == {
+        "x-forwarded-uri": "/a/b?c=d", "x-forwarded-method": "PUT", "x-api-key": "k1",
+        "x-forwarded-for": "1.2.3.4",
+    }  # fmt: skip
+
+
+def test_bearer_token(rules_file: Path) -> None:
+    async def main() -> None:
+        good = {"Authorization": "Bearer s3cret"}
+        async with client_for(make_app(rules_file, token="s3cret")) as client:
+            assert (await client.get("/healthz")).status_code == 200
+            assert (await client.get("/readyz")).status_code == 200
+            refused = await client.post("/v1/check", json=LOGIN)
+            assert refused.status_code == 401
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+            wrong = {"Authorization": "Bearer nope"}
+            assert (await client.post("/v1/check", json=LOGIN, headers=wrong)).status_code == 401
+            assert (await client.post("/v1/check", json=LOGIN, headers=good)).status_code == 200
+            assert (await client.get("/metrics")).status_code == 401
+            assert (await client.get("/auth")).status_code == 401
+            assert (await client.post("/v1/reload", headers=good)).status_code == 200
+        async with client_for(make_app(rules_file, token="s3cret", open_checks=True)) as client:
+            assert (await client.post("/v1/check", json=LOGIN)).status_code == 200
+            assert (await client.get("/auth")).status_code == 200
+            assert (await client.post("/v1/reload")).status_code == 401
+            assert (await client.delete("/v1/keys/a")).status_code == 401
+
+    run(main())
+
+
+def test_metrics_per_rule_with_bounded_labels(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            for _ in range(4):
+                await client.post("/v1/check", json=LOGIN)
+            for _ in range(5):
+                await client.post("/v1/check", json={"attributes": {"path": "/api/watched"}})
+            await client.post("/v1/reload")
+            text = (await client.get("/metrics")).text
+        assert 'ratewarden_checks_total{rule="login"} 4.0' in text
+        assert 'ratewarden_over_limit_total{rule="login"} 1.0' in text
+        # 3/minute: 80% used from the third admitted request on (remaining 0)
+        assert 'ratewarden_near_limit_total{rule="login"} 1.0' in text
+        assert 'ratewarden_shadow_over_limit_total{rule="watched"} 1.0' in text
+        assert 'ratewarden_config_reloads_total{result="ok"} 1.0' in text
+        assert 'ratewarden_request_duration_seconds_count{endpoint="check"} 9.0' in text
+        assert "203.0.113.7" not in text  # never a key in a label
+
+    run(main())
+
+
+def test_readyz_says_when_the_store_is_unreachable(rules_file: Path) -> None:
+    from ratewarden.server import App, Service  # noqa: PLC0415
+    from ratewarden.stores.redis import AsyncRedisStore  # noqa: PLC0415
+    from tests.redis_server import free_port  # noqa: PLC0415
+
+    async def main() -> None:
+        store = AsyncRedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
+        async with client_for(App(Service(rules_file, store))) as client:
+            answer = await client.get("/readyz")
+            assert answer.status_code == 503
+            assert "store unreachable" in answer.json()["status"]
+            checked = await client.post("/v1/check", json=LOGIN)  # login fails open
+            assert checked.json()["degraded"] is True
+        await store.aclose()
+
+    run(main())
+
+
+def test_openapi_lists_every_route(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            document = (await client.get("/openapi.json")).json()
+        assert set(document["paths"]) == {
+            "/v1/check", "/v1/check/batch", "/v1/rules", "/v1/reload", "/v1/keys/{key}",
+            "/auth", "/healthz", "/readyz", "/metrics", "/openapi.json",
+        }  # fmt: skip
+        json.dumps(document)
+
+    run(main())
+
+
+def test_the_app_ignores_other_scopes(rules_file: Path) -> None:
+    app = make_app(rules_file)
+    sent: list[Any] = []
+    messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+
+    async def receive() -> Any:
+        return next(messages)
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    run(app({"type": "lifespan"}, receive, send))
+    assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    _ = httpx
+
+
+def test_a_store_error_is_a_503_not_a_crash(rules_file: Path) -> None:
+    """Rule limits fail open or closed, but a store error that reaches the app
+    anyway (a bug, a store of someone else's) is answered, counted and logged."""
+    from ratewarden import AsyncMemoryStore, StoreUnavailable  # noqa: PLC0415
+    from ratewarden.server import App, Service  # noqa: PLC0415
+
+    class Broken(Service):
+        async def check_attributes(self, *args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailable("redis: connection refused")
+
+    async def main() -> None:
+        app = App(Broken(rules_file, AsyncMemoryStore()))
+        async with client_for(app) as client:
+            answer = await client.post("/v1/check", json=LOGIN)
+            assert answer.status_code == 503
+            assert answer.json()["error"] == "store unavailable: redis: connection refused"
+            assert (await client.get("/auth")).status_code == 503
+            metrics = (await client.get("/metrics")).text
+        assert "ratewarden_store_errors_total 2.0" in metrics
+
+    run(main())

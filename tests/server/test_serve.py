@@ -1,0 +1,121 @@
+"""``ratewarden serve`` as a process: it starts, answers, logs JSON, drains on
+SIGTERM, and refuses what it cannot do well."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.redis_server import RedisServer
+from tests.server.process import RATEWARDEN, serving
+
+DELAY_RULES = textwrap.dedent("""
+    rules:
+      - name: export
+        rate: 1/second
+        algorithm: gcra
+        action: delay
+        max_wait: 5
+        match: {paths: /export}
+""")
+
+
+def test_serve_answers_and_stops_cleanly_on_sigterm(rules_file: Path, tmp_path: Path) -> None:
+    with serving("--config", str(rules_file), tmp=tmp_path) as served:
+        with httpx.Client(base_url=served.url) as client:
+            assert client.get("/healthz").json() == {"status": "ok"}
+            body = {"attributes": {"path": "/api/login", "method": "POST", "ip": "1.2.3.4"}}
+            answers = [client.post("/v1/check", json=body).json() for _ in range(4)]
+            assert [a["allowed"] for a in answers] == [True, True, True, False]
+        assert served.terminate() == 0
+    logs = [json.loads(line) for line in served.stderr.read_text().splitlines() if line]
+    messages = [entry["message"] for entry in logs]
+    assert any(m.startswith("serving: HTTP on") for m in messages)
+    assert any(m.startswith("draining") for m in messages)
+    assert messages[-1] == "stopped"
+    assert {"time", "level", "logger", "message", "pid"} <= set(logs[0])
+
+
+def test_sigterm_lets_requests_in_flight_finish(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(DELAY_RULES)
+    with serving("--config", str(rules), "--drain", "10", tmp=tmp_path) as served:
+        headers = {"X-Original-URI": "/export"}
+        with httpx.Client(base_url=served.url, timeout=10) as client:
+            assert client.get("/auth", headers=headers).status_code == 200
+            answers: list[int] = []
+            held = threading.Thread(
+                target=lambda: answers.append(client.get("/auth", headers=headers).status_code)
+            )
+            started = time.monotonic()
+            held.start()  # the gcra delay holds this one for about a second
+            time.sleep(0.3)
+            code = served.terminate()
+            held.join()
+        assert answers == [200]
+        assert time.monotonic() - started >= 0.9
+        assert code == 0
+
+
+def test_workers_with_the_memory_store_are_refused_loudly(rules_file: Path) -> None:
+    done = subprocess.run(
+        [str(RATEWARDEN), "serve", "--config", str(rules_file), "--workers", "2"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "--workers 2 with the memory store" in done.stderr
+    assert "2 times the rate" in done.stderr
+
+
+def test_bad_options_are_errors_not_tracebacks(rules_file: Path, tmp_path: Path) -> None:
+    for args, words in [
+        (["--http", "nonsense"], "--http takes HOST:PORT"),
+        (["--http", "off", "--grpc", "off"], "nothing to serve"),
+        (["--store", "mongodb://x"], "--store takes 'memory' or a Redis URL"),
+        (["--config", str(tmp_path / "missing.yaml")], "missing.yaml"),
+    ]:
+        done = subprocess.run(
+            [str(RATEWARDEN), "serve", "--config", str(rules_file), *args],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1, (args, done.stderr)
+        assert words in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_workers_share_a_redis_store(
+    rules_file: Path, tmp_path: Path, redis_single: RedisServer
+) -> None:
+    with redis_single.client() as client:
+        client.flushall()
+    args = ("--config", str(rules_file), "--store", redis_single.url, "--workers", "2")
+    with serving(*args, tmp=tmp_path) as served:
+        time.sleep(1.0)  # both workers up
+        body = {"attributes": {"path": "/api/login", "method": "POST", "ip": "9.9.9.9"}}
+        allowed = []
+        for _ in range(8):
+            with httpx.Client(base_url=served.url) as client:  # new connections: both workers
+                allowed.append(client.post("/v1/check", json=body).json()["allowed"])
+        assert allowed == [True] * 3 + [False] * 5
+        assert served.terminate() == 0
+
+
+def test_a_second_server_on_a_taken_grpc_port_fails(rules_file: Path, tmp_path: Path) -> None:
+    with serving("--config", str(rules_file), tmp=tmp_path) as served:
+        done = subprocess.run(
+            [str(RATEWARDEN), "serve", "--config", str(rules_file), "--http", "127.0.0.1:0",
+             "--grpc", f"127.0.0.1:{served.grpc}"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert f"gRPC cannot listen on '127.0.0.1:{served.grpc}' (in use?)" in done.stderr
+        assert "Traceback" not in done.stderr
+        served.terminate()
