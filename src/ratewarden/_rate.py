@@ -8,7 +8,8 @@ from ._errors import ConfigurationError
 
 __all__ = ["Rate", "parse_rate"]
 
-_SECONDS = {
+# Seconds per unit; envoy configurations (rules/_envoy.py) use the same table.
+UNIT_SECONDS = {
     "second": 1,
     "minute": 60,
     "hour": 3600,
@@ -69,7 +70,7 @@ class Rate:
         return parse_rate(text)
 
     def __str__(self) -> str:
-        for unit, seconds in reversed(_SECONDS.items()):
+        for unit, seconds in reversed(UNIT_SECONDS.items()):
             if self.period % seconds == 0:
                 count = int(self.period // seconds)
                 return f"{self.limit}/{unit}" if count == 1 else f"{self.limit}/{count}{unit}s"
@@ -98,7 +99,7 @@ def parse_rate(text: str | Rate) -> Rate:
         raise ConfigurationError(f"bad limit {raw_limit!r} in rate {text!r}: a positive integer")
     unit = _ALIASES.get(raw_unit.lower())
     if unit is None:
-        known = ", ".join(_SECONDS)
+        known = ", ".join(UNIT_SECONDS)
         raise ConfigurationError(f"unknown unit {raw_unit!r} in rate {text!r}: use one of {known}")
     count: float = 1
     if raw_count is not None:
@@ -107,5 +108,5 @@ def parse_rate(text: str | Rate) -> Rate:
             raise ConfigurationError(
                 f"bad period count {raw_count!r} in rate {text!r}: must be > 0"
             )
-    period = count * _SECONDS[unit]
+    period = count * UNIT_SECONDS[unit]
     return Rate(int(raw_limit), int(period) if float(period).is_integer() else period)

@@ -9,6 +9,10 @@ from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, StoreUnavail
 from ratewarden.stores.redis import AsyncRedisStore
 from tests.redis_server import RedisCluster, RedisServer, free_port
 
+# Exactness tests on a live server: a loaded CI machine can stall a reply past the
+# 50 ms production default, which is the fault tests' business, not theirs.
+LIVE = 5.0
+
 
 def name() -> str:
     return f"a{uuid.uuid4().hex[:8]}"
@@ -16,7 +20,7 @@ def name() -> str:
 
 def test_async_limits_exactly_under_64_concurrent_callers(redis_single: RedisServer) -> None:
     async def main() -> tuple[int, int]:
-        async with AsyncRedisStore(redis_single.url) as store:
+        async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
             limiter = AsyncLimiter("500/hour", algorithm="token_bucket", store=store, name=name())
             pipelines = 0
             send = store._batcher._pipeline
@@ -42,7 +46,7 @@ def test_async_limits_exactly_under_64_concurrent_callers(redis_single: RedisSer
 def test_async_matches_the_sync_semantics(redis_single: RedisServer) -> None:
     async def main() -> None:
         clock = FakeClock(1_700_000_000)
-        async with AsyncRedisStore(redis_single.url, clock=clock) as store:
+        async with AsyncRedisStore(redis_single.url, clock=clock, timeout=LIVE) as store:
             limiter = AsyncLimiter("2/second", algorithm="gcra", store=store, name=name())
             assert (await limiter.hit("k", 2)).allowed
             assert (await limiter.peek("k")).retry_after == 0.5
@@ -73,7 +77,7 @@ def test_async_failure_policy(policy: str, allowed: bool) -> None:
 
 def test_async_cluster_exact_under_concurrency(redis_6_nodes: RedisCluster) -> None:
     async def main() -> tuple[list[int], set[str]]:
-        async with AsyncRedisStore(redis_6_nodes.url) as store:
+        async with AsyncRedisStore(redis_6_nodes.url, timeout=LIVE) as store:
             limiter = AsyncLimiter("50/hour", algorithm="gcra", store=store, name=name())
             users = [f"{{user-{i}}}" for i in range(12)]
 
@@ -95,7 +99,7 @@ def test_async_cluster_exact_under_concurrency(redis_6_nodes: RedisCluster) -> N
 
 def test_a_failing_batch_never_leaves_a_caller_waiting(redis_single: RedisServer) -> None:
     async def main() -> None:
-        async with AsyncRedisStore(redis_single.url) as store:
+        async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
             limiter = AsyncLimiter("5/hour", store=store, name=name())
 
             async def broken(batch: list[object]) -> list[object]:
@@ -121,7 +125,7 @@ def test_bad_options(kwargs: dict[str, object], message: str) -> None:
 
 def test_async_hit_many_exact_under_concurrency(redis_single: RedisServer) -> None:
     async def main() -> tuple[int, list[int]]:
-        async with AsyncRedisStore(redis_single.url) as store:
+        async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
             tag = name()
             minute = AsyncLimiter(
                 "300/minute", algorithm="sliding_window_log", store=store, name=tag + "m"

@@ -22,6 +22,10 @@ from ratewarden import (
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisCluster, RedisServer, free_port, redis_sentinel
 
+# Exactness tests on a live server: a loaded CI machine can stall a reply past the
+# 50 ms production default, which is the fault tests' business, not theirs.
+LIVE = 5.0
+
 
 def name() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
@@ -43,7 +47,7 @@ def closing() -> Iterator[contextlib.ExitStack]:
 def test_limits_with_server_time(
     redis_single: RedisServer, algorithm: str, closing: contextlib.ExitStack
 ) -> None:
-    store = closing.enter_context(RedisStore(redis_single.url))
+    store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
     limiter = Limiter("5/hour", algorithm=algorithm, store=store, name=name())
     decisions = [limiter.hit("user:1") for _ in range(6)]
     assert [d.allowed for d in decisions] == [True] * 5 + [False]
@@ -126,8 +130,12 @@ def test_bad_input(redis_single: RedisServer, closing: contextlib.ExitStack) -> 
     with pytest.raises(ConfigurationError, match="Redis URL"):
         RedisStore("http://nope")
     with pytest.raises(ConfigurationError, match="microseconds"):
-        Limiter("1/0.0000001s", store=closing.enter_context(RedisStore(redis_single.url)))
-    limiter = Limiter("5/hour", store=closing.enter_context(RedisStore(redis_single.url)))
+        Limiter(
+            "1/0.0000001s", store=closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
+        )
+    limiter = Limiter(
+        "5/hour", store=closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
+    )
     with pytest.raises(ConfigurationError, match="cost"):
         limiter.hit("k", 0)
 
@@ -135,7 +143,7 @@ def test_bad_input(redis_single: RedisServer, closing: contextlib.ExitStack) -> 
 def test_cluster_by_url_with_hash_tags(
     redis_6_nodes: RedisCluster, closing: contextlib.ExitStack
 ) -> None:
-    store = closing.enter_context(RedisStore(redis_6_nodes.url))
+    store = closing.enter_context(RedisStore(redis_6_nodes.url, timeout=LIVE))
     limiter = Limiter("3/hour", algorithm="gcra", store=store, name=name())
     users = [f"{{user-{i}}}" for i in range(30)]  # hash tags: one slot per user
     for user in users:
@@ -156,7 +164,7 @@ def test_cluster_url_errors() -> None:
 def test_large_limits_count_in_coarser_ticks(
     redis_single: RedisServer, closing: contextlib.ExitStack
 ) -> None:
-    store = closing.enter_context(RedisStore(redis_single.url))
+    store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
     daily = Limiter("1000000/day", algorithm="sliding_window_counter", store=store, name=name())
     first = daily.hit("k", 999_999)
     assert first.allowed
@@ -170,7 +178,7 @@ def test_large_limits_count_in_coarser_ticks(
 def test_hit_many_is_one_script_call(
     redis_single: RedisServer, closing: contextlib.ExitStack
 ) -> None:
-    store = closing.enter_context(RedisStore(redis_single.url))
+    store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
     calls: list[str] = []
     real_call = store.scripts.call
     store.scripts.call = lambda *a: calls.append(a[0]) or real_call(*a)  # type: ignore[method-assign]
@@ -195,7 +203,7 @@ def test_hit_many_across_cluster_slots_refunds(
     """Tiers in two slots: the first slot counts, the second denies, the first is
     refunded; unless another request counted on the key in between: then the
     refund is skipped (deny more, never admit more)."""
-    store = closing.enter_context(RedisStore(redis_6_nodes.url))
+    store = closing.enter_context(RedisStore(redis_6_nodes.url, timeout=LIVE))
     tag = name()
     wide = Limiter("5/hour", store=store, name=tag + "-wide")
     narrow = Limiter("1/hour", store=store, name=tag + "-narrow")
@@ -247,14 +255,14 @@ def test_hit_many_failure_policy(policies: tuple[str, str], outcome: object) -> 
 def test_sentinel_url(closing: contextlib.ExitStack) -> None:
     master, sentinel = closing.enter_context(redis_sentinel())
     url = f"redis+sentinel://127.0.0.1:{sentinel.port}/rw-master/0"
-    store = closing.enter_context(RedisStore(url))
+    store = closing.enter_context(RedisStore(url, timeout=LIVE))
     limiter = Limiter("2/hour", store=store, name=name())
     assert [limiter.hit("k").allowed for _ in range(3)] == [True, True, False]
     with master.client() as client:  # the Sentinel led us to the master
         assert client.exists(limiter.key_prefix + "k")
 
     async def main() -> list[bool]:
-        async with AsyncRedisStore(url) as astore:
+        async with AsyncRedisStore(url, timeout=LIVE) as astore:
             alimiter = AsyncLimiter("2/hour", store=astore, name=limiter.name)
             return [(await alimiter.hit("k")).allowed, (await alimiter.hit("j")).allowed]
 

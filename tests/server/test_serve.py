@@ -96,7 +96,16 @@ def test_workers_share_a_redis_store(
 ) -> None:
     with redis_single.client() as client:
         client.flushall()
-    args = ("--config", str(rules_file), "--store", redis_single.url, "--workers", "2")
+    args = (
+        "--config",
+        str(rules_file),
+        "--store",
+        redis_single.url,
+        "--workers",
+        "2",
+        "--store-timeout",
+        "5",
+    )  # exactness on a busy machine, not the 50 ms default
     with serving(*args, tmp=tmp_path) as served:
         time.sleep(1.0)  # both workers up
         body = {"attributes": {"path": "/api/login", "method": "POST", "ip": "9.9.9.9"}}

@@ -34,22 +34,14 @@ import msgspec
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._limiter import AsyncLimiter, Limiter, ahit_many, hit_many
-from .._rate import Rate
+from .._rate import UNIT_SECONDS, Rate
 from ..stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 from ._errors import Problem, RuleFileError
 from ._source import Document, parse_text, read_file
 
 __all__ = ["AsyncEnvoyConfig", "EnvoyConfig", "EnvoyLimit", "EnvoyResult"]
 
-_UNITS = {
-    "second": 1,
-    "minute": 60,
-    "hour": 3600,
-    "day": 86400,
-    "week": 7 * 86400,
-    "month": 30 * 86400,
-    "year": 365 * 86400,
-}
+_UNITS = UNIT_SECONDS  # SECOND, MINUTE, ... YEAR (lower-cased), as envoy names them
 
 
 class _Base(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
