@@ -20,6 +20,7 @@ from ratewarden import (
     ahit_many,
     hit_many,
 )
+from ratewarden._limiter import hit_tiers
 from ratewarden.algorithms import Params, State, Step, get_algorithm, peek
 from ratewarden.stores._base import pick
 from tests.strategies import TierSpec, TiersScenario, tier_scenarios
@@ -175,3 +176,33 @@ def test_memory_store_equals_sequential_steps(max_keys: int | None, sc: TiersSce
                 assert limiter.peek(spec.key) == peek(step, states.get(at), clock.now_ns, 1, params)
         else:
             assert len(store) <= max(max_keys, len(set(where)))
+
+
+def test_shadow_tiers_count_only_behind_an_admitted_request() -> None:
+    store = MemoryStore(clock=FakeClock())
+    enforced = Limiter("2/minute", algorithm="fixed_window", store=store, name="enforced")
+    wide = Limiter("10/minute", algorithm="fixed_window", store=store, name="wide")
+    narrow = Limiter("1/minute", algorithm="fixed_window", store=store, name="narrow")
+    shadow = [(wide, "k", 1), (narrow, "k", 1)]
+    first = hit_tiers([(enforced, "k", 1)], shadow)
+    assert first[0] is not None
+    assert first[0].allowed
+    assert first[1] is not None
+    assert first[1].allowed
+    second = hit_tiers([(enforced, "k", 1)], shadow)
+    assert second[0] is not None
+    assert second[0].allowed
+    assert second[1] is not None
+    assert second[1].rule == "narrow"
+    assert not second[1].allowed
+    assert wide.peek("k").remaining == 9  # all or nothing among the shadow tiers
+    third = hit_tiers([(enforced, "k", 1)], shadow)
+    assert third[0] is not None
+    assert not third[0].allowed
+    assert third[1] is None  # denied: the shadow tiers are not checked
+    alone = hit_tiers([], [(wide, "j", 1)])  # no enforced tier: shadow counts
+    assert alone[0] is None
+    assert alone[1] is not None
+    assert alone[1].remaining == 9
+    with pytest.raises(ConfigurationError, match="at least one"):
+        hit_tiers([], [])

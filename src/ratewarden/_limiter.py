@@ -8,7 +8,7 @@ themselves, so a hit costs one Python call into the store and no more.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import AsyncContextDecorator, ContextDecorator
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
@@ -306,6 +306,39 @@ async def ahit_many(
     """The asyncio twin of `hit_many`, for `AsyncLimiter` tiers."""
     store, tiers = _checks(checks)
     return await store.hit_many(tiers)  # type: ignore[no-any-return]
+
+
+def _tiers(
+    checks: Sequence[tuple[_L, str, int]], shadow: Sequence[tuple[_L, str, int]]
+) -> tuple[Any, list[Check], list[Check]]:
+    store, tiers = _checks(checks) if checks else (None, [])
+    shadow_store, shadow_tiers = _checks(shadow) if shadow else (store, [])
+    if store is None:
+        store = shadow_store
+    elif shadow_store is not store:
+        raise ConfigurationError("hit_tiers needs every limiter on one store")
+    if store is None:
+        raise ConfigurationError("hit_tiers needs at least one (limiter, key) to check")
+    return store, tiers, shadow_tiers
+
+
+def hit_tiers(
+    checks: Sequence[tuple[Limiter, str, int]], shadow: Sequence[tuple[Limiter, str, int]]
+) -> tuple[Decision | None, Decision | None]:
+    """For the rule engine: `hit_many` of ``checks`` and, if it admitted the request
+    (or there were none), of the ``shadow`` tiers that never deny, in one store
+    call. Their Decisions; None for a side not checked."""
+    store, tiers, shadow_tiers = _tiers(checks, shadow)
+    return store.hit_tiers(tiers, shadow_tiers)  # type: ignore[no-any-return]
+
+
+async def ahit_tiers(
+    checks: Sequence[tuple[AsyncLimiter, str, int]],
+    shadow: Sequence[tuple[AsyncLimiter, str, int]],
+) -> tuple[Decision | None, Decision | None]:
+    """The asyncio twin of `hit_tiers`."""
+    store, tiers, shadow_tiers = _tiers(checks, shadow)
+    return await store.hit_tiers(tiers, shadow_tiers)  # type: ignore[no-any-return]
 
 
 def _seconds_left(deadline: float, now_ns: int) -> float:

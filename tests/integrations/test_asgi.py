@@ -240,7 +240,7 @@ def test_a_request_no_rule_applies_to_is_untouched(client: TestClient) -> None:
 
 
 class BrokenStore(AsyncMemoryStore):
-    async def hit_many(self, checks: Any) -> Any:
+    async def hit_tiers(self, checks: Any, shadow: Any) -> Any:  # what the engine calls
         raise RuntimeError("the limiter broke")
 
 

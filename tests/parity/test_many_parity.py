@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 import redis
 from ratewarden import (
@@ -28,6 +29,7 @@ from ratewarden import (
     ahit_many,
     hit_many,
 )
+from ratewarden._limiter import hit_tiers
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisCluster, RedisServer
 from tests.strategies import TierSpec, TiersScenario, tier_scenarios
@@ -156,3 +158,34 @@ def test_async_batch_equals_memory(sc: TiersScenario, redis_single: RedisServer)
                     assert same(g, e), f"{g} != {e} at +{gap} ms, costs {costs}"
 
     asyncio.run(main())
+
+
+@given(sc=tier_scenarios(max_events=15), split=st.integers(0, 4))
+def test_redis_tiers_with_shadow_equal_memory(
+    sc: TiersScenario, split: int, where: tuple[Any, str]
+) -> None:
+    """hit_tiers: the first ``split`` tiers enforced, the rest shadow tiers, in one
+    script call (two calls when a cluster's keys span slots); both Decisions and
+    every count as the memory store has them."""
+    client, tag = where
+    clock = FakeClock(EPOCH_S)
+    clock.now_ns += 123_456_000
+    memory = MemoryStore(clock=clock)
+    redis_store = RedisStore(client, clock=clock)
+    run = uuid.uuid4().hex[:8]
+    ours = [build(spec, memory, run) for spec in sc.tiers]
+    theirs = [build(spec, redis_store, run) for spec in sc.tiers]
+    keys = [f"{tag}{spec.key}" for spec in sc.tiers]
+    cut = min(split, len(sc.tiers))
+    for gap, costs in sc.events:
+        clock.advance(gap / 1000)
+        mine = list(zip(ours, keys, costs, strict=True))
+        yours = list(zip(theirs, keys, costs, strict=True))
+        expected = hit_tiers(mine[:cut], mine[cut:])
+        got = hit_tiers(yours[:cut], yours[cut:])
+        for g, e in zip(got, expected, strict=True):
+            assert (g is None) == (e is None), f"{got} != {expected}"
+            if g is not None and e is not None:
+                assert same(g, e), f"{g} != {e} at +{gap} ms, costs {costs}"
+        for a, b, key in zip(ours, theirs, keys, strict=True):
+            assert same(b.peek(key), a.peek(key)), "counts differ after the check"

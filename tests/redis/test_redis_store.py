@@ -19,6 +19,7 @@ from ratewarden import (
     StoreUnavailable,
     hit_many,
 )
+from ratewarden.rules import RuleEngine, loads
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisCluster, RedisServer, free_port, redis_sentinel
 
@@ -270,3 +271,23 @@ def test_sentinel_url(closing: contextlib.ExitStack) -> None:
     for bad in ("redis+sentinel://127.0.0.1:1", "redis+sentinel://127.0.0.1:1/m/x"):
         with pytest.raises(ConfigurationError, match="sentinel"):
             RedisStore(bad)
+
+
+def test_rule_engine_checks_shadow_rules_in_the_same_call(
+    redis_single: RedisServer, closing: contextlib.ExitStack
+) -> None:
+    store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
+    calls: list[str] = []
+    real_call = store.scripts.call
+    store.scripts.call = lambda *a: calls.append(a[0]) or real_call(*a)  # type: ignore[method-assign]
+    tag = name()
+    rules = loads(
+        f"rules:\n"
+        f"  - {{name: {tag}-user, rate: 2/minute, by: user}}\n"
+        f"  - {{name: {tag}-all, rate: 3/minute, action: log_only}}\n"
+    )
+    engine = RuleEngine(rules, store)
+    outcomes = [engine.check({"user": "u1"}) for _ in range(3)]
+    assert [o.allowed for o in outcomes] == [True, True, False]
+    assert [o.shadow is not None and o.shadow.remaining for o in outcomes] == [2, 1, False]
+    assert calls == ["_many"] * 3  # enforced and shadow tiers: one script call each check

@@ -10,14 +10,15 @@ Per request:
 2. every limit of a rule whose action is not ``log_only`` goes into ONE
    ``hit_many`` call: admitted only if all pass, and then counted in all; a
    denied request counts nowhere;
-3. if that admitted the request (or nothing was enforced), the ``log_only``
-   limits go into a second ``hit_many`` call whose Decision is reported as
-   ``Outcome.shadow`` and never blocks. Shadow limits therefore count what they
+3. in the same store call (one hold of the memory store's lock, one Redis
+   script), if that admitted the request (or nothing was enforced), the
+   ``log_only`` limits are checked as a second all-or-nothing set, reported as
+   ``Outcome.shadow``, never blocking. Shadow limits therefore count what they
    would count if they were enforced next to the others: a request the enforced
-   limits deny would have been denied anyway and is not counted there. The
-   price is a second store call (a second lock, or round trip to Redis) for
-   requests that some shadow rule applies to, and shadow tiers are atomic among
-   themselves: while one is over, the others do not count either;
+   limits deny would have been denied anyway and is not counted there. Shadow
+   tiers are atomic among themselves: while one is over, the others do not
+   count either. (In a Redis Cluster, when the tiers span slots, the shadow set
+   is a second call.);
 4. a denial is answered with the action of the rule that denied (the tier
    with the longest ``retry_after``): ``reject`` with its status; ``delay`` with
    the wait when it fits in ``max_wait`` (``check(..., wait=True)`` waits on the
@@ -41,7 +42,7 @@ import msgspec
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._headers import Policy, rate_limit_headers
-from .._limiter import AsyncLimiter, Limiter, ahit_many, hit_many
+from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
 from ..stores import AsyncStore, Store
 from ._compile import Applicable, CompiledRule, LimitSpec, RuleSet, load
 from ._schema import Response
@@ -287,10 +288,7 @@ class RuleEngine(_Core[Limiter]):
 
     def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
-        decision = hit_many(enforced) if enforced else None
-        report = None
-        if shadow and (decision is None or decision.allowed):
-            report = hit_many(shadow)
+        decision, report = hit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
 
 
@@ -327,10 +325,7 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
 
     async def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
-        decision = await ahit_many(enforced) if enforced else None
-        report = None
-        if shadow and (decision is None or decision.allowed):
-            report = await ahit_many(shadow)
+        decision, report = await ahit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
 
 

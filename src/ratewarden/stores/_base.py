@@ -104,6 +104,13 @@ class Store(Protocol):
         """Every tier passes and is counted, or none is counted (see `pick`)."""
         ...
 
+    def hit_tiers(
+        self, checks: Sequence[Check], shadow: Sequence[Check]
+    ) -> tuple[Decision | None, Decision | None]:
+        """``hit_many(checks)``, then, if it passed, ``hit_many(shadow)`` (tiers
+        that never deny), in one go; None for a side not checked."""
+        ...
+
 
 class AsyncStore(Protocol):
     clock: Clock
@@ -113,3 +120,7 @@ class AsyncStore(Protocol):
     ) -> AsyncBound: ...
 
     def hit_many(self, checks: Sequence[Check]) -> Awaitable[Decision]: ...
+
+    def hit_tiers(
+        self, checks: Sequence[Check], shadow: Sequence[Check]
+    ) -> Awaitable[tuple[Decision | None, Decision | None]]: ...

@@ -118,33 +118,54 @@ class MemoryStore:
             if cost is not _ONE:
                 check_cost(cost)
         now = self.clock.time_ns()
+        with self._lock:
+            return self._step_all(checks, now)
+
+    def hit_tiers(
+        self, checks: Sequence[Check], shadow: Sequence[Check]
+    ) -> tuple[Decision | None, Decision | None]:
+        """`hit_many` of ``checks``, then, only if they passed (or there were none),
+        of the ``shadow`` tiers, which never deny the request: both under one hold
+        of the lock. Their Decisions (None for an empty side, or for shadow tiers
+        not checked)."""
+        for _, _, cost in (*checks, *shadow):
+            if cost is not _ONE:
+                check_cost(cost)
+        now = self.clock.time_ns()
+        with self._lock:
+            decision = self._step_all(checks, now) if checks else None
+            if shadow and (decision is None or decision.allowed):
+                return decision, self._step_all(shadow, now)
+            return decision, None
+
+    def _step_all(self, checks: Sequence[Check], now: int) -> Decision:
+        """hit_many's work, under the lock."""
         decisions: list[Decision] = []
         undo: list[tuple[dict[str, State], str, State | None]] = []
         bounded = self.max_keys is not None
-        with self._lock:
-            for tier, key, cost in checks:
-                data = tier.data
-                # popped and re-inserted under a bound, as hit does: most recent last
-                state = data.pop(key, None) if bounded else data.get(key)
-                decision, new = tier.step(state, now, cost, tier.params)
-                decisions.append(decision)
-                if decision.allowed:
-                    data[key] = new
-                    undo.append((data, key, state))
-                elif state is not None:
+        for tier, key, cost in checks:
+            data = tier.data
+            # popped and re-inserted under a bound, as hit does: most recent last
+            state = data.pop(key, None) if bounded else data.get(key)
+            decision, new = tier.step(state, now, cost, tier.params)
+            decisions.append(decision)
+            if decision.allowed:
+                data[key] = new
+                undo.append((data, key, state))
+            elif state is not None:
+                data[key] = state
+        if all(decision.allowed for decision in decisions):
+            for _, _, state in undo:
+                if state is None:
+                    self._size += 1
+            if self._size > self._grow_at:
+                self._grow(now)
+        else:
+            for data, key, state in reversed(undo):  # reversed: a repeated key ends
+                if state is None:  # where it started
+                    del data[key]
+                else:
                     data[key] = state
-            if all(decision.allowed for decision in decisions):
-                for _, _, state in undo:
-                    if state is None:
-                        self._size += 1
-                if self._size > self._grow_at:
-                    self._grow(now)
-            else:
-                for data, key, state in reversed(undo):  # reversed: a repeated key ends
-                    if state is None:  # where it started
-                        del data[key]
-                    else:
-                        data[key] = state
         return pick(decisions)
 
     def _sweep_at(self) -> int:
@@ -242,6 +263,11 @@ class AsyncMemoryStore:
 
     async def hit_many(self, checks: Sequence[Check]) -> Decision:
         return self.sync.hit_many(checks)
+
+    async def hit_tiers(
+        self, checks: Sequence[Check], shadow: Sequence[Check]
+    ) -> tuple[Decision | None, Decision | None]:
+        return self.sync.hit_tiers(checks, shadow)
 
     async def sweep(self) -> int:
         return self.sync.sweep()

@@ -293,30 +293,54 @@ def _failed(limits: Sequence[_Limit], error: StoreError) -> Decision:
 class _Many:
     """A multi-tier check planned for _many.lua: no I/O, shared by the twins."""
 
-    def __init__(self, checks: Sequence[Check]) -> None:
-        if not checks:
+    def __init__(self, checks: Sequence[Check], shadow: Sequence[Check] = ()) -> None:
+        if not checks and not shadow:
             raise ConfigurationError("hit_many needs at least one check")
         self.limits: list[_Limit] = []
         self.keys: list[str] = []
         self.tiers: list[bytes] = []  # per tier: step number, cost, the limit's constants
-        for limit, key, cost in checks:
+        for limit, key, cost in (*checks, *shadow):
             check_cost(cost)
             self.limits.append(limit)
             self.keys.append(limit.prefix + key)
             self.tiers.append(limit.head + _DOUBLE.pack(cost) + limit.packed)
+        self.enforced = len(checks)  # the tiers after these are shadow tiers
         clock = self.limits[0].test_clock
         self.now = "" if clock is None else clock.time_ns() // 1000
 
     def args(self, tiers: Sequence[int], mode: str) -> list[Any]:
-        """_many.lua's keys then arguments, for the tiers numbered ``tiers``."""
+        """_many.lua's keys then arguments, for the tiers numbered ``tiers`` (all of
+        them when there are shadow tiers)."""
         args: list[Any] = [self.keys[i] for i in tiers]
         args += (self.now, mode, b"".join([self.tiers[i] for i in tiers]))
+        if self.enforced < len(self.keys):
+            args.append(self.enforced)
         return args
 
     def answer(self, tiers: Sequence[int], out: list[Any]) -> tuple[int, Decision]:
         """The tier _many.lua chose (see `pick`) and its Decision."""
         tier: int = tiers[out[0] - 1]
         return tier, self.limits[tier].answer(out[1:5])
+
+    def answers(self, out: list[Any]) -> tuple[Decision | None, Decision | None]:
+        """The enforced and the shadow tiers' Decisions from a call of every tier
+        (None: no such tiers, or shadow tiers not checked)."""
+        everything = range(len(self.keys))
+        decision = self.answer(everything, out)[1] if out[0] else None
+        shadow = self.answer(everything, out[5:10])[1] if out[5] else None
+        return decision, shadow
+
+    def failed(self, error: StoreError) -> tuple[Decision | None, Decision | None]:
+        """The enforced tiers' policies answer; shadow tiers report nothing."""
+        limits = self.limits[: self.enforced]
+        return (_failed(limits, error) if limits else None), None
+
+    def blocked(self) -> tuple[Decision | None, Decision | None] | None:
+        limits = self.limits[: self.enforced] or self.limits
+        decision = _blocked(limits)
+        if decision is None:
+            return None
+        return (decision if self.enforced else None), None
 
     def slots(self, keyslot: Any) -> list[list[int]]:
         """The tiers grouped by cluster slot, in order of first appearance."""
@@ -339,13 +363,17 @@ class _Many:
 Call: TypeAlias = tuple[str, int, list[Any]]  # script name, numkeys, keys + arguments
 
 
-def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Decision]:
+Answers: TypeAlias = tuple[Decision | None, Decision | None]  # enforced, shadow
+
+
+def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Answers]:
     """The script calls a multi-tier check makes, written once for both twins: each
-    yields a call, is sent its result, and returns the Decision (httpx's auth flows
-    drive sync and async the same way). ``groups``: the tiers by cluster slot."""
+    yields a call, is sent its result, and returns the Decisions of the enforced
+    and the shadow tiers (httpx's auth flows drive sync and async the same way).
+    ``groups``: the tiers by cluster slot; shadow tiers only with one group."""
     if len(groups) == 1:
         out = yield MANY, len(many.keys), many.args(groups[0], "hit")
-        return many.answer(groups[0], out)[1]
+        return many.answers(out)
     # Across slots: count slot by slot; after a denial only evaluate, then refund
     # the slots that counted (see RedisStore).
     decisions: list[tuple[int, Decision]] = []
@@ -357,13 +385,13 @@ def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Decision
         if not decisions[-1][1].allowed:
             denied = True
         elif not denied:
-            counted.append((tiers, out[5:]))
+            counted.append((tiers, out[10:]))
     if denied:
         for tiers, written in counted:
             if written:
                 yield REFUND, len(written) // 3, many.refund_args(tiers, written)
     decisions.sort(key=lambda tier_decision: tier_decision[0])  # ties go by tier order
-    return pick([decision for _, decision in decisions])
+    return pick([decision for _, decision in decisions]), None
 
 
 class RedisStore:
@@ -433,9 +461,21 @@ class RedisStore:
         if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
             limit, key, cost = checks[0]
             return limit.hit(key, cost)  # type: ignore[no-any-return]
-        many = _Many(checks)
+        return self._run(_Many(checks))[0]  # type: ignore[return-value]
+
+    def hit_tiers(self, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
+        if not shadow:
+            return (self.hit_many(checks) if checks else None), None
+        many = _Many(checks, shadow)
+        if self._keyslot is not None and len(many.slots(self._keyslot)) > 1:
+            decision = self.hit_many(checks) if checks else None  # per slot, refunds
+            admitted = decision is None or decision.allowed
+            return decision, (self.hit_many(shadow) if admitted else None)
+        return self._run(many)
+
+    def _run(self, many: _Many) -> Answers:
         if self.breaker.failures:
-            blocked = _blocked(many.limits)
+            blocked = many.blocked()
             if blocked is not None:
                 return blocked
         everything = list(range(len(many.keys)))
@@ -449,7 +489,7 @@ class RedisStore:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
-            return _failed(many.limits, exc)
+            return many.failed(exc)
 
     def close(self) -> None:
         """Close the connections, if this store made its client from a URL (a client
@@ -628,9 +668,21 @@ class AsyncRedisStore:
         if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
             limit, key, cost = checks[0]
             return await limit.hit(key, cost)  # type: ignore[no-any-return]
-        many = _Many(checks)
+        return (await self._run(_Many(checks)))[0]  # type: ignore[return-value]
+
+    async def hit_tiers(self, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
+        if not shadow:
+            return (await self.hit_many(checks) if checks else None), None
+        many = _Many(checks, shadow)
+        if self._keyslot is not None and len(many.slots(self._keyslot)) > 1:
+            decision = await self.hit_many(checks) if checks else None  # per slot, refunds
+            admitted = decision is None or decision.allowed
+            return decision, (await self.hit_many(shadow) if admitted else None)
+        return await self._run(many)
+
+    async def _run(self, many: _Many) -> Answers:
         if self.breaker.failures:
-            blocked = _blocked(many.limits)
+            blocked = many.blocked()
             if blocked is not None:
                 return blocked
         everything = list(range(len(many.keys)))
@@ -644,7 +696,7 @@ class AsyncRedisStore:
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
-            return _failed(many.limits, exc)
+            return many.failed(exc)
 
     async def aclose(self) -> None:
         """Close the connections, if this store made its client from a URL."""
