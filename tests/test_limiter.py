@@ -222,3 +222,25 @@ def test_a_cancelled_async_waiter_does_not_strand_the_queue() -> None:
         assert (await limiter.acquire("k", max_wait=0)).allowed
 
     asyncio.run(main())
+
+
+def test_acquire_forever_under_contention() -> None:
+    """max_wait=inf with other callers queued: Event.wait(inf) used to overflow,
+    and the failed waiter stranded the key for every later caller."""
+    limiter = Limiter("200/second", algorithm="gcra", burst=1)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(3):
+                limiter.acquire("k", math.inf)
+        except BaseException as exc:  # pragma: no cover - the failure being tested
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert errors == []
+    assert limiter.acquire("k", 1.0).allowed  # the key is not stranded

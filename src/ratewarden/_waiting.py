@@ -109,7 +109,14 @@ class Turns(_Queues[threading.Event]):
         event = threading.Event()
         if self._join(key, event):  # the queue emptied meanwhile
             return True
-        return event.wait(timeout) or not self._give_up(key, event)
+        # Event.wait overflows past threading.TIMEOUT_MAX: an infinite wait is None
+        limit = None if timeout >= threading.TIMEOUT_MAX else timeout
+        try:
+            return event.wait(limit) or not self._give_up(key, event)
+        except BaseException:  # interrupted (KeyboardInterrupt ...): never strand the turn
+            if not self._give_up(key, event):
+                self.leave(key)
+            raise
 
     def leave(self, key: str) -> None:
         waiter = self._pass_on(key)
