@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratewarden.rules import RuleSet, loads
-from ratewarden.rules._paths import PathIndex, parse_pattern
+from ratewarden.rules._paths import PathIndex, normalize_path, parse_pattern
 
 RULES = textwrap.dedent("""
     client_ip:
@@ -283,3 +283,53 @@ def test_client_ip_from_the_forwarded_header(forwarded: str, client: str) -> Non
     )
     got = applied(ruleset, ip="10.0.0.1", headers={"forwarded": forwarded})
     assert got["login"] == (client, 1)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/login",
+        "/%61pi/login",
+        "/api//login",
+        "//api/login",
+        "/api/./login",
+        "/api/x/../login",
+        "/../api/login",
+        "/api/login?next=/",
+        "/api/%6C%6Fgin",
+    ],
+)
+def test_paths_match_as_the_server_routes_them(ruleset: RuleSet, path: str) -> None:
+    """Spelling a path differently (escapes, doubled slashes, dot segments) must
+    not dodge a rule: gateways forward the raw request URI."""
+    request = {"method": "POST", "path": path, "ip": "203.0.113.7"}
+    assert "login" in applied(ruleset, **request)
+    assert any(e.verdict == "applies" and e.rule.name == "login" for e in ruleset.explain(request))
+
+
+def test_normalize_path_keeps_what_routing_keeps() -> None:
+    assert normalize_path("/api/v1/orders/") == "/api/v1/orders/"
+    assert normalize_path("/a/b/..") == "/a/"
+    assert normalize_path("/.well-known/x") == "/.well-known/x"
+    assert normalize_path("/") == "/"
+    assert normalize_path("") == "/"
+
+
+def test_two_prefixes_on_one_node_count_a_request_once() -> None:
+    rules = loads(
+        "rules:\n"
+        "  - {name: orders, rate: 10/minute, match: {paths: '/api/v1/orders*'}}\n"
+        "  - {name: archive, rate: 10/minute, match: {paths: '/api/v1/orders-archive*'}}\n"
+    )
+    for path in ("/api/v1/orders", "/api/v1/orders/7", "/api/v1/ord"):
+        names = [a.rule.name for a in rules.evaluate({"path": path})]
+        assert names == (["orders"] if path != "/api/v1/ord" else []), path
+    names = [a.rule.name for a in rules.evaluate({"path": "/api/v1/orders-archive/1"})]
+    assert sorted(names) == ["archive", "orders"]
+
+
+def test_explain_agrees_with_evaluate_on_odd_paths(ruleset: RuleSet) -> None:
+    for path in ("/api/login%3Fx", "api/login", "/api/login?x=%2F"):
+        request = {"method": "POST", "path": path, "ip": "203.0.113.7"}
+        applies = {e.rule.name for e in ruleset.explain(request) if e.verdict == "applies"}
+        assert applies == set(applied(ruleset, **request)), path

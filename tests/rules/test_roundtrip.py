@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from ratewarden.rules import RuleFile, RuleSet, dump, load, loads
 from ratewarden.rules._compile import _mismatch, _normal_method
+from ratewarden.rules._paths import normalize_path
 from tests.rules.strategies import rule_files
 
 
@@ -53,10 +54,12 @@ def naive(ruleset: RuleSet, attributes: dict[str, object]) -> set[tuple[str, str
     taken: set[str] = set()
     out = set()
     method = _normal_method(attributes.get("method"))
+    path = attributes.get("path")
+    path = normalize_path(path) if isinstance(path, str) else path  # as a server routes it
     for rule in sorted(ruleset.rules, key=lambda r: r.rank):
         if rule.group_key in taken:
             continue
-        if _mismatch(rule, attributes, method, attributes.get("path")) is not None:
+        if _mismatch(rule, attributes, method, path) is not None:
             continue
         key = rule.key(attributes)
         if key is None:

@@ -36,7 +36,7 @@ import msgspec
 
 from .._rate import Rate, parse_rate
 from ._errors import Problem
-from ._paths import PathIndex, Pattern, parse_pattern, walk
+from ._paths import PathIndex, Pattern, normalize_path, parse_pattern, walk
 from ._schema import (
     Action,
     ClientIP,
@@ -424,8 +424,8 @@ class RuleSet:
         found: list[_Entry] = []
         path = get("path")
         if type(path) is str:
-            if "?" in path:
-                path = path.partition("?")[0]
+            if "?" in path or "%" in path or "/." in path or "//" in path or path[:1] != "/":
+                path = normalize_path(path)  # rare; the common path costs a few scans
             exact = self._exact_paths.get(path)
             if exact is not None:
                 found += exact
@@ -497,6 +497,8 @@ class RuleSet:
         out = []
         method = _normal_method(attributes.get("method"))
         path = attributes.get("path")
+        if isinstance(path, str):
+            path = normalize_path(path)
         for rule in self.rules:
             reason = _mismatch(rule, attributes, method, path)
             if reason is not None:
@@ -510,8 +512,9 @@ class RuleSet:
                 why = "matches" + (f"; first in group {rule.group!r}" if rule.group else "")
                 out.append(Explanation(rule, "applies", why, key, rule.cost_of(attributes)))
             else:
-                winner = winners[rule.group_key]
-                why = f"matches, but {winner.name!r} ranks first in group {rule.group!r}"
+                winner = winners.get(rule.group_key)
+                first = "another rule" if winner is None else repr(winner.name)
+                why = f"matches, but {first} ranks first in group {rule.group!r}"
                 out.append(Explanation(rule, "lost", why, key))
         return out
 
@@ -520,7 +523,7 @@ def _mismatch(
     rule: CompiledRule, attributes: Mapping[str, object], method: object, path: object
 ) -> str | None:
     if rule.paths:
-        text = path.partition("?")[0] if isinstance(path, str) else None
+        text = path if isinstance(path, str) else None  # normalized by the caller
         if text is None or not any(re.fullmatch(p.regex, text[1:]) for p in rule.paths):
             wanted = ", ".join(p.text for p in rule.paths)
             return f"path {path!r} is not {wanted}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
+from urllib.parse import unquote
 
 from .._errors import ConfigurationError
 
@@ -196,6 +197,29 @@ class PathIndex(Generic[T]):
             walk(self.root, segments, 0, len(segments), out)
 
 
+def normalize_path(path: str) -> str:
+    """A request path as a server routes it, so that rules cannot be dodged by
+    spelling: the query string dropped, percent-escapes decoded, ``//`` merged,
+    ``.`` and ``..`` segments resolved (never above the root); a trailing slash
+    kept. ``/%61pi//v1/./orders`` is ``/api/v1/orders``."""
+    path = path.partition("?")[0]
+    if "%" in path:
+        path = unquote(path)
+    if "//" not in path and "/." not in path:
+        return path if path.startswith("/") else "/" + path
+    segments: list[str] = []
+    for segment in path.split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if segments:
+                segments.pop()
+            continue
+        segments.append(segment)
+    tail = "/" if segments and path.endswith(("/", "/.", "/..")) else ""
+    return "/" + "/".join(segments) + tail
+
+
 def walk(node: _Node[T], segments: list[str], i: int, count: int, out: list[T]) -> None:
     """Follow the literal children down the path, gathering the items of every
     pattern that matches; a ``{param}`` child is a second branch, walked by a
@@ -205,7 +229,9 @@ def walk(node: _Node[T], segments: list[str], i: int, count: int, out: list[T]) 
         if not node.plain:
             if node.prefix_lengths:
                 prefixes = node.prefixes
-                for length in node.prefix_lengths:
+                for length in node.prefix_lengths:  # ascending
+                    if length > len(segment):
+                        break  # a shorter slice would match a shorter prefix twice
                     items = prefixes.get(segment[:length])
                     if items is not None:
                         out.extend(items)
