@@ -291,3 +291,26 @@ def test_rule_engine_checks_shadow_rules_in_the_same_call(
     assert [o.allowed for o in outcomes] == [True, True, False]
     assert [o.shadow is not None and o.shadow.remaining for o in outcomes] == [2, 1, False]
     assert calls == ["_many"] * 3  # enforced and shadow tiers: one script call each check
+
+
+def test_clients_that_decode_replies_and_huge_costs(
+    redis_single: RedisServer, closing: contextlib.ExitStack
+) -> None:
+    text_client = closing.enter_context(
+        redis.Redis(host="127.0.0.1", port=redis_single.port, decode_responses=True)
+    )
+    with pytest.raises(ConfigurationError, match="decode_responses"):
+        RedisStore(text_client)
+    store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
+    a = Limiter("5/minute", store=store, name=name())
+    b = Limiter("5/minute", store=store, name=name())
+    denied = hit_many([(a, "k", 10**400), (b, "k")])  # a cost no double holds
+    assert not denied.allowed
+    assert math.isinf(denied.retry_after)
+
+    async def main() -> bool:
+        async with AsyncRedisStore(redis_single.url, timeout=LIVE) as astore:
+            limiter = AsyncLimiter("5/minute", store=astore, name=name())
+            return (await limiter.hit("k", 10**400)).allowed
+
+    assert asyncio.run(main()) is False

@@ -7,6 +7,8 @@ import os
 import signal
 import textwrap
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -242,6 +244,32 @@ def test_the_watcher_thread_reloads(tmp_path: Path, store: MemoryStore) -> None:
         watcher.stop()
 
 
+def eventually(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Poll a condition another thread will make true (never a fixed sleep)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_sighup_reload_while_the_store_lock_is_held(tmp_path: Path, store: MemoryStore) -> None:
+    """The handler used to reload right there, on the interrupted thread: if that
+    thread held the memory store's lock, binding the new limiters waited forever."""
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules: [{name: a, rate: 1/minute}]\n")
+    engine = RuleEngine(path, store)
+    restore = engine.reload_on_sighup()
+    try:
+        path.write_text("rules: [{name: a, rate: 1/minute}, {name: b, rate: 9/minute}]\n")
+        with store._lock:  # as if the signal landed inside a hit
+            os.kill(os.getpid(), signal.SIGHUP)
+        assert eventually(lambda: len(engine.ruleset) == 2)
+    finally:
+        restore()
+
+
 def test_sighup_reloads(tmp_path: Path, store: MemoryStore) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text("rules: [{name: a, rate: 1/minute}]\n")
@@ -249,10 +277,11 @@ def test_sighup_reloads(tmp_path: Path, store: MemoryStore) -> None:
     restore = engine.reload_on_sighup()
     try:
         path.write_text("rules: [{name: a, rate: 1/minute}, {name: b, rate: 9/minute}]\n")
-        os.kill(os.getpid(), signal.SIGHUP)  # handled before kill() returns to Python code
-        assert len(engine.ruleset) == 2
+        os.kill(os.getpid(), signal.SIGHUP)  # the handler starts a reloading thread
+        assert eventually(lambda: len(engine.ruleset) == 2)
         path.write_text("rules: nonsense\n")
         os.kill(os.getpid(), signal.SIGHUP)
+        assert eventually(lambda: engine.last_error is not None)
         assert len(engine.ruleset) == 2
     finally:
         restore()

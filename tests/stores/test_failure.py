@@ -51,3 +51,17 @@ def test_policies() -> None:
 def test_bad_policy_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="on_failure must be one of"):
         Limiter("1/second", on_failure="shrug")  # type: ignore[typeddict-item]
+
+
+def test_a_probe_that_never_reports_does_not_wedge_the_breaker() -> None:
+    clock = Ticks()
+    breaker = Breaker(threshold=2, cooldown=0.25, clock=clock)
+    breaker.failed()
+    breaker.failed()
+    clock.now += 0.25
+    assert breaker.allow()  # this probe's caller is cancelled: no succeeded/failed
+    assert not breaker.allow()
+    clock.now += 0.25
+    assert breaker.allow()  # another probe may go
+    breaker.succeeded()
+    assert breaker.failures == 0

@@ -181,15 +181,16 @@ class _Core(Generic[L]):
         return watcher
 
     def reload_on_sighup(self) -> Callable[[], None]:
-        """Reload on SIGHUP (main thread only, as Python delivers signals there);
-        returns a function that puts the previous handler back. The reload runs in
-        the handler, on the main thread: about 2 s for a 10,000-rule file, during
-        which that thread serves nothing (`watch` reloads on a thread of its own)."""
+        """Reload on SIGHUP (installed from the main thread, as Python requires);
+        returns a function that puts the previous handler back. The handler only
+        starts a thread that reloads: reloading in the handler itself could wait
+        forever on a store lock the interrupted code holds, and a 10,000-rule file
+        takes about 2 s to load."""
         if self.path is None:
             raise ConfigurationError("this engine was built from rules in memory: no file")
 
         def on_sighup(signum: int, frame: FrameType | None) -> None:
-            self.try_reload()
+            threading.Thread(target=self.try_reload, name="ratewarden-sighup", daemon=True).start()
 
         previous = signal.signal(signal.SIGHUP, on_sighup)
 

@@ -316,8 +316,10 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
 
 def _reload_soon(service: Any) -> None:
     async def go() -> None:
-        with contextlib.suppress(ConfigurationError):
+        try:
             await service.reload()
+        except ConfigurationError as exc:  # the old rules stay; say why, as /v1/reload does
+            log.error("SIGHUP: rules not reloaded, the previous rules stay in force: %s", exc)
 
     task = asyncio.get_running_loop().create_task(go())
     _background.add(task)

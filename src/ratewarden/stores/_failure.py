@@ -57,14 +57,19 @@ class Breaker:
         self.failures = 0  # in a row; the hot path reads only this
         self.open_until = 0.0
         self.probing = False
+        self.probe_until = 0.0
 
     def allow(self) -> bool:
         """May this call go to the store? Only asked while ``failures`` is non-zero."""
         if self.failures < self.threshold:
             return True
-        if self.probing or self.clock() < self.open_until:
+        now = self.clock()
+        # A probe that never reported (its caller was cancelled) stops counting as
+        # one after a cooldown: the breaker must not stay open for good.
+        if now < self.open_until or (self.probing and now < self.probe_until):
             return False
         self.probing = True
+        self.probe_until = now + self.cooldown
         return True
 
     def succeeded(self) -> None:

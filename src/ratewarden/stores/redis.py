@@ -124,6 +124,18 @@ def _source(name: str) -> str:
     return "\n".join([read("_common"), read(name), read("_one")])
 
 
+def _check_raw_replies(client: Any) -> None:
+    """The scripts return packed binary state (cross-slot refunds): a client that
+    decodes replies as text would fail on them mid-request."""
+    get_encoder = getattr(client, "get_encoder", None)
+    encoder = get_encoder() if callable(get_encoder) else None
+    if getattr(encoder, "decode_responses", False):
+        raise ConfigurationError(
+            "the Redis store needs a client with decode_responses=False (its scripts"
+            " exchange binary values); pass a URL or a client without it"
+        )
+
+
 def _sentinels(client: Any) -> list[Any]:
     """The clients of the Sentinels behind a client `connect` made, if any."""
     pool = getattr(client, "connection_pool", None)
@@ -256,7 +268,9 @@ class _Limit:
                 return blocked
         clock = self.test_clock
         now_us = -1 if clock is None else clock.time_ns() // 1000
-        return [self.prefix + key, self.heads[mode] + _PAIR.pack(cost, now_us) + self.packed]
+        # a cost past 2^53 is denied all the same, and would not pack as a double
+        packed_cost = _PAIR.pack(min(cost, EXACT), now_us)
+        return [self.prefix + key, self.heads[mode] + packed_cost + self.packed]
 
     def answer(self, result: list[int]) -> Decision:
         if self.breaker.failures:
@@ -303,7 +317,8 @@ class _Many:
             check_cost(cost)
             self.limits.append(limit)
             self.keys.append(limit.prefix + key)
-            self.tiers.append(limit.head + _DOUBLE.pack(cost) + limit.packed)
+            # a cost past 2^53 is denied all the same, and would not pack as a double
+            self.tiers.append(limit.head + _DOUBLE.pack(min(cost, EXACT)) + limit.packed)
         self.enforced = len(checks)  # the tiers after these are shadow tiers
         clock = self.limits[0].test_clock
         self.now = "" if clock is None else clock.time_ns() // 1000
@@ -422,6 +437,7 @@ class RedisStore:
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
             client = connect(client, timeout)
+        _check_raw_replies(client)
         self.client = client
         self.scripts = Scripts(client)
         self.breaker = Breaker()
@@ -623,6 +639,7 @@ class AsyncRedisStore:
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
             client = connect(client, timeout, asynchronous=True)
+        _check_raw_replies(client)
         self.client = client
         self.scripts = Scripts(client)
         self.breaker = Breaker()
