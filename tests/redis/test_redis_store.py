@@ -314,3 +314,43 @@ def test_clients_that_decode_replies_and_huge_costs(
             return (await limiter.hit("k", 10**400)).allowed
 
     assert asyncio.run(main()) is False
+
+
+def test_across_slots_a_failure_keeps_a_known_denial_and_refunds_what_counted(
+    redis_6_nodes: RedisCluster, closing: contextlib.ExitStack
+) -> None:
+    store = closing.enter_context(RedisStore(redis_6_nodes.url, timeout=LIVE))
+    tag = name()
+    wide = Limiter("5/hour", store=store, name=tag + "-wide", on_failure="fail_open")
+    narrow = Limiter("1/hour", store=store, name=tag + "-narrow", on_failure="fail_open")
+    checks = [(wide, "{a}"), (narrow, "{b}")]
+    assert hit_many(checks).allowed
+    real_call = store.scripts.call
+    failing: set[str] = set()
+
+    def flaky(script: str, numkeys: int, args: list[object]) -> object:
+        if script in failing:
+            raise StoreUnavailable("redis: injected")
+        return real_call(script, numkeys, args)
+
+    store.scripts.call = flaky  # type: ignore[method-assign]
+    failing.add("_refund")  # the denial is known when the refund fails
+    denied = hit_many(checks)
+    assert not denied.allowed  # not fail_open's "allowed": a tier did deny
+    assert not denied.degraded
+    assert wide.peek("{a}").remaining == 3  # the failed refund left its count
+
+    fresh = [(wide, "{c}"), (narrow, "{d}")]
+    calls = {"n": 0}
+
+    def second_slot_fails(script: str, numkeys: int, args: list[object]) -> object:
+        calls["n"] += 1
+        if script == "_many" and calls["n"] == 2:
+            raise StoreUnavailable("redis: injected")
+        return real_call(script, numkeys, args)
+
+    store.scripts.call = second_slot_fails  # type: ignore[method-assign]
+    degraded = hit_many(fresh)
+    assert degraded.degraded  # no tier denied: the policy answers
+    store.scripts.call = real_call  # type: ignore[method-assign]
+    assert wide.peek("{c}").remaining == 5  # and the first slot's count was refunded

@@ -10,6 +10,7 @@ is then sent with every call. Keys expire once their state is full again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import struct
 from collections.abc import Generator, Sequence
@@ -390,21 +391,34 @@ def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Answers]
         out = yield MANY, len(many.keys), many.args(groups[0], "hit")
         return many.answers(out)
     # Across slots: count slot by slot; after a denial only evaluate, then refund
-    # the slots that counted (see RedisStore).
+    # the slots that counted (see RedisStore). A store error (thrown in by the
+    # driver) after a slot denied still answers that denial; one before any
+    # denial refunds what counted, as far as the store lets it, and goes to the
+    # policy. A refund that fails leaves its count: deny more, never admit more.
     decisions: list[tuple[int, Decision]] = []
     counted: list[tuple[list[int], list[Any]]] = []
     denied = False
+    failure: StoreError | None = None
     for tiers in groups:
-        out = yield MANY, len(tiers), many.args(tiers, "dry" if denied else "keep")
+        try:
+            out = yield MANY, len(tiers), many.args(tiers, "dry" if denied else "keep")
+        except StoreError as exc:
+            if denied:
+                break
+            failure = exc
+            break
         decisions.append(many.answer(tiers, out))
         if not decisions[-1][1].allowed:
             denied = True
         elif not denied:
             counted.append((tiers, out[10:]))
-    if denied:
+    if denied or failure is not None:
         for tiers, written in counted:
             if written:
-                yield REFUND, len(written) // 3, many.refund_args(tiers, written)
+                with contextlib.suppress(StoreError):
+                    yield REFUND, len(written) // 3, many.refund_args(tiers, written)
+    if failure is not None:
+        raise failure
     decisions.sort(key=lambda tier_decision: tier_decision[0])  # ties go by tier order
     return pick([decision for _, decision in decisions]), None
 
@@ -501,7 +515,12 @@ class RedisStore:
         try:
             request = next(plan)
             while True:
-                request = plan.send(call(*request))
+                try:
+                    result = call(*request)
+                except StoreError as exc:  # the plan decides what a failure means
+                    request = plan.throw(exc)
+                else:
+                    request = plan.send(result)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
@@ -709,7 +728,12 @@ class AsyncRedisStore:
         try:
             request = next(plan)
             while True:
-                request = plan.send(await submit(*request))
+                try:
+                    result = await submit(*request)
+                except StoreError as exc:  # the plan decides what a failure means
+                    request = plan.throw(exc)
+                else:
+                    request = plan.send(result)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
