@@ -329,3 +329,20 @@ def test_a_billion_laughs_is_refused_at_its_first_alias() -> None:
         loads("\n".join(lines), "bomb.yaml")
     assert str(info.value).startswith("bomb.yaml:2: ")
     assert "aliases (*name) are not allowed" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "rules: " + "[" * 50_000 + "]" * 50_000 + "\n",
+        "rules:\n  - name: a\n    rate: 1/minute\n    description: "
+        + "{a: " * 30_000
+        + "b"
+        + "}" * 30_000
+        + "\n",
+    ],
+)
+def test_deep_nesting_is_refused_not_a_crash(text: str) -> None:
+    """libyaml's composer recurses in C: this used to kill the process."""
+    with pytest.raises(RuleFileError, match="nested more than 64 levels"):
+        loads(text, "deep.yaml")

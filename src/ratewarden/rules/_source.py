@@ -120,6 +120,10 @@ def parse_text(text: str, filename: str = "<string>", *, max_bytes: int = MAX_BY
         _Loader(text) if _CLoader is None else _CLoader(text)
     )
     try:
+        deep = _too_deep(text)
+        if deep is not None:
+            reason = f"nested more than {_MAX_DEPTH} levels deep: not a rule file"
+            raise RuleFileError(Problem(filename, deep, None, None, reason))
         root = loader.get_single_node()
         if root is None:
             reason = "the file is empty: expected a mapping with a 'rules:' list"
@@ -140,6 +144,32 @@ def parse_text(text: str, filename: str = "<string>", *, max_bytes: int = MAX_BY
     finally:
         loader.dispose()
     return Document(filename, data, root)
+
+
+_MAX_DEPTH = 64  # a rule file nests about 5 deep
+_SHALLOW = 16_384  # below this many characters no nesting can hurt the composer
+
+
+def _too_deep(text: str) -> int | None:
+    """The line where nesting passes `_MAX_DEPTH`, if it does. libyaml composes
+    nodes recursively in C: some 50,000 levels (100 KB of ``[[[...``) crash the
+    process, where no RecursionError can catch it. Its event parser is not
+    recursive, so a pass over the events finds the depth first (on larger files
+    only: a small one cannot nest that deep)."""
+    if len(text) < _SHALLOW:
+        return None
+    depth = 0
+    starts = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+    ends = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+    for event in yaml.parse(text, Loader=_CLoader or yaml.SafeLoader):
+        if isinstance(event, starts):
+            depth += 1
+            if depth > _MAX_DEPTH:
+                mark = event.start_mark
+                return 1 if mark is None else int(mark.line) + 1
+        elif isinstance(event, ends):
+            depth -= 1
+    return None
 
 
 class _Loader(yaml.SafeLoader):
