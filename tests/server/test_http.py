@@ -371,3 +371,21 @@ def test_a_store_error_is_a_503_not_a_crash(rules_file: Path) -> None:
         assert "ratewarden_store_errors_total 2.0" in metrics
 
     run(main())
+
+
+def test_auth_shadow_ban_never_lets_the_request_through(rules_file: Path) -> None:
+    """A gateway sends any 2xx from /auth on to the backend: a shadow-banned
+    request is answered 429 with the rule's body, no rate-limit headers."""
+    headers = {"X-Original-URI": "/api/comments", "X-Original-Method": "POST", "X-User": "u"}
+
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            answers = [await client.get("/auth", headers=headers) for _ in range(2)]
+        assert answers[0].status_code == 200
+        assert answers[1].status_code == 429
+        assert answers[1].text == "queued"
+        assert answers[1].headers["x-queued"] == "yes"
+        assert not any(name.startswith(("x-ratelimit", "ratelimit", "retry-after"))
+                       for name in answers[1].headers)  # fmt: skip
+
+    run(main())

@@ -298,9 +298,12 @@ class App:
         if outcome.allowed:
             return 200, headers, b""
         if outcome.action == "shadow_ban" and outcome.response is not None:
+            # A gateway passes any 2xx from here on to the backend: the rule's
+            # "success" would have the request processed. Answer 429 with the
+            # rule's body and headers, and no rate-limit headers to give it away.
             response = outcome.response
-            headers += [(k.lower().encode(), v.encode()) for k, v in response.headers.items()]
-            return response.status, headers, response.body.encode()
+            canned = [(k.lower().encode(), v.encode()) for k, v in response.headers.items()]
+            return 429, canned, response.body.encode()
         problem = _encode(Problem(f"rate limited by {_rule_name(outcome)}"))
         return outcome.status, _JSON + headers, problem
 
