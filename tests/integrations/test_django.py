@@ -16,6 +16,7 @@ from django.urls import path
 from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock, MemoryStore
 from ratewarden.integrations.django import limit
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleSet, loads
+from ratewarden.stores.redis import AsyncRedisStore
 
 from .conftest import RATE_HEADERS, expected_headers, state
 
@@ -182,3 +183,15 @@ def test_settings_are_checked() -> None:
         pytest.raises(ConfigurationError, match="needs a RuleEngine or AsyncRuleEngine"),
     ):
         Client().get("/api/items")
+
+
+def test_a_sync_view_refuses_an_async_engine_on_redis() -> None:
+    """async_to_sync runs each request on a new loop; a Redis client belongs to its
+    first one, and requests went through unchecked."""
+    engine = AsyncRuleEngine(loads(ROUTE_RULES), AsyncRedisStore("redis://127.0.0.1:1/0"))
+
+    def view(request: HttpRequest) -> HttpResponse:
+        return HttpResponse("ok")  # pragma: no cover - never built
+
+    with pytest.raises(ConfigurationError, match="cannot run an AsyncRuleEngine"):
+        limit(engine)(view)

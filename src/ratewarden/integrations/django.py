@@ -33,6 +33,7 @@ from django.utils.module_loading import import_string
 
 from .._errors import ConfigurationError
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
+from ..stores import AsyncMemoryStore
 from ._request import HeaderMode, Reply, Responder, attributes, check_any_engine, content_length
 from .asgi import run_engine
 from .wsgi import EnvironHeaders, log
@@ -61,6 +62,18 @@ def request_attributes(
         identity=identity,
         route=route,
     )
+
+
+def _sync_can_run(engine: Engine) -> None:
+    """A sync request runs an `AsyncRuleEngine` through ``async_to_sync``, a new
+    event loop each time: fine for the memory store, but a Redis client's
+    connections and batcher belong to the loop that made them, and requests
+    would go through unchecked."""
+    if isinstance(engine, AsyncRuleEngine) and not isinstance(engine.store, AsyncMemoryStore):
+        raise ConfigurationError(
+            "a sync Django view or middleware cannot run an AsyncRuleEngine on "
+            f"{type(engine.store).__name__}: use a RuleEngine with RedisStore there"
+        )
 
 
 def _check_sync(engine: Engine, attrs: Mapping[str, object]) -> Outcome | None:
@@ -165,6 +178,8 @@ class RateLimitMiddleware:
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
+        else:
+            _sync_can_run(self.limits.engine)
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
@@ -195,6 +210,8 @@ def limit(
                 return await limits.arun(request, call)
 
             return async_limited
+
+        _sync_can_run(limits.engine)
 
         @functools.wraps(view)
         def limited(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
