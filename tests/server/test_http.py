@@ -209,6 +209,8 @@ def test_rules_reload_and_key_reset(rules_file: Path) -> None:
             assert (await client.post("/v1/check", json=LOGIN)).json()["allowed"]
             nope = await client.delete("/v1/keys/x", params={"rule": "nope"})
             assert nope.status_code == 404
+            escaped = await client.delete("/v1/keys/a%252Fb%2Fu", params={"rule": "login"})
+            assert escaped.json()["key"] == "a%2Fb/u"  # decoded once, as sent
 
             rules_file.write_text(rules_file.read_text().replace("3/minute", "5/minute"))
             reloaded = await client.post("/v1/reload")
@@ -270,6 +272,10 @@ def test_bearer_token(rules_file: Path) -> None:
             wrong = {"Authorization": "Bearer nope"}
             assert (await client.post("/v1/check", json=LOGIN, headers=wrong)).status_code == 401
             assert (await client.post("/v1/check", json=LOGIN, headers=good)).status_code == 200
+            lower = {"Authorization": "bearer s3cret"}  # the scheme is case-insensitive
+            assert (await client.post("/v1/check", json=LOGIN, headers=lower)).status_code == 200
+            other = {"Authorization": "Basic s3cret"}
+            assert (await client.post("/v1/check", json=LOGIN, headers=other)).status_code == 401
             assert (await client.get("/metrics")).status_code == 401
             assert (await client.get("/auth")).status_code == 401
             assert (await client.post("/v1/reload", headers=good)).status_code == 200

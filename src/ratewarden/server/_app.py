@@ -23,7 +23,6 @@ Bad input is a 4xx with ``{"error": ...}``; the body size is limited.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
@@ -34,7 +33,7 @@ from urllib.parse import parse_qs, unquote
 import msgspec
 
 from .._errors import ConfigurationError, StoreError
-from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
+from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
 from ._metrics import CONTENT_TYPE_LATEST
 from ._service import InvalidRequest, Service
 
@@ -123,7 +122,7 @@ class App:
         if type(max_body) is not int or max_body < 1024:
             raise ConfigurationError(f"max_body must be >= 1024 bytes, got {max_body!r}")
         self.service = service
-        self._token = None if token is None else b"Bearer " + token.encode()
+        self._token = None if token is None else token.encode()
         self.open_checks = open_checks
         self.max_body = max_body
         self._openapi = json.dumps(
@@ -203,7 +202,7 @@ class App:
             return
         for name, value in scope["headers"]:
             if name == b"authorization":
-                if hmac.compare_digest(value, self._token):
+                if bearer_matches(value, self._token):
                     return
                 break
         raise _HTTPError(
@@ -261,7 +260,9 @@ class App:
         return 200, _JSON, _encode(answer)
 
     async def _reset(self, scope: Scope) -> _Answer:
-        key = unquote(scope["path"][len("/v1/keys/") :])
+        # raw_path: scope["path"] is decoded already, and a key may hold %-escapes
+        raw = scope.get("raw_path") or scope["path"].encode()
+        key = unquote(raw.decode("latin-1").partition("?")[0][len("/v1/keys/") :])
         if not key:
             raise _HTTPError(400, "no key given: DELETE /v1/keys/{key}")
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))

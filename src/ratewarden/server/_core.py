@@ -12,6 +12,7 @@ by the YAML rules, so Envoy can use the same rule file as everything else.
 
 from __future__ import annotations
 
+import hmac
 import math
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
@@ -254,3 +255,10 @@ def rule_statuses(outcome: Outcome, count: int) -> list[DescriptorStatus]:
 
 def entries_of(descriptors: Sequence[Descriptor]) -> list[list[tuple[str, str]]]:
     return [[(e.key, e.value) for e in d.entries] for d in descriptors]
+
+
+def bearer_matches(header: bytes, token: bytes) -> bool:
+    """An ``Authorization`` value carries ``token`` as a bearer token. The scheme
+    is case-insensitive (RFC 7235); the token is compared in constant time."""
+    scheme, _, sent = header.strip().partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(sent.strip(), token)

@@ -11,7 +11,6 @@ descriptors the server decodes with.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import math
 import tempfile
@@ -26,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .._errors import ConfigurationError, StoreError
-from ._core import MAX_COST, CheckResult
+from ._core import MAX_COST, CheckResult, bearer_matches
 from ._service import InvalidRequest, Service
 
 __all__ = ["SERVICE_NAME", "GrpcServer", "messages"]
@@ -87,7 +86,7 @@ _UNITS = {1: 1, 60: 2, 3600: 3, 86400: 4, 30 * 86400: 5, 365 * 86400: 6, 7 * 864
 class _RateLimitService:
     def __init__(self, service: Service, token: str | None) -> None:
         self.service = service
-        self._token = None if token is None else "Bearer " + token
+        self._token = None if token is None else token.encode()
         m = messages()
         self.Request = m["RateLimitRequest"]
         self.Response = m["RateLimitResponse"]
@@ -106,7 +105,7 @@ class _RateLimitService:
         started = time.perf_counter()
         if self._token is not None:
             sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-            if not hmac.compare_digest(sent.encode(), self._token.encode()):
+            if not bearer_matches(sent.encode(), self._token):
                 await context.abort(
                     grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is needed"
                 )
