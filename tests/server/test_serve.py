@@ -80,6 +80,10 @@ def test_bad_options_are_errors_not_tracebacks(rules_file: Path, tmp_path: Path)
         (["--http", "off", "--grpc", "off"], "nothing to serve"),
         (["--store", "mongodb://x"], "--store takes 'memory' or a Redis URL"),
         (["--config", str(tmp_path / "missing.yaml")], "missing.yaml"),
+        (["--token-file", str(tmp_path / "no-token")], "--token-file"),
+        (["--grpc-cert", str(tmp_path / "c"), "--grpc-key", str(tmp_path / "k")], "--grpc-cert"),
+        (["--drain", "nan"], "--drain must be a finite number"),
+        (["--store", "memory://", "--workers", "2"], "with the memory store"),
     ]:
         done = subprocess.run(
             [str(RATEWARDEN), "serve", "--config", str(rules_file), *args],

@@ -212,5 +212,12 @@ def parse_tls(cert: str | None, key: str | None, client_ca: str | None) -> Any:
         return None
     if cert is None or key is None:
         raise ConfigurationError("--grpc-cert and --grpc-key go together")
-    ca = None if client_ca is None else Path(client_ca).read_bytes()
-    return Path(cert).read_bytes(), Path(key).read_bytes(), ca
+
+    def read(path: str, option: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigurationError(f"{option} {path}: {exc}") from exc
+
+    ca = None if client_ca is None else read(client_ca, "--grpc-client-ca")
+    return read(cert, "--grpc-cert"), read(key, "--grpc-key"), ca

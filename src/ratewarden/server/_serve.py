@@ -109,7 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def options_from(args: argparse.Namespace) -> ServeOptions:
     token = os.environ.get("RATEWARDEN_TOKEN") or None
     if args.token_file is not None:
-        token = Path(args.token_file).read_text().strip()
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"--token-file {args.token_file}: {exc}") from exc
         if not token:
             raise ConfigurationError(f"{args.token_file} holds no token")
     return ServeOptions(
@@ -164,7 +167,7 @@ def setup_logging(fmt: str, level: str) -> None:
 
 
 def make_store(url: str, options: ServeOptions) -> AsyncStore:
-    if url == "memory":
+    if url in ("memory", "memory://"):
         return AsyncMemoryStore(max_keys=options.max_keys)
     if url.split("://", 1)[0] not in ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel"):
         raise ConfigurationError(f"--store takes 'memory' or a Redis URL, got {url!r}")
@@ -178,7 +181,12 @@ def check_options(options: ServeOptions) -> None:
         raise ConfigurationError("--http off and --grpc off: nothing to serve")
     if type(options.workers) is not int or options.workers < 1:
         raise ConfigurationError(f"--workers must be >= 1, got {options.workers!r}")
-    if options.workers > 1 and options.store == "memory":
+    memory = options.store in ("memory", "memory://")
+    if not memory and not options.store.startswith(
+        ("redis://", "rediss://", "unix://", "redis+cluster://", "redis+sentinel://")
+    ):
+        raise ConfigurationError(f"--store takes 'memory' or a Redis URL, got {options.store!r}")
+    if options.workers > 1 and memory:
         raise ConfigurationError(
             f"--workers {options.workers} with the memory store: each process would keep "
             f"its own counters and admit the whole limit, {options.workers} times the rate. "
@@ -186,8 +194,8 @@ def check_options(options: ServeOptions) -> None:
         )
     if options.workers > 1 and options.grpc is not None and options.grpc.endswith(":0"):
         raise ConfigurationError("--workers needs a fixed --grpc port (the workers share it)")
-    if options.drain < 0:
-        raise ConfigurationError(f"--drain must be >= 0 seconds, got {options.drain!r}")
+    if not (math.isfinite(options.drain) and options.drain >= 0):
+        raise ConfigurationError(f"--drain must be a finite number >= 0, got {options.drain!r}")
     for address, what in ((options.http, "--http"), (options.grpc, "--grpc")):
         if address is not None:
             _address(address, what)
