@@ -22,7 +22,7 @@ from ratewarden import (
     MemoryStore,
     RateLimitTimeout,
 )
-from ratewarden.integrations._consumer import retry_after_seconds
+from ratewarden.integrations._consumer import MAX_PAUSE, retry_after_seconds
 from ratewarden.integrations.aiohttp import RateLimitMiddleware
 from ratewarden.integrations.httpx import AsyncRateLimitTransport, RateLimitTransport
 
@@ -229,3 +229,9 @@ def test_aiohttp_middleware_against_a_real_server(clock: FakeClock) -> None:
 )
 def test_retry_after_values(value: str | None, seconds: float | None) -> None:
     assert retry_after_seconds(value, 1_700_000_000 * SECOND) == seconds
+
+
+def test_retry_after_is_ascii_seconds_capped_at_a_day() -> None:
+    assert retry_after_seconds("\xb2", 0) is None  # "²": isdigit() but no number
+    assert retry_after_seconds("99999999999999", 0) == MAX_PAUSE
+    assert retry_after_seconds(" 7 ", 0) == 7.0

@@ -156,6 +156,9 @@ def test_keys_of_several_attributes_cannot_collide(ruleset: RuleSet) -> None:
         ("10.0.0.1", "10.0.0.9, 10.0.0.7", "10.0.0.9"),  # all ours: the first
         ("10.0.0.1", "", "10.0.0.1"),
         ("10.0.0.1", None, "10.0.0.1"),
+        ("10.0.0.1", "5.5.5.5:1111", "5.5.5.5"),  # a proxy that adds the port
+        ("10.0.0.1", "[2001:db8::1]:4711, 10.0.0.7:80", "2001:db8::1"),
+        ("10.0.0.1", "2001:db8::2", "2001:db8::2"),  # bare IPv6: colons, no port
     ],
 )
 def test_client_ip_behind_trusted_proxies(

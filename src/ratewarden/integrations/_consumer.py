@@ -20,21 +20,26 @@ from .._waiting import check_max_wait
 __all__ = ["Pauses", "retry_after_seconds"]
 
 
+# A provider's Retry-After is capped at a day: a bogus 99999999999 would pause a key
+# for millennia (and overflow a sleep).
+MAX_PAUSE = 86_400.0
+
+
 def retry_after_seconds(value: str | None, now_ns: int) -> float | None:
     """A ``Retry-After`` value in seconds from now: delta-seconds or an HTTP-date;
     None when absent or unreadable."""
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if value.isascii() and value.isdigit():  # not "²", which isdigit() also takes
+        return min(float(value), MAX_PAUSE)
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:  # an HTTP-date is GMT; a sloppy one without a zone too
         return None
-    return max(0.0, when.timestamp() - now_ns / 1e9)
+    return min(max(0.0, when.timestamp() - now_ns / 1e9), MAX_PAUSE)
 
 
 class Pauses:

@@ -314,12 +314,21 @@ def _client_ip_function(config: ClientIP) -> Callable[[Mapping[str, object]], ob
         hops = [hop.strip() for hop in forwarded.split(",")]
         if header == "forwarded":
             hops = [_forwarded_for(hop) for hop in hops]
+        else:  # some proxies add the port: "203.0.113.9:1111", "[2001:db8::1]:4711"
+            hops = [_without_port(hop) for hop in hops]
         for hop in reversed(hops):
             if hop and not trusted(hop):
                 return hop
         return hops[0] or peer  # every hop is ours: the first is as close as we get
 
     return client_ip
+
+
+def _without_port(address: str) -> str:
+    """An address without a port or IPv6 brackets, so one client is one key."""
+    if address.startswith("["):
+        return address[1:].partition("]")[0]
+    return address.partition(":")[0] if address.count(":") == 1 else address
 
 
 def _forwarded_for(element: str) -> str:
@@ -329,10 +338,7 @@ def _forwarded_for(element: str) -> str:
         name, _, value = pair.strip().partition("=")
         if name.strip().lower() != "for":
             continue
-        value = value.strip().strip('"')
-        if value.startswith("["):  # "[2001:db8::1]:4711"
-            return value[1:].partition("]")[0]
-        return value.partition(":")[0] if value.count(":") == 1 else value
+        return _without_port(value.strip().strip('"'))  # "[2001:db8::1]:4711"
     return ""
 
 
