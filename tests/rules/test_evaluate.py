@@ -336,3 +336,9 @@ def test_explain_agrees_with_evaluate_on_odd_paths(ruleset: RuleSet) -> None:
         request = {"method": "POST", "path": path, "ip": "203.0.113.7"}
         applies = {e.rule.name for e in ruleset.explain(request) if e.verdict == "applies"}
         assert applies == set(applied(ruleset, **request)), path
+
+
+def test_boolean_attributes_match_as_yaml_spells_them() -> None:
+    rules = loads("rules:\n  - {name: beta, rate: 1/minute, match: {attributes: {beta: 'true'}}}\n")
+    assert [a.rule.name for a in rules.evaluate({"beta": True})] == ["beta"]
+    assert rules.evaluate({"beta": False}) == []

@@ -129,6 +129,7 @@ class _Core(Generic[L]):
             self.path = Path(source)
             ruleset = load(self.path)
         self.last_error: ConfigurationError | None = None
+        self._reloading = threading.Lock()
         self._install(ruleset)
 
     def _limiter(self, spec: LimitSpec) -> L:  # pragma: no cover - the shells override
@@ -149,13 +150,16 @@ class _Core(Generic[L]):
         raises `RuleFileError` and leaves the rules in force as they were."""
         if self.path is None:
             raise ConfigurationError("this engine was built from rules in memory: no file")
-        try:
-            ruleset = load(self.path)
-        except ConfigurationError as exc:
-            self.last_error = exc
-            raise
-        self._install(ruleset)
-        self.last_error = None
+        # One reload at a time (watcher, SIGHUP, API): an older, slower load must
+        # not put its rules in force after a newer one did.
+        with self._reloading:
+            try:
+                ruleset = load(self.path)
+            except ConfigurationError as exc:
+                self.last_error = exc
+                raise
+            self._install(ruleset)
+            self.last_error = None
         for warning in ruleset.warnings:
             log.warning("%s", warning)
         return ruleset
@@ -171,7 +175,8 @@ class _Core(Generic[L]):
 
     def use(self, ruleset: RuleSet) -> None:
         """Put an already compiled rule set in force (an API-driven reload)."""
-        self._install(ruleset)
+        with self._reloading:
+            self._install(ruleset)
 
     def watch(self, interval: float = 1.0) -> Watcher:
         """Reload whenever the rule file changes, checked every ``interval`` seconds
