@@ -395,3 +395,15 @@ def test_auth_shadow_ban_never_lets_the_request_through(rules_file: Path) -> Non
                        for name in answers[1].headers)  # fmt: skip
 
     run(main())
+
+
+def test_a_batch_with_a_bad_check_counts_nothing(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            bad = {"checks": [LOGIN, LOGIN, {"domain": "nowhere", "descriptors": [
+                {"entries": [{"key": "k", "value": "v"}]}]}]}  # fmt: skip
+            assert (await client.post("/v1/check/batch", json=bad)).status_code == 404
+            first = (await client.post("/v1/check", json=LOGIN)).json()
+            assert first["remaining"] == first["limit"] - 1  # the batch counted nothing
+
+    run(main())

@@ -355,8 +355,10 @@ def _normal_method(method: object) -> str | None:
 
 
 def _as_text(value: object) -> str | None:
-    if value is None or type(value) is str:
-        return value
+    return value if value is None or type(value) is str else _text(value)
+
+
+def _text(value: object) -> str:
     if type(value) is bool:  # as the rule file (YAML) spells it, not Python's "True"
         return "true" if value else "false"
     return str(value)
@@ -447,7 +449,7 @@ class RuleSet:
         for name, table in self._attribute_tables:
             value = get(name)
             if value is not None:
-                rules = table.get(value if type(value) is str else _as_text(value))
+                rules = table.get(value if type(value) is str else _text(value))
                 if rules:
                     found += rules
         out = self._fixed.copy()

@@ -239,6 +239,11 @@ class App:
 
     async def _batch(self, scope: Scope, receive: Receive) -> _Answer:
         batch = _parse(_decode_batch, await self._body(scope, receive))
+        for n, request in enumerate(batch.checks):  # all valid, or nothing counts
+            try:
+                self.service.validate(request)
+            except InvalidRequest as exc:
+                raise type(exc)(f"checks[{n}]: {exc}") from None
         results: list[CheckResult] = []
         for request in batch.checks:  # in order: a batch counts as its checks would
             try:

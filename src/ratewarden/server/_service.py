@@ -13,7 +13,7 @@ from typing import Any
 
 from .._errors import ConfigurationError, RatewardenError, StoreError
 from .._limiter import AsyncLimiter
-from ..rules import AsyncEnvoyConfig, AsyncRuleEngine, Outcome, RuleSet
+from ..rules import AsyncEnvoyConfig, AsyncRuleEngine, Outcome, RuleSet, load
 from ..stores import AsyncStore
 from ._core import (
     CheckRequest,
@@ -76,8 +76,9 @@ class Service:
 
     # -- checks ---------------------------------------------------------------
 
-    async def check(self, request: CheckRequest, *, wait: bool = False) -> CheckResult:
-        """One check of the API's shape: attributes, or a domain and descriptors."""
+    def validate(self, request: CheckRequest) -> int:
+        """Everything about a check that can be wrong before it counts; its cost.
+        A batch validates every check before counting any."""
         try:
             cost = whole_cost(request.cost)
         except ValueError as exc:
@@ -85,11 +86,27 @@ class Service:
         if request.attributes is not None:
             if request.domain is not None or request.descriptors is not None:
                 raise InvalidRequest("give either attributes or domain + descriptors, not both")
-            outcome = await self.check_attributes(request.attributes, cost, wait=wait)
-            return outcome_result(outcome)
+            return cost
         if request.domain is None or request.descriptors is None:
             raise InvalidRequest("give attributes, or a domain and at least one descriptor")
-        return await self.check_descriptors(request.domain, entries_of(request.descriptors), cost)
+        entries = entries_of(request.descriptors)
+        if not entries or any(not e for e in entries):
+            raise InvalidRequest("a check needs descriptors, each with at least one entry")
+        envoy = self.envoy
+        if request.domain != self.domain and (envoy is None or request.domain not in envoy.domains):
+            raise NotFound(f"unknown domain {request.domain!r}")
+        return cost
+
+    async def check(self, request: CheckRequest, *, wait: bool = False) -> CheckResult:
+        """One check of the API's shape: attributes, or a domain and descriptors."""
+        cost = self.validate(request)
+        if request.attributes is not None:
+            outcome = await self.check_attributes(request.attributes, cost, wait=wait)
+            return outcome_result(outcome)
+        domain, descriptors = request.domain, request.descriptors
+        if domain is None or descriptors is None:  # validated above; for the type checker
+            raise InvalidRequest("give attributes, or a domain and at least one descriptor")
+        return await self.check_descriptors(domain, entries_of(descriptors), cost)
 
     async def check_attributes(
         self, attributes: Mapping[str, object], cost: int = 1, *, wait: bool = False
@@ -155,17 +172,26 @@ class Service:
     async def reload(self) -> dict[str, Any]:
         """Load the rule file (and envoy files) again; a bad file raises
         `ConfigurationError` and leaves everything in force as it was."""
+        engine = self.engine
         try:
-            # compiling 10,000 rules takes seconds: not on the event loop
-            ruleset = await asyncio.to_thread(self.engine.reload)
+            if engine.path is None:
+                raise ConfigurationError("the rules were given in memory: no file to reload")
+            # compiling 10,000 rules takes seconds: not on the event loop. Both files
+            # load before either goes in force: a bad envoy file keeps the old rules.
+            ruleset = await asyncio.to_thread(load, engine.path)
             envoy = None
             if self.envoy_files:
                 envoy = await asyncio.to_thread(
                     AsyncEnvoyConfig.load, *self.envoy_files, store=self.store
                 )
-        except ConfigurationError:
+        except ConfigurationError as exc:
+            engine.last_error = exc
             self.metrics.reloads.labels("failed").inc()
             raise
+        engine.use(ruleset)
+        engine.last_error = None
+        for warning in ruleset.warnings:
+            log.warning("%s", warning)
         if envoy is not None:
             self.envoy = envoy  # the same limiter names: counters carry on
         self.metrics.reloads.labels("ok").inc()
