@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMappi
 from typing import Any
 
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
+from ..rules._engine import wait_out
 from ..stores import MemoryStore
 from ._request import HeaderMode, Reply, Responder, attributes, check_any_engine, content_length
 
@@ -119,11 +120,16 @@ async def run_engine(
     again on the thread counts it once."""
     if isinstance(engine, AsyncRuleEngine):
         return await engine.acheck(attributes, wait=True)
-    if isinstance(engine.store, MemoryStore):
-        outcome = engine.check(attributes)
-        if outcome.action != "delay":
-            return outcome
-    return await asyncio.to_thread(engine.check, attributes, wait=True)
+    inline = isinstance(engine.store, MemoryStore)
+
+    async def check() -> Outcome:
+        if inline:
+            return engine.check(attributes)
+        return await asyncio.to_thread(engine.check, attributes)
+
+    # The checks may hop to a thread; the waiting happens here, on the loop, with
+    # the deadline set now: a delay never queues for one of the executor's threads.
+    return await wait_out(await check(), check, engine.store.clock)
 
 
 async def send_reply(send: Send, reply: Reply) -> None:

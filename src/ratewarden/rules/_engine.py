@@ -31,7 +31,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -39,6 +39,7 @@ from typing import Generic, Literal, TypeVar
 
 import msgspec
 
+from .._clock import Clock
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._headers import Policy, rate_limit_headers
@@ -47,7 +48,7 @@ from ..stores import AsyncStore, Store
 from ._compile import Applicable, CompiledRule, LimitSpec, RuleSet, load
 from ._schema import Response
 
-__all__ = ["AsyncRuleEngine", "Outcome", "RuleEngine", "Watcher"]
+__all__ = ["AsyncRuleEngine", "Outcome", "RuleEngine", "Watcher", "wait_out"]
 
 log = logging.getLogger("ratewarden.rules")
 
@@ -317,22 +318,32 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
     ) -> Outcome:
         """The twin of `RuleEngine.check`; waiting never blocks the event loop."""
         outcome = await self._check_once(attributes, cost)
-        if not wait or outcome.action != "delay" or outcome.rule is None:
+        if not wait:
             return outcome
-        clock = self.store.clock
-        deadline = clock.time_ns() + round((outcome.rule.max_wait or 0) * 1e9)
-        while True:
-            if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
-                return _too_long(outcome)
-            await clock.asleep(outcome.wait)
-            outcome = await self._check_once(attributes, cost)
-            if outcome.action != "delay":
-                return outcome
+        return await wait_out(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
     async def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
         decision, report = await ahit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
+
+
+async def wait_out(
+    outcome: Outcome, check_again: Callable[[], Awaitable[Outcome]], clock: Clock
+) -> Outcome:
+    """Hold a ``delay`` outcome on ``clock`` (without blocking the loop) and check
+    again until it passes, is rejected, or would wait past the rule's
+    ``max_wait``, counted from now. Any other outcome is returned as it is."""
+    if outcome.action != "delay" or outcome.rule is None:
+        return outcome
+    deadline = clock.time_ns() + round((outcome.rule.max_wait or 0) * 1e9)
+    while True:
+        if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
+            return _too_long(outcome)
+        await clock.asleep(outcome.wait)
+        outcome = await check_again()
+        if outcome.action != "delay":
+            return outcome
 
 
 def _too_long(outcome: Outcome) -> Outcome:
