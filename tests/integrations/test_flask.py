@@ -167,3 +167,20 @@ def test_wsgi_middleware_around_flask(
     assert refused.get_json()["violated-policies"] == ["api"]
     assert int(refused.headers["Content-Length"]) == len(refused.data)
     assert calls == ["/api/items"] * 3
+
+
+def test_extension_and_decorator_send_each_header_once(clock: FakeClock) -> None:
+    app_rules = loads("rules:\n  - {name: app, rate: 100/minute}\n")
+    route_rules = loads("rules:\n  - {name: route, rate: 2/minute}\n")
+    store = MemoryStore(clock=clock)
+    app = Flask(__name__)
+    RateLimiter(app, RuleEngine(app_rules, store))
+
+    @app.get("/x")
+    @limit(RuleEngine(route_rules, store))
+    def x() -> Any:
+        return {"ok": True}
+
+    response = app.test_client().get("/x")
+    assert response.headers.getlist("X-RateLimit-Limit") == ["2"]  # the route's, once
+    assert len(response.headers.getlist("RateLimit")) == 1

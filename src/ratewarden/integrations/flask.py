@@ -105,7 +105,12 @@ class _AddHeaders:
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             extra = environ.get(_KEY)
-            return start_response(status, [*headers, *extra] if extra else headers, exc_info)
+            if extra:
+                # a view's own @limit already said how it stands: its route's limits
+                # speak, and each field appears once
+                present = {name.lower() for name, _ in headers}
+                headers = [*headers, *(h for h in extra if h[0].lower() not in present)]
+            return start_response(status, headers, exc_info)
 
         return self.app(environ, start)
 
