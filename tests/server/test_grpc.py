@@ -109,6 +109,8 @@ def test_envoy_config_domains(rules_file: Path, envoy_file: Path) -> None:
         (request("nowhere", LOGIN), "unknown domain 'nowhere'"),
         (request("ratewarden"), "at least one descriptor"),
         (request("ratewarden", []), "at least one entry"),
+        (request("ratewarden", *[LOGIN] * 65), "at most 64 descriptors"),
+        (request("ratewarden", [("k", "v")] * 65), "at most 64 descriptors"),
     ],
 )
 def test_invalid_requests_get_invalid_argument(rules_file: Path, message: Any, words: str) -> None:

@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .._errors import ConfigurationError, StoreError
-from ._core import MAX_COST, CheckResult, bearer_matches
+from ._core import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult, bearer_matches
 from ._service import InvalidRequest, Service
 
 __all__ = ["SERVICE_NAME", "GrpcServer", "messages"]
@@ -111,6 +111,13 @@ class _RateLimitService:
                 )
         if not request.domain:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request needs a domain")
+        if len(request.descriptors) > MAX_DESCRIPTORS or any(
+            len(d.entries) > MAX_ENTRIES for d in request.descriptors
+        ):  # the HTTP API's bounds: a request's work stays small
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"at most {MAX_DESCRIPTORS} descriptors of at most {MAX_ENTRIES} entries each",
+            )
         descriptors = [[(e.key, e.value) for e in d.entries] for d in request.descriptors]
         cost = request.hits_addend or 1
         addends = {d.hits_addend.value for d in request.descriptors if d.HasField("hits_addend")}
