@@ -340,3 +340,25 @@ def test_unquoted_numbers_and_booleans_are_values_as_written(store: MemoryStore)
     )
     assert limit_of(cfg, "d", ("status", "429")) == "1/second"
     assert limit_of(cfg, "d", ("internal", "true")) == "unlimited"
+
+
+def test_values_keep_their_spelling_and_empty_means_any(store: MemoryStore) -> None:
+    """YAML 1.1 would read 01234 as octal 668, 12:30 as 750 and yes as true;
+    envoy's loader keeps the text. An empty value matches any value."""
+    cfg = config(
+        """
+        domain: d
+        descriptors:
+          - {key: zip, value: 01234, rate_limit: {unit: second, requests_per_unit: 1}}
+          - {key: at, value: 12:30, rate_limit: {unit: second, requests_per_unit: 2}}
+          - {key: flag, value: yes, rate_limit: {unit: second, requests_per_unit: 3}}
+          - {key: ratio, value: 1.50, rate_limit: {unit: second, requests_per_unit: 4}}
+          - {key: anything, value: "", rate_limit: {unit: second, requests_per_unit: 5}}
+        """,
+        store,
+    )
+    assert limit_of(cfg, "d", ("zip", "01234")) == "1/second"
+    assert limit_of(cfg, "d", ("at", "12:30")) == "2/second"
+    assert limit_of(cfg, "d", ("flag", "yes")) == "3/second"
+    assert limit_of(cfg, "d", ("ratio", "1.50")) == "4/second"
+    assert limit_of(cfg, "d", ("anything", "whatever")) == "5/second"

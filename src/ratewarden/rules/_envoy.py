@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import msgspec
+import yaml
 
 from .._decision import Decision
 from .._errors import ConfigurationError
@@ -300,6 +301,28 @@ def _text(value: str | float | bool | None) -> str | None:
     return str(value)
 
 
+def _raw_values(node: yaml.Node | None, data: object) -> None:
+    """Every descriptor ``value`` as the file spells it. envoyproxy/ratelimit reads
+    values into a string field, so an unquoted ``01234`` is "01234", ``yes`` "yes",
+    ``12:30`` "12:30"; YAML 1.1 resolution would make them 668, True and 750, and
+    the limit would never match. An empty value means "any value", as there."""
+    if isinstance(node, yaml.MappingNode) and isinstance(data, dict):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key not in data:
+                continue
+            if key == "value" and isinstance(value_node, yaml.ScalarNode):
+                if data[key] is not None and not isinstance(data[key], str):
+                    data[key] = value_node.value
+                if data[key] == "":
+                    data[key] = None
+            else:
+                _raw_values(value_node, data[key])
+    elif isinstance(node, yaml.SequenceNode) and isinstance(data, list):
+        for item_node, item in zip(node.value, data, strict=False):
+            _raw_values(item_node, item)
+
+
 def _esc(text: str) -> str:
     return text.replace("%", "%25").replace("|", "%7C").replace("=", "%3D")
 
@@ -314,6 +337,7 @@ def _parse(
     documents = [read_file(p) for p in paths] + [parse_text(t, "<string>") for t in texts]
     out = []
     for document in documents:
+        _raw_values(document.root, document.data)
         try:
             config = msgspec.convert(document.data, _File)
         except msgspec.ValidationError as exc:
