@@ -321,6 +321,7 @@ class _Many:
             # a cost past 2^53 is denied all the same, and would not pack as a double
             self.tiers.append(limit.head + _DOUBLE.pack(min(cost, EXACT)) + limit.packed)
         self.enforced = len(checks)  # the tiers after these are shadow tiers
+        self.checks, self.shadow = checks, shadow
         clock = self.limits[0].test_clock
         self.now = "" if clock is None else clock.time_ns() // 1000
 
@@ -382,14 +383,27 @@ Call: TypeAlias = tuple[str, int, list[Any]]  # script name, numkeys, keys + arg
 Answers: TypeAlias = tuple[Decision | None, Decision | None]  # enforced, shadow
 
 
-def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Answers]:
+def _plan(many: _Many, keyslot: Any) -> Generator[Call, Any, Answers]:
     """The script calls a multi-tier check makes, written once for both twins: each
     yields a call, is sent its result, and returns the Decisions of the enforced
     and the shadow tiers (httpx's auth flows drive sync and async the same way).
-    ``groups``: the tiers by cluster slot; shadow tiers only with one group."""
+    ``keyslot``: a cluster client's, to group the tiers by slot; None on one node."""
+    if many.limits[0].breaker.failures:
+        blocked = many.blocked()
+        if blocked is not None:
+            return blocked
+    everything = list(range(len(many.keys)))
+    groups = [everything] if keyslot is None else many.slots(keyslot)
     if len(groups) == 1:
-        out = yield MANY, len(many.keys), many.args(groups[0], "hit")
+        out = yield MANY, len(many.keys), many.args(everything, "hit")
         return many.answers(out)
+    if many.shadow:  # across slots: the enforced tiers, then the shadow ones, apart
+        decision = None
+        if many.checks:
+            decision = yield from _part(_Many(many.checks), keyslot)
+            if decision is not None and not decision.allowed:
+                return decision, None
+        return decision, (yield from _part(_Many(many.shadow), keyslot))
     # Across slots: count slot by slot; after a denial only evaluate, then refund
     # the slots that counted (see RedisStore). A store error (thrown in by the
     # driver) after a slot denied still answers that denial; one before any
@@ -403,9 +417,8 @@ def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Answers]
         try:
             out = yield MANY, len(tiers), many.args(tiers, "dry" if denied else "keep")
         except StoreError as exc:
-            if denied:
-                break
-            failure = exc
+            if not denied:
+                failure = exc
             break
         decisions.append(many.answer(tiers, out))
         if not decisions[-1][1].allowed:
@@ -421,6 +434,14 @@ def _plan(many: _Many, groups: list[list[int]]) -> Generator[Call, Any, Answers]
         raise failure
     decisions.sort(key=lambda tier_decision: tier_decision[0])  # ties go by tier order
     return pick([decision for _, decision in decisions]), None
+
+
+def _part(many: _Many, keyslot: Any) -> Generator[Call, Any, Decision | None]:
+    """One side of a check split across slots, its own policies answering for it."""
+    try:
+        return (yield from _plan(many, keyslot))[0]
+    except StoreError as exc:
+        return many.failed(exc)[0]
 
 
 class RedisStore:
@@ -496,21 +517,10 @@ class RedisStore:
     def hit_tiers(self, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
         if not shadow:
             return (self.hit_many(checks) if checks else None), None
-        many = _Many(checks, shadow)
-        if self._keyslot is not None and len(many.slots(self._keyslot)) > 1:
-            decision = self.hit_many(checks) if checks else None  # per slot, refunds
-            admitted = decision is None or decision.allowed
-            return decision, (self.hit_many(shadow) if admitted else None)
-        return self._run(many)
+        return self._run(_Many(checks, shadow))
 
     def _run(self, many: _Many) -> Answers:
-        if self.breaker.failures:
-            blocked = many.blocked()
-            if blocked is not None:
-                return blocked
-        everything = list(range(len(many.keys)))
-        groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
-        plan = _plan(many, groups)
+        plan = _plan(many, self._keyslot)
         call = self.scripts.call
         try:
             request = next(plan)
@@ -709,21 +719,10 @@ class AsyncRedisStore:
     async def hit_tiers(self, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
         if not shadow:
             return (await self.hit_many(checks) if checks else None), None
-        many = _Many(checks, shadow)
-        if self._keyslot is not None and len(many.slots(self._keyslot)) > 1:
-            decision = await self.hit_many(checks) if checks else None  # per slot, refunds
-            admitted = decision is None or decision.allowed
-            return decision, (await self.hit_many(shadow) if admitted else None)
-        return await self._run(many)
+        return await self._run(_Many(checks, shadow))
 
     async def _run(self, many: _Many) -> Answers:
-        if self.breaker.failures:
-            blocked = many.blocked()
-            if blocked is not None:
-                return blocked
-        everything = list(range(len(many.keys)))
-        groups = [everything] if self._keyslot is None else many.slots(self._keyslot)
-        plan = _plan(many, groups)
+        plan = _plan(many, self._keyslot)
         submit = self._batcher.submit
         try:
             request = next(plan)
