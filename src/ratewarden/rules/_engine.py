@@ -31,7 +31,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -281,17 +281,9 @@ class RuleEngine(_Core[Limiter]):
         every rule charges (a batch of ``cost`` requests checked as one, as the
         service's ``cost`` field and envoy's ``hits_addend`` ask)."""
         outcome = self._check_once(attributes, cost)
-        if not wait or outcome.action != "delay" or outcome.rule is None:
+        if not wait:
             return outcome
-        clock = self.store.clock
-        deadline = clock.time_ns() + round((outcome.rule.max_wait or 0) * 1e9)
-        while True:
-            if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
-                return _too_long(outcome)
-            clock.sleep(outcome.wait)
-            outcome = self._check_once(attributes, cost)
-            if outcome.action != "delay":
-                return outcome
+        return _wait_out_sync(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
     def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
@@ -328,22 +320,46 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
         return self._outcome(ruleset, applicable, decision, report)
 
 
-async def wait_out(
-    outcome: Outcome, check_again: Callable[[], Awaitable[Outcome]], clock: Clock
-) -> Outcome:
-    """Hold a ``delay`` outcome on ``clock`` (without blocking the loop) and check
-    again until it passes, is rejected, or would wait past the rule's
-    ``max_wait``, counted from now. Any other outcome is returned as it is."""
+def _waits(outcome: Outcome, clock: Clock) -> Generator[float, Outcome, Outcome]:
+    """How a ``delay`` outcome is held, written once for both engines: yields the
+    seconds to sleep and is sent the outcome of checking again, until it passes,
+    is rejected, or would wait past the rule's ``max_wait`` counted from now. Any
+    other outcome is returned as it is."""
     if outcome.action != "delay" or outcome.rule is None:
         return outcome
     deadline = clock.time_ns() + round((outcome.rule.max_wait or 0) * 1e9)
     while True:
         if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
             return _too_long(outcome)
-        await clock.asleep(outcome.wait)
-        outcome = await check_again()
+        outcome = yield outcome.wait
         if outcome.action != "delay":
             return outcome
+
+
+def _wait_out_sync(outcome: Outcome, check_again: Callable[[], Outcome], clock: Clock) -> Outcome:
+    """`_waits` on a blocking clock."""
+    waits = _waits(outcome, clock)
+    try:
+        seconds = next(waits)
+        while True:
+            clock.sleep(seconds)
+            seconds = waits.send(check_again())
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def wait_out(
+    outcome: Outcome, check_again: Callable[[], Awaitable[Outcome]], clock: Clock
+) -> Outcome:
+    """`_waits` without blocking the event loop."""
+    waits = _waits(outcome, clock)
+    try:
+        seconds = next(waits)
+        while True:
+            await clock.asleep(seconds)
+            seconds = waits.send(await check_again())
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 def _too_long(outcome: Outcome) -> Outcome:
