@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import strategies as st
+
+from ratewarden import Limiter, Rate
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,19 @@ class TierSpec:
     period_ms: int
     burst: int | None
     key: str  # the tier's key: few choices, so tiers of one limit share keys
+
+    def limiter(self, store: Any, run: str = "t", kind: Any = Limiter) -> Any:
+        """The tier as a ``kind`` (Limiter or AsyncLimiter) on ``store``, named so
+        that equal specs in one ``run`` share counters."""
+        algorithm, _, refill = self.algorithm.partition("/")
+        return kind(
+            Rate(self.limit, self.period_ms / 1000),
+            algorithm=algorithm,
+            refill="interval" if refill else "continuous",
+            burst=self.burst,
+            name=f"{run}-{self.algorithm}-{self.limit}-{self.period_ms}-{self.burst}",
+            store=store,
+        )
 
 
 @dataclass(frozen=True)

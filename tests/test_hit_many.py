@@ -16,7 +16,6 @@ from ratewarden import (
     FakeClock,
     Limiter,
     MemoryStore,
-    Rate,
     ahit_many,
     hit_many,
 )
@@ -24,18 +23,6 @@ from ratewarden._limiter import hit_tiers
 from ratewarden.algorithms import Params, State, Step, get_algorithm, peek
 from ratewarden.stores._base import pick
 from tests.strategies import TierSpec, TiersScenario, tier_scenarios
-
-
-def build(spec: TierSpec, store: MemoryStore) -> Limiter:
-    algorithm, _, refill = spec.algorithm.partition("/")
-    return Limiter(
-        Rate(spec.limit, spec.period_ms / 1000),
-        algorithm=algorithm,
-        refill="interval" if refill else "continuous",
-        burst=spec.burst,
-        name=f"{spec.algorithm}-{spec.limit}-{spec.period_ms}-{spec.burst}",
-        store=store,
-    )
 
 
 def remaining(limiter: Limiter, key: str) -> tuple[int, float]:
@@ -149,7 +136,7 @@ def test_memory_store_equals_sequential_steps(max_keys: int | None, sc: TiersSce
     count of keys matches its tables."""
     clock = FakeClock()
     store = MemoryStore(max_keys=max_keys, clock=clock)
-    limiters = [build(spec, store) for spec in sc.tiers]
+    limiters = [spec.limiter(store) for spec in sc.tiers]
     steps = [reference(spec, limiter) for spec, limiter in zip(sc.tiers, limiters, strict=True)]
     where = [(lim.key_prefix, spec.key) for lim, spec in zip(limiters, sc.tiers, strict=True)]
     states: dict[tuple[str, str], State] = {}

@@ -23,30 +23,16 @@ from ratewarden import (
     AsyncLimiter,
     Decision,
     FakeClock,
-    Limiter,
     MemoryStore,
-    Rate,
     ahit_many,
     hit_many,
 )
 from ratewarden._limiter import hit_tiers
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisCluster, RedisServer
-from tests.strategies import TierSpec, TiersScenario, tier_scenarios
+from tests.strategies import TiersScenario, tier_scenarios
 
 EPOCH_S = 1_763_700_000  # 2025-11-21: realistic magnitudes
-
-
-def build(spec: TierSpec, store: Any, run: str, kind: Any = Limiter) -> Any:
-    algorithm, _, refill = spec.algorithm.partition("/")
-    return kind(
-        Rate(spec.limit, spec.period_ms / 1000),
-        algorithm=algorithm,
-        refill="interval" if refill else "continuous",
-        burst=spec.burst,
-        name=f"{run}-{spec.algorithm}-{spec.limit}-{spec.period_ms}-{spec.burst}",
-        store=store,
-    )
 
 
 def same(got: Decision, expected: Decision) -> bool:
@@ -90,12 +76,12 @@ def test_async_redis_many_equals_memory(sc: TiersScenario, where: tuple[Any, str
     clock.now_ns += 123_456_000
     memory = MemoryStore(clock=clock)
     run = uuid.uuid4().hex[:8]
-    ours = [build(spec, memory, run) for spec in sc.tiers]
+    ours = [spec.limiter(memory, run) for spec in sc.tiers]
     keys = [f"{tag}{spec.key}" for spec in sc.tiers]
 
     async def main() -> None:
         async with AsyncRedisStore(url, clock=clock, timeout=5.0) as store:
-            theirs = [build(spec, store, run, AsyncLimiter) for spec in sc.tiers]
+            theirs = [spec.limiter(store, run, AsyncLimiter) for spec in sc.tiers]
             for gap, costs in sc.events:
                 clock.advance(gap / 1000)
                 expected = hit_many(list(zip(ours, keys, costs, strict=True)))
@@ -115,8 +101,8 @@ def test_redis_many_equals_memory(sc: TiersScenario, where: tuple[Any, str]) -> 
     memory = MemoryStore(clock=clock)
     redis = RedisStore(client, clock=clock)
     run = uuid.uuid4().hex[:8]
-    ours = [build(spec, memory, run) for spec in sc.tiers]
-    theirs = [build(spec, redis, run) for spec in sc.tiers]
+    ours = [spec.limiter(memory, run) for spec in sc.tiers]
+    theirs = [spec.limiter(redis, run) for spec in sc.tiers]
     keys = [f"{tag}{spec.key}" for spec in sc.tiers]
     for gap, costs in sc.events:
         clock.advance(gap / 1000)
@@ -136,12 +122,12 @@ def test_async_batch_equals_memory(sc: TiersScenario, redis_single: RedisServer)
     clock.now_ns += 123_456_000
     memory = MemoryStore(clock=clock)
     run = uuid.uuid4().hex[:8]
-    ours = [build(spec, memory, run) for spec in sc.tiers]
+    ours = [spec.limiter(memory, run) for spec in sc.tiers]
     keys = [spec.key for spec in sc.tiers]
 
     async def main() -> None:
         async with AsyncRedisStore(redis_single.url, clock=clock, timeout=5.0) as store:
-            theirs = [build(spec, store, run, AsyncLimiter) for spec in sc.tiers]
+            theirs = [spec.limiter(store, run, AsyncLimiter) for spec in sc.tiers]
             for gap, costs in sc.events:
                 clock.advance(gap / 1000)
                 expected = []
@@ -173,8 +159,8 @@ def test_redis_tiers_with_shadow_equal_memory(
     memory = MemoryStore(clock=clock)
     redis_store = RedisStore(client, clock=clock)
     run = uuid.uuid4().hex[:8]
-    ours = [build(spec, memory, run) for spec in sc.tiers]
-    theirs = [build(spec, redis_store, run) for spec in sc.tiers]
+    ours = [spec.limiter(memory, run) for spec in sc.tiers]
+    theirs = [spec.limiter(redis_store, run) for spec in sc.tiers]
     keys = [f"{tag}{spec.key}" for spec in sc.tiers]
     cut = min(split, len(sc.tiers))
     for gap, costs in sc.events:
