@@ -34,7 +34,7 @@ import yaml
 
 from .._decision import Decision
 from .._errors import ConfigurationError
-from .._limiter import AsyncLimiter, Limiter, ahit_many, hit_many
+from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
 from .._rate import UNIT_SECONDS, Rate
 from ..stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 from ._errors import Problem, RuleFileError
@@ -379,10 +379,7 @@ class EnvoyConfig(_EnvoyCore[Limiter]):
         enforced, shadow, blocked = self._plan(limits, hits_addend)
         if blocked is not None:
             return EnvoyResult(False, blocked, limits)
-        decision = hit_many(enforced) if enforced else None
-        report = None
-        if shadow and (decision is None or decision.allowed):
-            report = hit_many(shadow)
+        decision, report = hit_tiers(enforced, shadow) if enforced or shadow else (None, None)
         return EnvoyResult(decision is None or decision.allowed, decision, limits, report)
 
 
@@ -411,8 +408,7 @@ class AsyncEnvoyConfig(_EnvoyCore[AsyncLimiter]):
         enforced, shadow, blocked = self._plan(limits, hits_addend)
         if blocked is not None:
             return EnvoyResult(False, blocked, limits)
-        decision = await ahit_many(enforced) if enforced else None
-        report = None
-        if shadow and (decision is None or decision.allowed):
-            report = await ahit_many(shadow)
+        decision, report = (
+            await ahit_tiers(enforced, shadow) if enforced or shadow else (None, None)
+        )
         return EnvoyResult(decision is None or decision.allowed, decision, limits, report)
