@@ -15,6 +15,7 @@ from email.utils import parsedate_to_datetime
 
 from .._clock import Clock
 from .._errors import ConfigurationError, RateLimitTimeout
+from .._limiter import AsyncLimiter, Limiter
 from .._waiting import check_max_wait
 
 __all__ = ["Pauses", "retry_after_seconds"]
@@ -88,6 +89,20 @@ class Pauses:
                 retry_after=left,
             )
         return left, self.max_wait - left
+
+    def permit(self, limiter: Limiter, key: str) -> None:
+        """Sit out a pause on ``key``, then take a permit: all within ``max_wait``."""
+        pause, left = self.before(key)
+        if pause:
+            limiter.store.clock.sleep(pause)
+        limiter.acquire(key, left)
+
+    async def apermit(self, limiter: AsyncLimiter, key: str) -> None:
+        """`permit` without blocking the event loop."""
+        pause, left = self.before(key)
+        if pause:
+            await limiter.store.clock.asleep(pause)
+        await limiter.acquire(key, left)
 
     def after(self, key: str, status: int, retry_after: str | None) -> float | None:
         """Note a response; the pause it starts on ``key`` in seconds, if any."""

@@ -52,10 +52,7 @@ class RateLimitMiddleware:
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         key = self.key(request)
-        pause, left = self.pauses.before(key)
-        if pause:
-            await self.limiter.store.clock.asleep(pause)
-        await self.limiter.acquire(key, left)
+        await self.pauses.apermit(self.limiter, key)
         response = await handler(request)
         self.pauses.after(key, response.status, response.headers.get("Retry-After"))
         return response

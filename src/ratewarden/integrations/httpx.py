@@ -56,10 +56,7 @@ class RateLimitTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
-        pause, left = self.pauses.before(key)
-        if pause:
-            self.limiter.store.clock.sleep(pause)
-        self.limiter.acquire(key, left)
+        self.pauses.permit(self.limiter, key)
         response = self.transport.handle_request(request)
         self.pauses.after(key, response.status_code, response.headers.get("retry-after"))
         return response
@@ -91,10 +88,7 @@ class AsyncRateLimitTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
-        pause, left = self.pauses.before(key)
-        if pause:
-            await self.limiter.store.clock.asleep(pause)
-        await self.limiter.acquire(key, left)
+        await self.pauses.apermit(self.limiter, key)
         response = await self.transport.handle_async_request(request)
         self.pauses.after(key, response.status_code, response.headers.get("retry-after"))
         return response
