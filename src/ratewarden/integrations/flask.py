@@ -96,6 +96,9 @@ class RateLimiter:
         return _response(self.responder.refused(outcome))
 
 
+_ROUTE_SPOKE = "ratewarden.route_headers"
+
+
 class _AddHeaders:
     """Adds the headers `RateLimiter` left in the environ to the response."""
 
@@ -105,11 +108,10 @@ class _AddHeaders:
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             extra = environ.get(_KEY)
-            if extra:
-                # a view's own @limit already said how it stands: its route's limits
-                # speak, and each field appears once
-                present = {name.lower() for name, _ in headers}
-                headers = [*headers, *(h for h in extra if h[0].lower() not in present)]
+            # a view's own @limit already said how it stands: its route's limits
+            # speak, and each field appears once
+            if extra and not environ.get(_ROUTE_SPOKE):
+                headers = [*headers, *extra]
             return start_response(status, headers, exc_info)
 
         return self.app(environ, start)
@@ -133,6 +135,7 @@ def limit(
         def limited(*args: P.args, **kwargs: P.kwargs) -> Any:
             outcome = _outcome(engine, identify, request)
             if outcome is not None and not outcome.allowed:
+                request.environ[_ROUTE_SPOKE] = True
                 return _response(responder.refused(outcome))
             extra = [] if outcome is None else responder.passed(outcome)
             if not extra:
@@ -140,6 +143,7 @@ def limit(
             response = make_response(view(*args, **kwargs))
             for name, value in extra:
                 response.headers.add(name, value)
+            request.environ[_ROUTE_SPOKE] = True  # the extension adds none of its own
             return response
 
         return limited

@@ -281,7 +281,7 @@ class RuleEngine(_Core[Limiter]):
         every rule charges (a batch of ``cost`` requests checked as one, as the
         service's ``cost`` field and envoy's ``hits_addend`` ask)."""
         outcome = self._check_once(attributes, cost)
-        if not wait:
+        if not wait or outcome.action != "delay":  # the common case: nothing to hold
             return outcome
         return _wait_out_sync(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
@@ -310,7 +310,7 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
     ) -> Outcome:
         """The twin of `RuleEngine.check`; waiting never blocks the event loop."""
         outcome = await self._check_once(attributes, cost)
-        if not wait:
+        if not wait or outcome.action != "delay":  # the common case: nothing to hold
             return outcome
         return await wait_out(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
