@@ -129,6 +129,8 @@ def test_a_second_server_on_a_taken_grpc_port_fails(rules_file: Path, tmp_path: 
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
         assert done.returncode == 1, done.stderr
-        assert f"gRPC cannot listen on '127.0.0.1:{served.grpc}' (in use?)" in done.stderr
+        assert f"gRPC cannot listen on 127.0.0.1:{served.grpc}: Address already in use" in (
+            done.stderr
+        )
         assert "Traceback" not in done.stderr
         served.terminate()

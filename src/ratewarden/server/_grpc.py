@@ -1,41 +1,76 @@
-"""``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`` on grpc.aio,
-with the standard health and reflection services.
+"""``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit``, with gRPC's
+standard health and reflection services, on our own HTTP/2 server (`_h2`).
 
-The messages come from ``protos/*.proto`` (package data, written from Envoy's
+The messages come from ``protos/*.proto`` (package data, written from the
 documented messages and field numbers): grpcio-tools compiles them to
-descriptors when the server starts (about 50 ms), they join the default
-descriptor pool, and protobuf makes the message classes from them. No generated
-code is committed or built at install time, and reflection serves the very
-descriptors the server decodes with.
+descriptors when the server starts (about 50 ms) into a pool of our own, and
+protobuf makes the message classes from them. No generated code is committed
+or built at install time, and reflection serves the very descriptors the
+server decodes with. grpcio's own server is not used: see `_h2` for why.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import os
+import ssl
 import tempfile
 import time
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from google.protobuf.message import DecodeError
 
 from .._errors import ConfigurationError, StoreError
-from ._core import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult, bearer_matches
+from ._core import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult
+from ._h2 import Call, GrpcError, H2Server, Metadata, Method, Status
+from ._serve import parse_address
 from ._service import InvalidRequest, Service
 
-__all__ = ["SERVICE_NAME", "GrpcServer", "messages"]
+__all__ = ["SERVICE_NAME", "GrpcServer", "messages", "parse_tls"]
 
 log = logging.getLogger("ratewarden.server")
 
 SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
 METHOD = f"/{SERVICE_NAME}/ShouldRateLimit"
-_PROTOS = ("envoy_core.proto", "envoy_ratelimit_common.proto", "rls.proto")
-_messages: dict[str, Any] | None = None
+HEALTH = "grpc.health.v1.Health"
+REFLECTION = "grpc.reflection.v1alpha.ServerReflection"
+_PROTOS = ("envoy_core.proto", "envoy_ratelimit_common.proto", "rls.proto", "health.proto",
+           "reflection.proto")  # fmt: skip
+_NAMES = {
+    "RateLimitRequest": "envoy.service.ratelimit.v3.RateLimitRequest",
+    "RateLimitResponse": "envoy.service.ratelimit.v3.RateLimitResponse",
+    "RateLimitDescriptor": "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor",
+    "HeaderValue": "envoy.config.core.v3.HeaderValue",
+    "HealthCheckRequest": "grpc.health.v1.HealthCheckRequest",
+    "HealthCheckResponse": "grpc.health.v1.HealthCheckResponse",
+    "ServerReflectionRequest": "grpc.reflection.v1alpha.ServerReflectionRequest",
+    "ServerReflectionResponse": "grpc.reflection.v1alpha.ServerReflectionResponse",
+}
+
+
+class _Protos:
+    """The compiled files (for reflection), their pool and the message classes."""
+
+    def __init__(self) -> None:
+        self.files = {f.name: f for f in _compile().file}
+        # a pool of our own: the default one may hold grpcio's copies of the
+        # health and reflection files, and one pool refuses a symbol twice
+        self.pool = descriptor_pool.DescriptorPool()
+        for file in self.files.values():
+            self.pool.Add(file)
+        self.classes: dict[str, Any] = {
+            short: message_factory.GetMessageClass(self.pool.FindMessageTypeByName(full))
+            for short, full in _NAMES.items()
+        }
+
+
+_protos: _Protos | None = None
 
 
 def _compile() -> descriptor_pb2.FileDescriptorSet:
@@ -55,28 +90,16 @@ def _compile() -> descriptor_pb2.FileDescriptorSet:
         return descriptor_pb2.FileDescriptorSet.FromString(target.read_bytes())
 
 
+def protos() -> _Protos:
+    global _protos
+    if _protos is None:
+        _protos = _Protos()
+    return _protos
+
+
 def messages() -> dict[str, Any]:
     """The message classes by short name: RateLimitRequest, RateLimitResponse, ..."""
-    global _messages
-    if _messages is not None:
-        return _messages
-    pool = descriptor_pool.Default()
-    for file in _compile().file:
-        try:
-            pool.FindFileByName(file.name)
-        except KeyError:
-            pool.Add(file)
-    names = {
-        "RateLimitRequest": "envoy.service.ratelimit.v3.RateLimitRequest",
-        "RateLimitResponse": "envoy.service.ratelimit.v3.RateLimitResponse",
-        "RateLimitDescriptor": "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor",
-        "HeaderValue": "envoy.config.core.v3.HeaderValue",
-    }
-    _messages = {
-        short: message_factory.GetMessageClass(pool.FindMessageTypeByName(full))
-        for short, full in names.items()
-    }
-    return _messages
+    return protos().classes
 
 
 # envoy's RateLimit.Unit for a period in seconds (a period that is none of them: 0)
@@ -84,62 +107,51 @@ _UNITS = {1: 1, 60: 2, 3600: 3, 86400: 4, 30 * 86400: 5, 365 * 86400: 6, 7 * 864
 
 
 class _RateLimitService:
-    def __init__(self, service: Service, token: str | None) -> None:
+    def __init__(self, service: Service) -> None:
         self.service = service
-        self._token = None if token is None else token.encode()
         m = messages()
         self.Request = m["RateLimitRequest"]
         self.Response = m["RateLimitResponse"]
-        self.HeaderValue = m["HeaderValue"]
         self._observe = service.metrics.observe
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        method = grpc.unary_unary_rpc_method_handler(
-            self.should_rate_limit,
-            request_deserializer=self.Request.FromString,
-            response_serializer=self.Response.SerializeToString,
-        )
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, {"ShouldRateLimit": method})
-
-    async def should_rate_limit(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def should_rate_limit(self, payload: bytes, metadata: Metadata) -> bytes:
         started = time.perf_counter()
-        if self._token is not None:
-            sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-            if not bearer_matches(sent.encode(), self._token):
-                await context.abort(
-                    grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is needed"
-                )
+        try:
+            request = self.Request.FromString(payload)
+        except DecodeError as exc:
+            raise GrpcError(Status.INVALID_ARGUMENT, f"not a RateLimitRequest: {exc}") from None
         if not request.domain:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the request needs a domain")
-        if len(request.descriptors) > MAX_DESCRIPTORS or any(
-            len(d.entries) > MAX_ENTRIES for d in request.descriptors
+            raise GrpcError(Status.INVALID_ARGUMENT, "the request needs a domain")
+        descriptors = request.descriptors
+        if len(descriptors) > MAX_DESCRIPTORS or any(
+            len(d.entries) > MAX_ENTRIES for d in descriptors
         ):  # the HTTP API's bounds: a request's work stays small
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise GrpcError(
+                Status.INVALID_ARGUMENT,
                 f"at most {MAX_DESCRIPTORS} descriptors of at most {MAX_ENTRIES} entries each",
             )
-        descriptors = [[(e.key, e.value) for e in d.entries] for d in request.descriptors]
+        entries = [[(e.key, e.value) for e in d.entries] for d in descriptors]
         cost = request.hits_addend or 1
-        addends = {d.hits_addend.value for d in request.descriptors if d.HasField("hits_addend")}
+        addends = {d.hits_addend.value for d in descriptors if d.HasField("hits_addend")}
         if len(addends) > 1:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise GrpcError(
+                Status.INVALID_ARGUMENT,
                 "descriptors with different hits_addend: ratewarden counts a request once",
             )
         if addends:
             cost = addends.pop() or 1
         if cost > MAX_COST:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"hits_addend above {MAX_COST}")
+            raise GrpcError(Status.INVALID_ARGUMENT, f"hits_addend above {MAX_COST}")
         try:
-            result = await self.service.check_descriptors(request.domain, descriptors, cost)
+            result = await self.service.check_descriptors(request.domain, entries, cost)
         except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise GrpcError(Status.INVALID_ARGUMENT, str(exc)) from None
         except StoreError as exc:  # a limit whose failure policy is "raise"
             self.service.metrics.store_errors.inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        response = self._response(result)
+            raise GrpcError(Status.UNAVAILABLE, str(exc)) from None
+        reply: bytes = self._response(result).SerializeToString()
         self._observe("grpc", time.perf_counter() - started)
-        return response
+        return reply
 
     def _response(self, result: CheckResult) -> Any:
         response = self.Response(overall_code=1 if result.allowed else 2)
@@ -158,8 +170,115 @@ class _RateLimitService:
         return response
 
 
+class _Health:
+    """grpc.health.v1: "" and the rate limit service, SERVING until the drain."""
+
+    SERVICE_UNKNOWN = 3
+
+    def __init__(self) -> None:
+        m = messages()
+        self.Request, self.Response = m["HealthCheckRequest"], m["HealthCheckResponse"]
+        self.status = {"": 0, SERVICE_NAME: 0}  # UNKNOWN until started
+        self._changed = asyncio.Event()
+
+    def set(self, status: int) -> None:
+        for name in self.status:
+            self.status[name] = status
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _service(self, payload: bytes) -> str:
+        try:
+            return str(self.Request.FromString(payload).service)
+        except DecodeError as exc:
+            raise GrpcError(Status.INVALID_ARGUMENT, f"not a HealthCheckRequest: {exc}") from None
+
+    async def check(self, payload: bytes, metadata: Metadata) -> bytes:
+        name = self._service(payload)
+        if name not in self.status:
+            raise GrpcError(Status.NOT_FOUND, f"unknown service {name!r}")
+        answer: bytes = self.Response(status=self.status[name]).SerializeToString()
+        return answer
+
+    async def watch(self, call: Call) -> None:
+        payload = await call.recv()
+        name = self._service(payload or b"")
+        last = None
+        while True:
+            status = self.status.get(name, self.SERVICE_UNKNOWN)
+            if status != last:
+                call.send(self.Response(status=status).SerializeToString())
+                last = status
+            await self._changed.wait()
+
+
+class _Reflection:
+    """grpc.reflection (v1alpha, and v1 on the same messages): the services, and
+    the files that define a symbol or have a name, with their dependencies."""
+
+    def __init__(self, services: list[str]) -> None:
+        compiled = protos()
+        self.files, self.pool = compiled.files, compiled.pool
+        self.Request = compiled.classes["ServerReflectionRequest"]
+        self.Response = compiled.classes["ServerReflectionResponse"]
+        self.services = services
+
+    async def info(self, call: Call) -> None:
+        while (payload := await call.recv()) is not None:
+            try:
+                request = self.Request.FromString(payload)
+            except DecodeError as exc:
+                message = f"not a reflection request: {exc}"
+                raise GrpcError(Status.INVALID_ARGUMENT, message) from None
+            call.send(self.answer(request).SerializeToString())
+
+    def answer(self, request: Any) -> Any:
+        response = self.Response(valid_host=request.host, original_request=request)
+        which = request.WhichOneof("message_request")
+        name = None
+        if which == "list_services":
+            for service in self.services:
+                response.list_services_response.service.add(name=service)
+            return response
+        if which == "file_by_filename":
+            name = request.file_by_filename if request.file_by_filename in self.files else None
+        elif which == "file_containing_symbol":
+            try:
+                name = self.pool.FindFileContainingSymbol(request.file_containing_symbol).name
+            except KeyError:
+                name = None
+        elif which == "all_extension_numbers_of_type":
+            try:
+                self.pool.FindMessageTypeByName(request.all_extension_numbers_of_type)
+            except KeyError:
+                pass
+            else:  # our messages have no extensions
+                answer = response.all_extension_numbers_response
+                answer.base_type_name = request.all_extension_numbers_of_type
+                return response
+        if name is None:
+            response.error_response.error_code = Status.NOT_FOUND
+            response.error_response.error_message = f"not found: {which}"
+            return response
+        response.file_descriptor_response.file_descriptor_proto.extend(
+            self.files[n].SerializeToString() for n in self._with_dependencies(name)
+        )
+        return response
+
+    def _with_dependencies(self, name: str) -> Iterator[str]:
+        seen: set[str] = set()
+        todo = [name]
+        while todo:
+            current = todo.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            yield current
+            todo.extend(self.files[current].dependency)
+
+
 class GrpcServer:
-    """A grpc.aio server with the rate limit, health and reflection services."""
+    """The rate limit, health and reflection services on one HTTP/2 listener."""
 
     def __init__(
         self,
@@ -167,64 +286,66 @@ class GrpcServer:
         address: str,
         *,
         token: str | None = None,
-        tls: tuple[bytes, bytes, bytes | None] | None = None,
+        tls: ssl.SSLContext | None = None,
         reuse_port: bool = False,
     ) -> None:
         self.service = service
-        # grpc turns SO_REUSEPORT on by default, so a second server on a taken port
-        # would start and silently take half its calls (with counters of its own):
-        # only workers sharing one store share a port
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", int(reuse_port))])
-        self.server.add_generic_rpc_handlers((_RateLimitService(service, token).handler(),))
-        self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
-        names = (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 reflection.SERVICE_NAME)  # fmt: skip
-        reflection.enable_server_reflection(names, self.server)
-        try:
-            if tls is None:
-                self.port = self.server.add_insecure_port(address)
-            else:
-                cert, key, client_ca = tls
-                credentials = grpc.ssl_server_credentials(
-                    [(key, cert)], root_certificates=client_ca,
-                    require_client_auth=client_ca is not None,
-                )  # fmt: skip
-                self.port = self.server.add_secure_port(address, credentials)
-        except RuntimeError:  # grpc's way of saying the port is taken
-            self.port = 0
-        if self.port == 0:
-            raise ConfigurationError(f"gRPC cannot listen on {address!r} (in use?)")
-
-    async def set_serving(self, serving: bool) -> None:
-        answer = health_pb2.HealthCheckResponse
-        status = answer.SERVING if serving else answer.NOT_SERVING
-        for name in ("", SERVICE_NAME):
-            await self._health.set(name, status)
+        self.host, self.port = parse_address(address, "--grpc")
+        # only workers sharing one store share a port: a second server on a taken
+        # port must fail, not take half the calls with counters of its own
+        self.reuse_port = reuse_port
+        self.health = _Health()
+        rls = _RateLimitService(service)
+        reflection = _Reflection([SERVICE_NAME, HEALTH, REFLECTION])
+        methods = {
+            METHOD: Method("unary", rls.should_rate_limit),
+            f"/{HEALTH}/Check": Method("unary", self.health.check, public=True),
+            f"/{HEALTH}/Watch": Method("streaming", self.health.watch, public=True),
+            f"/{REFLECTION}/ServerReflectionInfo": Method("streaming", reflection.info),
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": Method(
+                "streaming", reflection.info
+            ),
+        }
+        self.server = H2Server(
+            methods, token=None if token is None else token.encode(), ssl_context=tls
+        )
 
     async def start(self) -> None:
-        await self.server.start()
-        await self.set_serving(True)
+        try:
+            self.port = await self.server.listen(self.host, self.port, reuse_port=self.reuse_port)
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ConfigurationError(
+                f"gRPC cannot listen on {self.host}:{self.port}: {why}"
+            ) from None
+        self.health.set(1)  # SERVING
 
     async def stop(self, grace: float) -> None:
         """Say NOT_SERVING, refuse new calls, let those in flight finish (``grace``)."""
-        await self.set_serving(False)
+        self.health.set(2)  # NOT_SERVING
         await self.server.stop(grace)
 
 
-def parse_tls(cert: str | None, key: str | None, client_ca: str | None) -> Any:
+def parse_tls(cert: str | None, key: str | None, client_ca: str | None) -> ssl.SSLContext | None:
+    """The TLS context for ``--grpc-cert/--grpc-key[/--grpc-client-ca]``: ALPN h2,
+    TLS 1.2 or later, client certificates required when a CA is given (mTLS)."""
     if cert is None and key is None:
         if client_ca is not None:
             raise ConfigurationError("--grpc-client-ca needs --grpc-cert and --grpc-key")
         return None
     if cert is None or key is None:
         raise ConfigurationError("--grpc-cert and --grpc-key go together")
-
-    def read(path: str, option: str) -> bytes:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["h2"])
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError(f"--grpc-cert {cert} / --grpc-key {key}: {exc}") from None
+    if client_ca is not None:
         try:
-            return Path(path).read_bytes()
-        except OSError as exc:
-            raise ConfigurationError(f"{option} {path}: {exc}") from exc
-
-    ca = None if client_ca is None else read(client_ca, "--grpc-client-ca")
-    return read(cert, "--grpc-cert"), read(key, "--grpc-key"), ca
+            context.load_verify_locations(cafile=client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(f"--grpc-client-ca {client_ca}: {exc}") from None
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context

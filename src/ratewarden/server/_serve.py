@@ -1,4 +1,4 @@
-"""``ratewarden serve``: the options, the store, uvicorn and grpc.aio on one event
+"""``ratewarden serve``: the options, the store, uvicorn and our HTTP/2 gRPC server on one event
 loop, JSON logs, SIGTERM drains, SIGHUP reloads, ``--workers`` forks.
 """
 
@@ -61,13 +61,6 @@ class ServeOptions:
     log_format: str = "json"
     log_level: str = "info"
     grpc_tls: tuple[str | None, str | None, str | None] = (None, None, None)
-
-
-def _address(text: str, what: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigurationError(f"{what} takes HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -176,6 +169,14 @@ def make_store(url: str, options: ServeOptions) -> AsyncStore:
     return AsyncRedisStore(url, timeout=options.store_timeout)
 
 
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8081`` for IPv6); an empty host listens everywhere."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigurationError(f"{what} takes HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def check_options(options: ServeOptions) -> None:
     if options.http is None and options.grpc is None:
         raise ConfigurationError("--http off and --grpc off: nothing to serve")
@@ -198,11 +199,11 @@ def check_options(options: ServeOptions) -> None:
         raise ConfigurationError(f"--drain must be a finite number >= 0, got {options.drain!r}")
     for address, what in ((options.http, "--http"), (options.grpc, "--grpc")):
         if address is not None:
-            _address(address, what)
+            parse_address(address, what)
 
 
 def bind(address: str) -> socket.socket:
-    host, port = _address(address, "--http")
+    host, port = parse_address(address, "--http")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
