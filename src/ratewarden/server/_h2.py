@@ -665,6 +665,8 @@ class _Connection(asyncio.Protocol):
                 + frame(DATA, 0, sid, body)
                 + frame(HEADERS, END_HEADERS | END_STREAM, sid, TRAILERS_OK)
             )
+            if self.going_away and not self.streams:
+                self._close_soon()
             return
         stream.outbox.append((False, RESPONSE_HEADERS))
         stream.outbox.append((True, body))

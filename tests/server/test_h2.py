@@ -1,0 +1,537 @@
+"""The HTTP/2 server under gRPC (`ratewarden.server._h2`), spoken to by h2's
+client state machine (an independent implementation) and by raw frames for
+what a well-behaved client never sends."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+import struct
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import pytest
+
+from ratewarden.server._h2 import (
+    MAX_MESSAGE,
+    PREFACE,
+    Call,
+    GrpcError,
+    H2Server,
+    Metadata,
+    Method,
+    Status,
+    frame,
+)
+
+
+def message(payload: bytes, compressed: bool = False) -> bytes:
+    return struct.pack(">BI", int(compressed), len(payload)) + payload
+
+
+def messages_of(data: bytes) -> list[bytes]:
+    out, at = [], 0
+    while at < len(data):
+        _, length = struct.unpack_from(">BI", data, at)
+        out.append(data[at + 5 : at + 5 + length])
+        at += 5 + length
+    return out
+
+
+class Answer:
+    def __init__(self) -> None:
+        self.headers: dict[bytes, bytes] = {}
+        self.data = b""
+        self.trailers: dict[bytes, bytes] = {}
+        self.reset: int | None = None
+
+    @property
+    def status(self) -> int:
+        where = self.trailers or self.headers
+        return int(where.get(b"grpc-status", b"-1"))
+
+    @property
+    def message(self) -> bytes:
+        return (self.trailers or self.headers).get(b"grpc-message", b"")
+
+    @property
+    def messages(self) -> list[bytes]:
+        return messages_of(self.data)
+
+
+class Client:
+    """h2's client over an asyncio connection: one call at a time, or several
+    started before their answers are read."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 settings: dict[Any, int] | None = None) -> None:  # fmt: skip
+        self.reader, self.writer = reader, writer
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self.conn = h2.connection.H2Connection(config)
+        self.conn.initiate_connection()
+        if settings:
+            self.conn.update_settings(settings)
+        self.answers: dict[int, Answer] = {}
+        self.done: dict[int, asyncio.Event] = {}
+        self.events: list[Any] = []
+        self.closed = asyncio.Event()
+        self.flush()
+        self.pump = asyncio.ensure_future(self._pump())
+
+    def flush(self) -> None:
+        self.writer.write(self.conn.data_to_send())
+
+    async def _pump(self) -> None:
+        while True:
+            data = await self.reader.read(65536)
+            if not data:
+                self.closed.set()
+                return
+            for event in self.conn.receive_data(data):
+                self.events.append(event)
+                sid: int = getattr(event, "stream_id", 0) or 0
+                answer = self.answers.get(sid)
+                if isinstance(event, h2.events.ResponseReceived) and answer is not None:
+                    answer.headers = dict(event.headers)
+                elif isinstance(event, h2.events.TrailersReceived) and answer is not None:
+                    answer.trailers = dict(event.headers)
+                elif isinstance(event, h2.events.DataReceived) and answer is not None:
+                    answer.data += event.data
+                    self.conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                elif isinstance(event, h2.events.StreamEnded) and sid in self.done:
+                    self.done[sid].set()
+                elif isinstance(event, h2.events.StreamReset) and answer is not None:
+                    answer.reset = event.error_code
+                    self.done[sid].set()
+                elif isinstance(event, h2.events.ConnectionTerminated):
+                    self.closed.set()
+            self.flush()
+
+    def start(
+        self,
+        path: str,
+        body: bytes = b"",
+        *,
+        method: bytes = b"POST",
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+        end: bool = True,
+        content_type: bytes = b"application/grpc",
+        pad: int | None = None,
+    ) -> int:
+        sid = self.conn.get_next_available_stream_id()
+        self.answers[sid] = Answer()
+        self.done[sid] = asyncio.Event()
+        request = [(b":method", method), (b":scheme", b"http"), (b":path", path.encode()),
+                   (b":authority", b"test"), (b"content-type", content_type),
+                   (b"te", b"trailers"), *headers]  # fmt: skip
+        self.conn.send_headers(sid, request, end_stream=not body and end)
+        if body:
+            self.conn.send_data(sid, body, end_stream=end, pad_length=pad)
+        self.flush()
+        return sid
+
+    async def send(self, sid: int, body: bytes, end: bool = False) -> None:
+        while self.conn.local_flow_control_window(sid) < len(body):
+            await asyncio.sleep(0.01)  # the pump applies the server's WINDOW_UPDATEs
+        self.conn.send_data(sid, body, end_stream=end)
+        self.flush()
+
+    async def answer(self, sid: int) -> Answer:
+        await asyncio.wait_for(self.done[sid].wait(), 10)
+        return self.answers[sid]
+
+    async def call(self, path: str, body: bytes = b"", **kw: Any) -> Answer:
+        return await self.answer(self.start(path, body, **kw))
+
+    async def close(self) -> None:
+        self.pump.cancel()
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+async def echo(request: bytes, metadata: Metadata) -> bytes:
+    return request
+
+
+async def big(request: bytes, metadata: Metadata) -> bytes:
+    return b"x" * int(request)
+
+
+async def fail(request: bytes, metadata: Metadata) -> bytes:
+    raise GrpcError(Status.INVALID_ARGUMENT, request.decode())
+
+
+async def crash(request: bytes, metadata: Metadata) -> bytes:
+    raise RuntimeError("a bug")
+
+
+async def header(request: bytes, metadata: Metadata) -> bytes:
+    return metadata.get(request, b"<none>")
+
+
+async def chat(call: Call) -> None:
+    while (got := await call.recv()) is not None:
+        call.send(got.upper())
+
+
+SLOW: dict[str, Any] = {}
+
+
+async def slow(request: bytes, metadata: Metadata) -> bytes:
+    SLOW["started"].set()
+    try:
+        await SLOW["release"].wait()
+    except asyncio.CancelledError:
+        SLOW["cancelled"] = True
+        raise
+    return b"finally"
+
+
+METHODS = {
+    "/t.T/Echo": Method("unary", echo),
+    "/t.T/Big": Method("unary", big),
+    "/t.T/Fail": Method("unary", fail),
+    "/t.T/Crash": Method("unary", crash),
+    "/t.T/Header": Method("unary", header),
+    "/t.T/Chat": Method("streaming", chat),
+    "/t.T/Slow": Method("unary", slow),
+    "/t.T/Open": Method("unary", echo, public=True),
+}
+
+
+@asynccontextmanager
+async def serving(token: bytes | None = None) -> AsyncIterator[tuple[H2Server, int]]:
+    server = H2Server(METHODS, token=token)
+    port = await server.listen("127.0.0.1", 0)
+    try:
+        yield server, port
+    finally:
+        await server.stop(0)
+
+
+@asynccontextmanager
+async def client(port: int, settings: dict[Any, int] | None = None) -> AsyncIterator[Client]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    c = Client(reader, writer, settings)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(test())
+
+
+def test_unary_calls_many_at_once() -> None:
+    async def main() -> None:
+        async with serving() as (_, port), client(port) as c:
+            sids = [c.start("/t.T/Echo", message(b"hello %d" % i)) for i in range(50)]
+            answers = [await c.answer(sid) for sid in sids]
+        for i, answer in enumerate(answers):
+            assert answer.headers[b":status"] == b"200"
+            assert answer.headers[b"content-type"] == b"application/grpc"
+            assert answer.status == Status.OK
+            assert answer.messages == [b"hello %d" % i]
+
+    run(main)
+
+
+def test_errors_are_grpc_statuses() -> None:
+    async def main() -> None:
+        async with serving() as (_, port), client(port) as c:
+            failed = await c.call("/t.T/Fail", message("bad ünicode 100%".encode()))
+            crashed = await c.call("/t.T/Crash", message(b""))
+            unknown = await c.call("/t.T/Nope", message(b""))
+            empty = await c.call("/t.T/Echo")
+            two = await c.call("/t.T/Echo", message(b"a") + message(b"b"))
+            torn = await c.call("/t.T/Echo", message(b"abc")[:-1])
+        assert failed.status == Status.INVALID_ARGUMENT
+        # grpc-message is percent-encoded UTF-8
+        assert failed.message == b"bad %C3%BCnicode 100%25"
+        assert (crashed.status, crashed.message) == (Status.INTERNAL, b"internal error")
+        # trailers-only: one HEADERS frame with the status in it
+        assert unknown.status == Status.UNIMPLEMENTED
+        assert not unknown.trailers
+        assert b"/t.T/Nope" in unknown.message
+        assert empty.status == two.status == torn.status == Status.INVALID_ARGUMENT
+
+    run(main)
+
+
+def test_not_grpc_gets_http_statuses() -> None:
+    async def main() -> None:
+        async with serving() as (_, port), client(port) as c:
+            get = await c.call("/t.T/Echo", method=b"GET")
+            json = await c.call("/t.T/Echo", message(b"{}"), content_type=b"application/json")
+        assert get.headers[b":status"] == b"405"
+        assert json.headers[b":status"] == b"415"
+
+    run(main)
+
+
+def test_padding_priority_and_continuation() -> None:
+    async def main() -> None:
+        async with serving() as (_, port), client(port) as c:
+            padded = await c.call("/t.T/Echo", message(b"padded"), pad=200)
+            # a 40 KB header value: h2 splits the block into HEADERS + CONTINUATIONs
+            value = b"v" * 40_000
+            sid = c.start("/t.T/Header", message(b"x-big"), headers=((b"x-big", value),))
+            long = await c.answer(sid)
+            sid = c.conn.get_next_available_stream_id()
+            c.answers[sid], c.done[sid] = Answer(), asyncio.Event()
+            c.conn.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"http"),
+                                      (b":path", b"/t.T/Echo"), (b":authority", b"t"),
+                                      (b"content-type", b"application/grpc")],
+                                priority_weight=200, priority_depends_on=0)  # fmt: skip
+            c.conn.send_data(sid, message(b"prio"), end_stream=True)
+            c.flush()
+            prio = await c.answer(sid)
+        assert padded.messages == [b"padded"]
+        assert long.messages == [value]
+        assert prio.messages == [b"prio"]
+
+    run(main)
+
+
+def test_flow_control_both_ways() -> None:
+    async def main() -> None:
+        # the client lets the server send 1,000 bytes a stream at first
+        settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1000}
+        async with serving() as (_, port), client(port, settings) as c:
+            answer = await c.call("/t.T/Big", message(b"300000"))
+            assert answer.messages == [b"x" * 300_000]
+            # a 3 MB request: more than a stream's window (1 MB), so the server
+            # must give window back while it reads
+            sid = c.start("/t.T/Echo", end=False)
+            body = message(b"y" * 3_000_000)
+            for at in range(0, len(body), 16_384):
+                await c.send(sid, body[at : at + 16_384])
+            await c.send(sid, b"", end=True)
+            echoed = await c.answer(sid)
+        assert echoed.messages == [b"y" * 3_000_000]
+
+    run(main)
+
+
+def test_too_large_and_compressed_messages() -> None:
+    async def main() -> None:
+        async with serving() as (_, port), client(port) as c:
+            packed = gzip.compress(b"z" * 10_000)
+            zipped = await c.call("/t.T/Echo", message(packed, compressed=True),
+                                  headers=((b"grpc-encoding", b"gzip"),))  # fmt: skip
+            unsaid = await c.call("/t.T/Echo", message(packed, compressed=True))
+            brotli = await c.call("/t.T/Echo", message(b"x"), headers=((b"grpc-encoding", b"br"),))
+            bomb = gzip.compress(b"\0" * (MAX_MESSAGE + 10))
+            exploded = await c.call("/t.T/Echo", message(bomb, compressed=True),
+                                    headers=((b"grpc-encoding", b"gzip"),))  # fmt: skip
+            sid = c.start("/t.T/Echo", end=False)
+            huge = message(b"h" * (MAX_MESSAGE + 1))
+            for at in range(0, len(huge), 16_384):
+                if c.done[sid].is_set():
+                    break
+                await c.send(sid, huge[at : at + 16_384])
+            too_big = await c.answer(sid)
+            after = await c.call("/t.T/Echo", message(b"still here"))
+        assert zipped.messages == [b"z" * 10_000]
+        assert unsaid.status == Status.INTERNAL
+        assert brotli.status == Status.UNIMPLEMENTED
+        assert exploded.status == Status.RESOURCE_EXHAUSTED
+        assert too_big.status == Status.RESOURCE_EXHAUSTED
+        assert after.messages == [b"still here"]  # only that call failed
+
+    run(main)
+
+
+def test_bearer_token_and_public_methods() -> None:
+    async def main() -> None:
+        async with serving(token=b"s3cret") as (_, port), client(port) as c:
+            anonymous = await c.call("/t.T/Echo", message(b"a"))
+            wrong = await c.call("/t.T/Echo", message(b"a"),
+                                 headers=((b"authorization", b"Bearer nope"),))  # fmt: skip
+            right = await c.call("/t.T/Echo", message(b"a"),
+                                 headers=((b"authorization", b"bearer s3cret"),))  # fmt: skip
+            # the same header block again: the server's decoded-block cache must
+            # not hand one request's headers to another
+            again_wrong = await c.call("/t.T/Echo", message(b"a"),
+                                       headers=((b"authorization", b"Bearer nope"),))  # fmt: skip
+            public = await c.call("/t.T/Open", message(b"a"))
+        assert anonymous.status == wrong.status == again_wrong.status == Status.UNAUTHENTICATED
+        assert right.status == public.status == Status.OK
+
+    run(main)
+
+
+def test_changing_headers_are_decoded_afresh() -> None:
+    async def main() -> None:
+        async with serving() as (_, port), client(port) as c:
+            seen = []
+            for value in [b"one", b"two", b"one", b"one", b"three", b"two"]:
+                answer = await c.call("/t.T/Header", message(b"x-value"),
+                                      headers=((b"x-value", value),))  # fmt: skip
+                seen.append(answer.messages[0])
+        assert seen == [b"one", b"two", b"one", b"one", b"three", b"two"]
+
+    run(main)
+
+
+def test_streaming_call() -> None:
+    async def main() -> None:
+        async with serving() as (_, port), client(port) as c:
+            sid = c.start("/t.T/Chat", end=False)
+            for word in (b"a", b"bb", b"ccc"):
+                await c.send(sid, message(word))
+            await c.send(sid, b"", end=True)
+            answer = await c.answer(sid)
+        assert answer.messages == [b"A", b"BB", b"CCC"]
+        assert answer.status == Status.OK
+
+    run(main)
+
+
+def test_a_reset_call_is_cancelled() -> None:
+    async def main() -> None:
+        SLOW.update(started=asyncio.Event(), release=asyncio.Event(), cancelled=False)
+        async with serving() as (_, port), client(port) as c:
+            sid = c.start("/t.T/Slow", message(b""))
+            await asyncio.wait_for(SLOW["started"].wait(), 5)
+            c.conn.reset_stream(sid)
+            c.flush()
+            for _ in range(100):
+                if SLOW["cancelled"]:
+                    break
+                await asyncio.sleep(0.01)
+            after = await c.call("/t.T/Echo", message(b"next"))
+        assert SLOW["cancelled"]
+        assert after.messages == [b"next"]
+
+    run(main)
+
+
+def test_stop_drains_calls_in_flight() -> None:
+    # grpcio's client here: h2's takes a GOAWAY for the end of everything
+    import grpc  # noqa: PLC0415
+
+    async def main() -> None:
+        SLOW.update(started=asyncio.Event(), release=asyncio.Event(), cancelled=False)
+        server = H2Server(METHODS)
+        port = await server.listen("127.0.0.1", 0)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/t.T/Slow")
+            slow_call = asyncio.ensure_future(call(b"", timeout=10))
+            await asyncio.wait_for(SLOW["started"].wait(), 5)
+            stopping = asyncio.ensure_future(server.stop(5))
+            await asyncio.sleep(0.1)
+            assert not stopping.done()  # a call is in flight
+            SLOW["release"].set()
+            assert await slow_call == b"finally"
+            await asyncio.wait_for(stopping, 5)  # well before the grace: the call is done
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await channel.unary_unary("/t.T/Echo")(b"", timeout=2)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert not SLOW["cancelled"]
+
+    run(main)
+
+
+def test_stop_ends_calls_after_the_grace() -> None:
+    async def main() -> None:
+        SLOW.update(started=asyncio.Event(), release=asyncio.Event(), cancelled=False)
+        server = H2Server(METHODS)
+        port = await server.listen("127.0.0.1", 0)
+        async with client(port) as c:
+            c.start("/t.T/Slow", message(b""))
+            await asyncio.wait_for(SLOW["started"].wait(), 5)
+            await asyncio.wait_for(server.stop(0.1), 5)
+            await asyncio.wait_for(c.closed.wait(), 5)
+        assert SLOW["cancelled"]
+
+    run(main)
+
+
+def raw_exchange(port: int, data: bytes) -> bytes:
+    """Sends raw bytes after the preface; what the server said until it closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(PREFACE + frame(4, 0, 0, b"") + data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+def goaway_code(data: bytes) -> int:
+    at = 0
+    while at + 9 <= len(data):
+        length = int.from_bytes(data[at : at + 3], "big")
+        if data[at + 3] == 7:  # GOAWAY
+            return int.from_bytes(data[at + 13 : at + 17], "big")
+        at += 9 + length
+    raise AssertionError(f"no GOAWAY in {data!r}")
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (frame(0, 0, 0, b"x"), 0x1),  # DATA on stream 0
+        (frame(0, 0, 0, b"x" * 20_000), 0x6),  # a frame over 16 KB
+        (frame(1, 0x4, 1, b"\xff\xff\xff\xff\xff"), 0x9),  # a header block HPACK refuses
+        (frame(1, 0x0, 1, b"\x82") + frame(0, 0, 1, b"x"), 0x1),  # HEADERS cut off
+        (frame(6, 0, 0, b"1234567"), 0x6),  # a PING of 7 bytes
+        (frame(4, 0, 0, b"\x00\x04\xff\xff\xff\xff"), 0x3),  # INITIAL_WINDOW_SIZE too big
+        (frame(8, 0, 0, b"\x00\x00\x00\x00"), 0x1),  # WINDOW_UPDATE of 0
+        (frame(1, 0x4, 2, b"\x83"), 0x1),  # a client stream with an even number
+        (frame(5, 0x4, 1, b"\x00\x00\x00\x02"), 0x1),  # PUSH_PROMISE from a client
+    ],
+)
+def test_protocol_errors_close_with_goaway(data: bytes, code: int) -> None:
+    async def main() -> None:
+        async with serving() as (_, port):
+            said = await asyncio.to_thread(raw_exchange, port, data)
+        assert goaway_code(said) == code
+
+    run(main)
+
+
+def test_ping_and_unknown_frames() -> None:
+    def exchange(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(PREFACE + frame(4, 0, 0, b"") + frame(0xEE, 0, 0, b"?") +
+                         frame(6, 0, 0, b"pingpong"))  # fmt: skip
+            out = b""
+            while b"pingpong" not in out:
+                out += sock.recv(65536)
+            return out
+
+    async def main() -> None:
+        async with serving() as (_, port):
+            said = await asyncio.to_thread(exchange, port)
+        assert frame(6, 0x1, 0, b"pingpong") in said
+
+    run(main)
+
+
+def test_not_http2_is_dropped() -> None:
+    def exchange(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            out = b""
+            while chunk := sock.recv(65536):  # until the server closes
+                out += chunk
+            return out
+
+    async def main() -> None:
+        async with serving() as (_, port):
+            said = await asyncio.to_thread(exchange, port)
+            async with client(port) as c:  # the server is still fine
+                answer = await c.call("/t.T/Echo", message(b"ok"))
+        assert said[3] == 4  # our SETTINGS, sent on connecting, and then the server closed
+        assert b"HTTP/1.1" not in said
+        assert answer.messages == [b"ok"]
+
+    run(main)
