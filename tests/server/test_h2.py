@@ -535,3 +535,47 @@ def test_not_http2_is_dropped() -> None:
         assert answer.messages == [b"ok"]
 
     run(main)
+
+
+def test_a_second_end_of_a_unary_request_resets_it() -> None:
+    def exchange(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            block = b"\x83\x86" + b"\x04\x09/t.T/Echo" + b"\x0f\x10\x10application/grpc"
+            sock.sendall(PREFACE + frame(4, 0, 0, b"")
+                         + frame(1, 0x4, 1, block) + frame(0, 0x1, 1, message(b"once"))
+                         + frame(1, 0x5, 1, b"")  # "trailers" ending it again
+                         + frame(6, 0, 0, b"pingpong"))  # fmt: skip
+            out = b""
+            while b"pingpong" not in out:
+                out += sock.recv(65536)
+            return out
+
+    async def main() -> None:
+        async with serving() as (_, port):
+            said = await asyncio.to_thread(exchange, port)
+        # RST_STREAM STREAM_CLOSED, and the call that was about to run did not
+        assert frame(3, 0, 1, (5).to_bytes(4, "big")) in said
+        assert b"once" not in said
+
+    run(main)
+
+
+def test_a_streaming_client_that_does_not_read_is_cut_off() -> None:
+    async def flood(call: Call) -> None:
+        while True:
+            call.send(b"x" * 100)
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        server = H2Server({"/t.T/Flood": Method("streaming", flood)})
+        port = await server.listen("127.0.0.1", 0)
+        try:
+            # a window of 10 bytes a stream: the answers pile up on the server
+            settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 10}
+            async with client(port, settings) as c:
+                answer = await c.call("/t.T/Flood", message(b""), end=False)
+        finally:
+            await server.stop(0)
+        assert answer.status == Status.RESOURCE_EXHAUSTED
+
+    run(main)

@@ -92,6 +92,8 @@ class Call:
         return await self._inbox.get()
 
     def send(self, message: bytes) -> None:
+        """Queues a reply (sent as the client's window allows); raises `GrpcError`
+        when the client leaves too many unread."""
         self._connection._send_message(self._stream, message)
 
 
@@ -128,6 +130,7 @@ CONNECTION_WINDOW = 1 << 24
 MAX_STREAMS = 1_000
 MAX_HEADER_BLOCK = 64 * 1024
 MAX_MESSAGE = 4 * 1024 * 1024  # gRPC's usual default for a received message
+MAX_WAITING = 256  # a streaming call's messages not yet read, answers not yet sent
 
 _HEAD = struct.Struct(">HBBBI")  # a frame's 24-bit length read as H + B, type, flags, stream
 _SETTING = struct.Struct(">HI")
@@ -236,6 +239,7 @@ class _Stream:
 class _Connection(asyncio.Protocol):
     def __init__(self, server: H2Server) -> None:
         self.server = server
+        self.loop = asyncio.get_running_loop()  # kept: get_running_loop() calls getpid()
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface = False
@@ -416,6 +420,9 @@ class _Connection(asyncio.Protocol):
         if stream is not None:  # trailers of a request
             if not flags & END_STREAM:
                 raise _ConnectionError(PROTOCOL_ERROR, "request trailers without END_STREAM")
+            if stream.ended:  # a second end would run a unary call twice
+                self._reset(stream, STREAM_CLOSED)
+                return
             self._request_ended(stream)
             return
         if stream_id % 2 == 0:
@@ -458,7 +465,7 @@ class _Connection(asyncio.Protocol):
         self.streams[stream_id] = stream
         if method.kind == "streaming":
             call = stream.call = Call(self, stream)
-            stream.task = asyncio.get_running_loop().create_task(self._streaming(stream, call))
+            stream.task = self.loop.create_task(self._streaming(stream, call))
         if ended:
             self._request_ended(stream)
 
@@ -594,8 +601,7 @@ class _Connection(asyncio.Protocol):
         except GrpcError as exc:
             self._fail_call(stream, exc.code, exc.message)
             return
-        loop = asyncio.get_running_loop()
-        stream.task = loop.create_task(self._unary(stream, message))
+        stream.task = self.loop.create_task(self._unary(stream, message))
 
     def _one_message(self, stream: _Stream) -> bytes:
         data = stream.data
@@ -633,6 +639,9 @@ class _Connection(asyncio.Protocol):
                 message = self._uncompressed(stream, compressed, raw)
             except GrpcError as exc:
                 self._fail_call(stream, exc.code, exc.message)
+                return
+            if call._inbox.qsize() >= MAX_WAITING:
+                self._fail_call(stream, Status.RESOURCE_EXHAUSTED, "too many messages unread")
                 return
             call._inbox.put_nowait(message)
             at += 5 + length
@@ -699,6 +708,8 @@ class _Connection(asyncio.Protocol):
     def _send_message(self, stream: _Stream, message: bytes) -> None:
         if self.closed or self.streams.get(stream.id) is not stream:
             return
+        if len(stream.outbox) >= MAX_WAITING:  # the client does not read its answers
+            raise GrpcError(Status.RESOURCE_EXHAUSTED, "too many answers unread")
         stream.outbox.append((True, _MESSAGE.pack(0, len(message)) + message))
         self._pump(stream)
 
@@ -791,7 +802,7 @@ class _Connection(asyncio.Protocol):
         self.out.append(data)
         if not self.flushing:
             self.flushing = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self.flushing = False
@@ -816,7 +827,7 @@ class _Connection(asyncio.Protocol):
             if self.transport is not None and not self.closed:
                 self.transport.close()
 
-        asyncio.get_running_loop().call_soon(close)
+        self.loop.call_soon(close)
 
     def _fail(self, code: int, reason: str) -> None:
         log.debug("HTTP/2 connection error %#x: %s", code, reason)
