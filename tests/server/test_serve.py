@@ -118,7 +118,27 @@ def test_workers_share_a_redis_store(
             with httpx.Client(base_url=served.url) as client:  # new connections: both workers
                 allowed.append(client.post("/v1/check", json=body).json()["allowed"])
         assert allowed == [True] * 3 + [False] * 5
+        # gRPC too: every worker listens on the port, with the same counters
+        codes = [grpc_check(served.grpc, "8.8.8.8") for _ in range(5)]
+        assert codes == [1, 1, 1, 2, 2]
         assert served.terminate() == 0
+
+
+def grpc_check(port: int, ip: str) -> int:
+    """One ShouldRateLimit on a new connection (so the kernel picks a worker)."""
+    import grpc  # noqa: PLC0415
+
+    from ratewarden.server._grpc import METHOD, messages  # noqa: PLC0415
+
+    m = messages()
+    request = m["RateLimitRequest"](domain="ratewarden")
+    entries = request.descriptors.add().entries
+    for key, value in (("remote_address", ip), ("path", "/api/login"), ("method", "POST")):
+        entries.add(key=key, value=value)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        answer = m["RateLimitResponse"].FromString(call(request.SerializeToString(), timeout=10))
+    return int(answer.overall_code)
 
 
 def test_a_second_server_on_a_taken_grpc_port_fails(rules_file: Path, tmp_path: Path) -> None:
