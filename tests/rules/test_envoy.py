@@ -294,6 +294,8 @@ def test_an_unknown_domain(store: MemoryStore) -> None:
         (A + "    rate_limit: {unlimited: true, unit: second}\n", 4, "an unlimited limit has no"),
         (A + "    valeu: x\n", 4, "unknown field `valeu`"),
         ("descriptors: []\n", 1, "missing required field `domain`"),
+        (A + "    rate_limit: {name: me, unit: second, requests_per_unit: 1,"
+             " replaces: [{name: me}]}\n", 4, "limit 'me' replaces itself"),
     ],
 )  # fmt: skip
 def test_bad_envoy_files(text: str, line: int, words: str) -> None:

@@ -194,6 +194,8 @@ class _EnvoyCore(Generic[L]):
             if not replace.name:
                 raise bad(f".rate_limit.replaces[{j}]", "a replaces entry needs a name")
         replaces = frozenset(r.name for r in limit.replaces)
+        if limit.name is not None and limit.name in replaces:  # envoy's service refuses it too
+            raise bad(".rate_limit.replaces", f"limit {limit.name!r} replaces itself")
         if limit.unlimited:
             if limit.unit is not None or limit.requests_per_unit is not None:
                 raise bad(".rate_limit", "an unlimited limit has no unit or requests_per_unit")

@@ -3,7 +3,7 @@ gateway endpoint, over the rule engine (``pip install ratewarden[server,grpc]``)
 
     service = Service("rules.yaml", AsyncMemoryStore())   # what both transports call
     app = App(service, token=None)                        # an ASGI app
-    GrpcServer(service, "127.0.0.1:8081")                 # grpc.aio, health, reflection
+    GrpcServer(service, "127.0.0.1:8081")                 # RLS v3, health, reflection
 
 ``import ratewarden`` imports none of this; the gRPC half needs the ``grpc`` extra
 and is imported only by ``ratewarden.server._grpc``.
