@@ -289,6 +289,28 @@ def test_client_ip_from_the_forwarded_header(forwarded: str, client: str) -> Non
 
 
 @pytest.mark.parametrize(
+    ("proxies", "forwarded", "client"),
+    [
+        ("[unix]", "5.5.5.5", "5.5.5.5"),  # a proxy on a unix socket
+        ("[unix]", None, None),  # no header: no address, the rule does not apply
+        ("[10.0.0.0/8]", "5.5.5.5", None),  # without "unix": a peer with no address
+    ],
+)
+def test_client_ip_behind_a_proxy_on_a_unix_socket(
+    proxies: str, forwarded: str | None, client: str | None
+) -> None:
+    ruleset = loads(
+        textwrap.dedent(f"""
+        client_ip: {{trusted_proxies: {proxies}}}
+        rules: [{{name: login, rate: 5/minute, by: ip}}]
+        """)
+    )
+    headers = {} if forwarded is None else {"x-forwarded-for": forwarded}
+    got = applied(ruleset, ip=None, headers=headers)
+    assert got.get("login") == (None if client is None else (client, 1))
+
+
+@pytest.mark.parametrize(
     "path",
     [
         "/api/login",

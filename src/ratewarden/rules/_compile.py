@@ -290,8 +290,11 @@ def _client_ip_function(config: ClientIP) -> Callable[[Mapping[str, object]], ob
     """``ip``, unless the peer is a trusted proxy: then the right-most address in
     the forwarding header that is not a trusted proxy (the left-most entries are
     whatever the client chose to send and prove nothing)."""
-    networks = tuple(ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies)
-    if not networks:
+    proxies = config.trusted_proxies
+    networks = tuple(ipaddress.ip_network(n, strict=False) for n in proxies if n != "unix")
+    # "unix": a peer without an address (a proxy on a unix socket) is trusted
+    unix = "unix" in proxies
+    if not networks and not unix:
         return _peer_ip
     header = config.header.lower()
 
@@ -305,7 +308,10 @@ def _client_ip_function(config: ClientIP) -> Callable[[Mapping[str, object]], ob
 
     def client_ip(attributes: Mapping[str, object]) -> object:
         peer = attributes.get("ip")
-        if not isinstance(peer, str) or not trusted(peer):
+        if peer is None:
+            if not unix:
+                return None
+        elif not isinstance(peer, str) or not trusted(peer):
             return peer
         headers = attributes.get("headers")
         forwarded = headers.get(header) if isinstance(headers, Mapping) else None

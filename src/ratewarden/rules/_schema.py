@@ -182,6 +182,8 @@ def _check(rule_file: RuleFile, document: Document) -> list[Problem]:
     except ConfigurationError as exc:
         problem("$.defaults.algorithm", None, "defaults.algorithm", str(exc))
     for i, proxy in enumerate(rule_file.client_ip.trusted_proxies):
+        if proxy == "unix":  # a peer on a unix socket, which has no address
+            continue
         try:
             ipaddress.ip_network(proxy, strict=False)
         except ValueError as exc:
