@@ -45,6 +45,9 @@ def _policy_item(policy: Policy) -> str:
     return f"{sf_string(policy.name)};q={policy.quota};w={max(1, math.ceil(policy.window))}"
 
 
+_name_item = functools.lru_cache(maxsize=4096)(sf_string)  # limit names: few, each quoted once
+
+
 def _seconds(value: float) -> int:
     """Whole seconds, rounded up (a header never promises a moment too early)."""
     return math.ceil(value) if math.isfinite(value) else 0
@@ -79,12 +82,10 @@ def rate_limit_headers(
                 ("X-RateLimit-Reset", str(reset)),
             ]
         if ietf:
-            listed = [
-                f"{sf_string(p.name)};q={p.quota};w={max(1, math.ceil(p.window))}" for p in policies
-            ]
+            listed = [_policy_item(p) for p in policies]
             if listed:
                 headers.append(("RateLimit-Policy", ", ".join(listed)))
-            name = sf_string(decision.rule or "default")
+            name = _name_item(decision.rule or "default")
             headers.append(("RateLimit", f"{name};r={max(decision.remaining, 0)};t={reset}"))
     retry = retry_after_header(decision)
     if retry is not None:
