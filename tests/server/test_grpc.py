@@ -161,11 +161,41 @@ def test_health_and_reflection(rules_file: Path) -> None:
             asks = [
                 reflection_pb2.ServerReflectionRequest(list_services=""),
                 reflection_pb2.ServerReflectionRequest(file_containing_symbol=SERVICE_NAME),
+                # a method, which the descriptor pool does not index by itself
+                reflection_pb2.ServerReflectionRequest(
+                    file_containing_symbol=f"{SERVICE_NAME}.ShouldRateLimit"
+                ),
+                reflection_pb2.ServerReflectionRequest(file_containing_symbol="no.Such"),
             ]
             answers = [a async for a in stub.ServerReflectionInfo(iter(asks))]
         names = {s.name for s in answers[0].list_services_response.service}
         assert names >= {SERVICE_NAME, "grpc.health.v1.Health"}
         assert answers[1].file_descriptor_response.file_descriptor_proto
+        assert answers[2].file_descriptor_response == answers[1].file_descriptor_response
+        assert answers[3].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+    asyncio.run(main())
+
+
+def test_health_watchers_hear_the_drain_and_do_not_hold_it_up(rules_file: Path) -> None:
+    async def main() -> None:
+        server = GrpcServer(Service(rules_file, AsyncMemoryStore()), "127.0.0.1:0")
+        await server.start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            watch = health.Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+            first = await watch.read()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            stopping = asyncio.ensure_future(server.stop(10))
+            rest = []
+            while (answer := await watch.read()) is not grpc.aio.EOF:
+                rest.append(answer)
+            await asyncio.wait_for(stopping, 5)
+            took = loop.time() - started
+        assert first.status == health_pb2.HealthCheckResponse.SERVING
+        assert [a.status for a in rest] == [health_pb2.HealthCheckResponse.NOT_SERVING]
+        assert took < 5  # not the 10 s grace: the watch ended with the drain
 
     asyncio.run(main())
 

@@ -5,6 +5,7 @@ what a well-behaved client never sends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import socket
 import struct
@@ -16,6 +17,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+import hpack
 import pytest
 
 from ratewarden.server._h2 import (
@@ -577,5 +579,143 @@ def test_a_streaming_client_that_does_not_read_is_cut_off() -> None:
         finally:
             await server.stop(0)
         assert answer.status == Status.RESOURCE_EXHAUSTED
+
+    run(main)
+
+
+def frames_of(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    out, at = [], 0
+    while at + 9 <= len(data):
+        length = int.from_bytes(data[at : at + 3], "big")
+        kind, flags = data[at + 3], data[at + 4]
+        sid = int.from_bytes(data[at + 5 : at + 9], "big") & 0x7FFFFFFF
+        out.append((kind, flags, sid, data[at + 9 : at + 9 + length]))
+        at += 9 + length
+    return out
+
+
+def request_block(path: bytes) -> bytes:
+    """:method POST, :scheme http, :path, content-type: literals, no table."""
+    return (b"\x83\x86" + bytes((0x04, len(path))) + path
+            + b"\x0f\x10\x10application/grpc")  # fmt: skip
+
+
+def answered(data: bytes) -> bool:
+    """Stream 1 has its last HEADERS (END_STREAM) in ``data``."""
+    return any(kind == 1 and flags & 1 and sid == 1 for kind, flags, sid, _ in frames_of(data))
+
+
+def exchange_until_answered(port: int, data: bytes, settings: bytes = b"") -> bytes:
+    """Sends the preface, ``settings`` and ``data``; what the server said until
+    stream 1 was answered (or the server closed)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(PREFACE + frame(4, 0, 0, settings) + data)
+        out = b""
+        while not answered(out):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def test_a_streaming_call_refused_at_once_still_says_status() -> None:
+    # HEADERS and a cut-off message in one read: the call fails before its handler
+    # ran, and the answer must still be a whole response (:status first)
+    data = (frame(1, 0x4, 1, request_block(b"/t.T/Chat"))
+            + frame(0, 0x1, 1, message(b"abc")[:-1]))  # fmt: skip
+
+    async def main() -> None:
+        async with serving() as (_, port):
+            said = await asyncio.to_thread(exchange_until_answered, port, data)
+        (block,) = [p for kind, _, sid, p in frames_of(said) if kind == 1 and sid == 1]
+        headers = dict(hpack.Decoder().decode(block, raw=True))
+        assert headers[b":status"] == b"200"
+        assert headers[b"grpc-status"] == b"3"
+
+    run(main)
+
+
+def test_a_smaller_header_table_is_acknowledged_in_the_next_block() -> None:
+    data = frame(1, 0x4, 1, request_block(b"/t.T/Echo")) + frame(0, 0x1, 1, message(b"hi"))
+    table_size_0 = struct.pack(">HI", 1, 0)
+
+    async def main() -> None:
+        async with serving() as (_, port):
+            said = await asyncio.to_thread(exchange_until_answered, port, data, table_size_0)
+        blocks = [p for kind, _, sid, p in frames_of(said) if kind == 1 and sid == 1]
+        assert blocks[0][0] == 0x20  # RFC 7541 4.2: a dynamic table size update to 0
+        assert blocks[1][0] != 0x20  # once
+
+    run(main)
+
+
+def test_cut_short_gzip_is_refused() -> None:
+    async def main() -> None:
+        packed = gzip.compress(b"z" * 1000)
+        async with serving() as (_, port), client(port) as c:
+            for broken in (packed[:-4], packed[: len(packed) // 2], packed + b"junk"):
+                answer = await c.call("/t.T/Echo", message(broken, compressed=True),
+                                      headers=((b"grpc-encoding", b"gzip"),))  # fmt: skip
+                assert answer.status == Status.INTERNAL
+
+    run(main)
+
+
+def test_rapid_reset_is_told_to_calm_down() -> None:
+    block = request_block(b"/t.T/Echo")
+    data = b"".join(
+        frame(1, 0x4, sid, block) + frame(3, 0, sid, b"\0\0\0\x08") for sid in range(1, 1001, 2)
+    )
+
+    async def main() -> None:
+        async with serving() as (_, port):
+            said = await asyncio.to_thread(raw_exchange, port, data)
+        assert goaway_code(said) == 0xB  # ENHANCE_YOUR_CALM
+
+    run(main)
+
+
+def test_unfinished_requests_are_bounded_by_the_connection_window() -> None:
+    def attack(port: int) -> bytes:
+        chunk = frame(0, 0, 0, b"")  # replaced below per stream
+        out = b""
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, 2**31 - 1)))
+            try:
+                for sid in range(1, 41, 2):  # 20 streams x 1 MB, none ever ended
+                    sock.sendall(frame(1, 0x4, sid, request_block(b"/t.T/Echo")))
+                    chunk = frame(0, 0, sid, b"\0" * 16_000)
+                    for _ in range(64):
+                        sock.sendall(chunk)
+            except OSError:
+                pass  # the server closed on us
+            with contextlib.suppress(OSError):
+                while data := sock.recv(65536):
+                    out += data
+        return out
+
+    async def main() -> None:
+        async with serving() as (_, port):
+            said = await asyncio.to_thread(attack, port)
+        # the client ignored the windows: past 16 MB held it is a flow-control error
+        assert goaway_code(said) == 0x3
+
+    run(main)
+
+
+def test_a_streaming_message_limit_is_per_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ratewarden.server import _h2  # noqa: PLC0415
+
+    monkeypatch.setattr(_h2, "MAX_MESSAGE", 1000)
+
+    async def main() -> None:
+        async with serving() as (_, port), client(port) as c:
+            # two messages of 900 bytes in one frame: 1,810 bytes buffered, each fine
+            sid = c.start("/t.T/Chat", message(b"a" * 900) + message(b"b" * 900))
+            ok = await c.answer(sid)
+            big = await c.call("/t.T/Chat", message(b"c" * 1001))
+        assert ok.messages == [b"A" * 900, b"B" * 900]
+        assert big.status == Status.RESOURCE_EXHAUSTED
 
     run(main)

@@ -40,6 +40,7 @@ SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
 METHOD = f"/{SERVICE_NAME}/ShouldRateLimit"
 HEALTH = "grpc.health.v1.Health"
 REFLECTION = "grpc.reflection.v1alpha.ServerReflection"
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"  # the same messages
 _PROTOS = ("envoy_core.proto", "envoy_ratelimit_common.proto", "rls.proto", "health.proto",
            "reflection.proto")  # fmt: skip
 _NAMES = {
@@ -180,10 +181,14 @@ class _Health:
         self.Request, self.Response = m["HealthCheckRequest"], m["HealthCheckResponse"]
         self.status = {"": 0, SERVICE_NAME: 0}  # UNKNOWN until started
         self._changed = asyncio.Event()
+        self.final = False
 
-    def set(self, status: int) -> None:
+    def set(self, status: int, *, final: bool = False) -> None:
+        """A new status for every service; ``final``: the server is stopping, and
+        watchers get this status and then the end of their call."""
         for name in self.status:
             self.status[name] = status
+        self.final = final
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -209,6 +214,8 @@ class _Health:
             if status != last:
                 call.send(self.Response(status=status).SerializeToString())
                 last = status
+            if self.final:  # a call open past the drain would hold the server up
+                return
             await self._changed.wait()
 
 
@@ -243,10 +250,7 @@ class _Reflection:
         if which == "file_by_filename":
             name = request.file_by_filename if request.file_by_filename in self.files else None
         elif which == "file_containing_symbol":
-            try:
-                name = self.pool.FindFileContainingSymbol(request.file_containing_symbol).name
-            except KeyError:
-                name = None
+            name = self._file_of(request.file_containing_symbol)
         elif which == "all_extension_numbers_of_type":
             try:
                 self.pool.FindMessageTypeByName(request.all_extension_numbers_of_type)
@@ -264,6 +268,18 @@ class _Reflection:
             self.files[n].SerializeToString() for n in self._with_dependencies(name)
         )
         return response
+
+    def _file_of(self, symbol: str) -> str | None:
+        """The file defining ``symbol``; for a method (``pkg.Service.Method``) or an
+        enum value, which the pool does not index, the file of what holds it."""
+        for _ in range(2):
+            try:
+                return str(self.pool.FindFileContainingSymbol(symbol).name)
+            except KeyError:
+                symbol = symbol.rpartition(".")[0]
+                if not symbol:
+                    return None
+        return None
 
     def _with_dependencies(self, name: str) -> Iterator[str]:
         seen: set[str] = set()
@@ -296,15 +312,14 @@ class GrpcServer:
         self.reuse_port = reuse_port
         self.health = _Health()
         rls = _RateLimitService(service)
+        # v1 is answered too, but not listed: its descriptors would be v1alpha's
         reflection = _Reflection([SERVICE_NAME, HEALTH, REFLECTION])
         methods = {
             METHOD: Method("unary", rls.should_rate_limit),
             f"/{HEALTH}/Check": Method("unary", self.health.check, public=True),
             f"/{HEALTH}/Watch": Method("streaming", self.health.watch, public=True),
             f"/{REFLECTION}/ServerReflectionInfo": Method("streaming", reflection.info),
-            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": Method(
-                "streaming", reflection.info
-            ),
+            f"/{REFLECTION_V1}/ServerReflectionInfo": Method("streaming", reflection.info),
         }
         self.server = H2Server(
             methods, token=None if token is None else token.encode(), ssl_context=tls
@@ -322,7 +337,7 @@ class GrpcServer:
 
     async def stop(self, grace: float) -> None:
         """Say NOT_SERVING, refuse new calls, let those in flight finish (``grace``)."""
-        self.health.set(2)  # NOT_SERVING
+        self.health.set(2, final=True)  # NOT_SERVING
         await self.server.stop(grace)
 
 

@@ -85,11 +85,20 @@ class Call:
     def __init__(self, connection: _Connection, stream: _Stream) -> None:
         self._connection = connection
         self._stream = stream
-        self.metadata: Metadata = stream.headers
-        self._inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.metadata: Metadata = stream.headers  # shared with other calls: read only
+        # (compressed flag, message) as they arrived; None: the request ended
+        self._inbox: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
 
     async def recv(self) -> bytes | None:
-        return await self._inbox.get()
+        """The next request message, None at the end of the request. Reading it
+        gives its bytes of window back to the client: a client that sends faster
+        than the call reads waits on flow control, not on our memory."""
+        item = await self._inbox.get()
+        if item is None:
+            return None
+        flag, message = item
+        self._connection._consumed(self._stream, 5 + len(message))
+        return self._connection._uncompressed(self._stream, flag, message)
 
     def send(self, message: bytes) -> None:
         """Queues a reply (sent as the client's window allows); raises `GrpcError`
@@ -130,7 +139,11 @@ CONNECTION_WINDOW = 1 << 24
 MAX_STREAMS = 1_000
 MAX_HEADER_BLOCK = 64 * 1024
 MAX_MESSAGE = 4 * 1024 * 1024  # gRPC's usual default for a received message
-MAX_WAITING = 256  # a streaming call's messages not yet read, answers not yet sent
+MAX_WAITING = 256  # a streaming call's answers not yet sent
+_TOO_LARGE = "a message larger than the server takes (4 MiB)"
+MAX_CACHED_BLOCK = 512  # header blocks longer than this are decoded every time
+MAX_RESETS = 200  # streams a client may reset a second before it is told to calm down
+PREFACE_TIMEOUT = 10.0
 
 _HEAD = struct.Struct(">HBBBI")  # a frame's 24-bit length read as H + B, type, flags, stream
 _SETTING = struct.Struct(">HI")
@@ -220,8 +233,8 @@ class _Table(HeaderTable):
 
 
 class _Stream:
-    __slots__ = ("call", "data", "ended", "headers", "id", "method", "outbox", "received",
-                 "send_window", "task")  # fmt: skip
+    __slots__ = ("call", "consumed", "data", "ended", "headers", "id", "method", "outbox",
+                 "received", "send_window", "started", "task")  # fmt: skip
 
     def __init__(self, stream_id: int, headers: Metadata, method: Method, window: int) -> None:
         self.id = stream_id
@@ -229,7 +242,9 @@ class _Stream:
         self.method = method
         self.data = bytearray()  # request bytes not yet read as messages
         self.ended = False  # the peer has sent END_STREAM
-        self.received = 0  # DATA received since the last WINDOW_UPDATE we sent
+        self.received = 0  # DATA the peer may not send again yet
+        self.consumed = 0  # of that, read by a streaming call: given back at half
+        self.started = False  # our response HEADERS have gone out (or are queued)
         self.send_window = window
         self.outbox: deque[tuple[bool, bytes]] = deque()  # (is DATA, payload or block)
         self.task: asyncio.Task[None] | None = None
@@ -251,7 +266,8 @@ class _Connection(asyncio.Protocol):
         self.streams: dict[int, _Stream] = {}
         self.last_stream = 0  # the highest stream the peer opened
         self.continuing: tuple[int, int, bytearray] | None = None  # stream, flags, block
-        self.received = 0  # DATA on the connection since our last WINDOW_UPDATE
+        self.received = 0  # DATA on the connection the peer may not send again yet
+        self.consumed = 0  # of that, read (or dropped): given back at half the window
         self.send_window = 65_535
         self.peer_stream_window = 65_535
         self.peer_max_frame = 16_384
@@ -259,7 +275,13 @@ class _Connection(asyncio.Protocol):
         self.out: list[bytes] = []
         self.flushing = False
         self.going_away = False
+        self.goaway_last = MAX_WINDOW  # the last stream our GOAWAY promised to answer
         self.closed = False
+        self.table_update = b""  # a size update our next header block must start with
+        self.resets = 0
+        self.resets_since = 0.0
+        self.settings_seen = False
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------
 
@@ -277,11 +299,18 @@ class _Connection(asyncio.Protocol):
         )
         self._write(frame(SETTINGS, 0, 0, settings))
         self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(CONNECTION_WINDOW - 65_535)))
+        self.timer = self.loop.call_later(PREFACE_TIMEOUT, self._no_preface)
         if self.server.stopping:
             self.goaway()
 
+    def _no_preface(self) -> None:
+        if not self.settings_seen:
+            self._fail(PROTOCOL_ERROR, "no preface and SETTINGS in time")
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
         self.server.connections.discard(self)
         for stream in self.streams.values():
             if stream.task is not None:
@@ -337,6 +366,10 @@ class _Connection(asyncio.Protocol):
     # -- frames ------------------------------------------------------------------
 
     def _frame(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
+        if not self.settings_seen:
+            if kind != SETTINGS or flags & ACK:
+                raise _ConnectionError(PROTOCOL_ERROR, "the preface must end with SETTINGS")
+            self.settings_seen = True
         if self.continuing is not None and kind != CONTINUATION:
             raise _ConnectionError(PROTOCOL_ERROR, "a header block was interrupted")
         if kind == DATA:
@@ -408,8 +441,9 @@ class _Connection(asyncio.Protocol):
             # gRPC metadata may repeat a name: the values join as HTTP's do
             old = headers.get(name)
             headers[name] = value if old is None else old + b"," + value
-        if table.version == version:  # decoding it changed nothing: the same bytes
-            if len(self.decoded) >= 64:  # will mean the same next time
+        # decoding it changed nothing: the same bytes will mean the same next time
+        if table.version == version and len(block) <= MAX_CACHED_BLOCK:
+            if len(self.decoded) >= 64:
                 self.decoded.clear()
             self.decoded[block] = (version, headers)
         return headers
@@ -442,7 +476,10 @@ class _Connection(asyncio.Protocol):
         if headers.get(b":method") != b"POST":
             self._refuse(stream_id, b"405", ended)
             return
-        if not headers.get(b"content-type", b"").startswith(b"application/grpc"):
+        content_type = headers.get(b"content-type", b"")
+        if content_type != b"application/grpc" and not content_type.startswith(
+            (b"application/grpc+", b"application/grpc;")
+        ):  # not application/grpc-web, whose framing differs
             self._refuse(stream_id, b"415", ended)
             return
         server = self.server
@@ -470,21 +507,25 @@ class _Connection(asyncio.Protocol):
             self._request_ended(stream)
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        """Flow control: the connection's window comes back only as requests are
+        read (a unary request when it is complete, a streaming call's messages as
+        the call takes them), so what a client makes us hold is bounded by
+        CONNECTION_WINDOW; a unary stream's own window comes back as its bytes
+        arrive (a message may be larger than a stream window), a streaming
+        call's as it reads."""
         if stream_id == 0:
             raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
         self.received += size
         if self.received > CONNECTION_WINDOW:
             raise _ConnectionError(FLOW_CONTROL_ERROR, "DATA beyond the connection window")
-        if self.received >= CONNECTION_WINDOW // 2:
-            self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.received)))
-            self.received = 0
         stream = self.streams.get(stream_id)
         if stream is None or stream.ended:
             if stream_id > self.last_stream:
                 raise _ConnectionError(PROTOCOL_ERROR, "DATA on a stream never opened")
             if stream is not None:  # after END_STREAM
                 self._reset(stream, STREAM_CLOSED)
+            self._consumed(None, size)
             return  # a stream we closed or reset: dropped
         if flags & PADDED:
             if not payload or payload[0] >= size:
@@ -495,18 +536,38 @@ class _Connection(asyncio.Protocol):
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
         stream.data += payload
-        if len(stream.data) > MAX_MESSAGE + 5:
-            self._fail_call(stream, Status.RESOURCE_EXHAUSTED,
-                            f"a message larger than {MAX_MESSAGE} bytes")  # fmt: skip
+        self._consumed(stream, size - len(payload))  # the padding
+        if stream.call is not None:
+            self._deliver(stream, stream.call)
+            if self.streams.get(stream_id) is not stream:
+                return  # it failed
+        elif len(stream.data) > MAX_MESSAGE + 5:
+            self._fail_call(stream, Status.RESOURCE_EXHAUSTED, _TOO_LARGE)
             return
         if flags & END_STREAM:
             self._request_ended(stream)
             return
-        if stream.received >= STREAM_WINDOW // 2:
+        if stream.call is None and stream.received >= STREAM_WINDOW // 2:
             self._write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.received)))
             stream.received = 0
-        if stream.call is not None:
-            self._deliver(stream, stream.call)
+
+    def _consumed(self, stream: _Stream | None, size: int) -> None:
+        """``size`` bytes of DATA were read or dropped: their window goes back to
+        the client (in WINDOW_UPDATEs of half a window, not one per frame)."""
+        if size <= 0:
+            return
+        self.consumed += size
+        if self.consumed >= CONNECTION_WINDOW // 4:
+            self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.consumed)))
+            self.received -= self.consumed
+            self.consumed = 0
+        if stream is None or stream.call is None or stream.ended:
+            return
+        stream.consumed += size
+        if stream.consumed >= STREAM_WINDOW // 2 and self.streams.get(stream.id) is stream:
+            self._write(frame(WINDOW_UPDATE, 0, stream.id, _U32.pack(stream.consumed)))
+            stream.received -= stream.consumed
+            stream.consumed = 0
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:
@@ -519,6 +580,8 @@ class _Connection(asyncio.Protocol):
             raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
         for at in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, at)
+            if key == 0x1:  # our encoder never uses the table: tell the peer it is 0
+                self.table_update = b"\x20"
             if key == 0x2 and value > 1:
                 raise _ConnectionError(PROTOCOL_ERROR, "ENABLE_PUSH must be 0 or 1")
             if key == 0x4:  # INITIAL_WINDOW_SIZE: moves every open stream's window
@@ -528,12 +591,13 @@ class _Connection(asyncio.Protocol):
                 self.peer_stream_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > MAX_WINDOW:
+                        raise _ConnectionError(FLOW_CONTROL_ERROR, "a stream window above 2^31-1")
             elif key == 0x5:
                 if not 16_384 <= value <= 2**24 - 1:
                     raise _ConnectionError(PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
                 self.peer_max_frame = value
-            # HEADER_TABLE_SIZE: our encoder never uses the dynamic table; the rest
-            # say nothing a server must act on
+            # the rest say nothing a server must act on
         self._write(frame(SETTINGS, ACK, 0, b""))
         self._pump_blocked()
 
@@ -551,6 +615,8 @@ class _Connection(asyncio.Protocol):
             return
         stream = self.streams.get(stream_id)
         if stream is None:
+            if stream_id > self.last_stream:
+                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
             return
         if increment == 0:
             self._reset(stream, PROTOCOL_ERROR)
@@ -573,8 +639,14 @@ class _Connection(asyncio.Protocol):
     def _rst_stream(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
             raise _ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
-        if stream_id == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if stream_id == 0 or stream_id > self.last_stream:
+            raise _ConnectionError(PROTOCOL_ERROR, "RST_STREAM on stream 0 or an idle stream")
+        now = self.loop.time()
+        if now - self.resets_since > 1.0:
+            self.resets, self.resets_since = 0, now
+        self.resets += 1
+        if self.resets > MAX_RESETS:  # CVE-2023-44487, "rapid reset"
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "too many streams reset")
         stream = self.streams.get(stream_id)
         if stream is not None:  # the client gave up on the call
             self._forget(stream)
@@ -591,7 +663,9 @@ class _Connection(asyncio.Protocol):
 
     def _request_ended(self, stream: _Stream) -> None:
         stream.ended = True
-        if stream.call is not None:
+        if stream.call is None:  # unary: the request is read now, whatever it holds
+            self._consumed(None, len(stream.data))
+        else:
             self._deliver(stream, stream.call)
             if not stream.data and self.streams.get(stream.id) is stream:
                 stream.call._inbox.put_nowait(None)
@@ -601,6 +675,8 @@ class _Connection(asyncio.Protocol):
         except GrpcError as exc:
             self._fail_call(stream, exc.code, exc.message)
             return
+        finally:
+            stream.data.clear()
         stream.task = self.loop.create_task(self._unary(stream, message))
 
     def _one_message(self, stream: _Stream) -> bytes:
@@ -623,27 +699,24 @@ class _Connection(asyncio.Protocol):
         except zlib.error as exc:
             raise GrpcError(Status.INTERNAL, f"bad gzip message: {exc}") from None
         if len(out) > MAX_MESSAGE or inflate.unconsumed_tail:
-            raise GrpcError(Status.RESOURCE_EXHAUSTED, f"a message larger than {MAX_MESSAGE} bytes")
+            raise GrpcError(Status.RESOURCE_EXHAUSTED, _TOO_LARGE)
+        if not inflate.eof or inflate.unused_data:
+            raise GrpcError(Status.INTERNAL, "a gzip message cut short or with bytes after it")
         return out
 
     def _deliver(self, stream: _Stream, call: Call) -> None:
-        """Hands a streaming call's complete messages to its handler."""
+        """Hands a streaming call's complete messages to its handler (decompressed
+        and given back to the window as the handler reads them)."""
         data = stream.data
         at = 0
         while len(data) - at >= 5:
             compressed, length = _MESSAGE.unpack_from(data, at)
+            if length > MAX_MESSAGE:
+                self._fail_call(stream, Status.RESOURCE_EXHAUSTED, _TOO_LARGE)
+                return
             if len(data) - at - 5 < length:
                 break
-            try:
-                raw = bytes(data[at + 5 : at + 5 + length])
-                message = self._uncompressed(stream, compressed, raw)
-            except GrpcError as exc:
-                self._fail_call(stream, exc.code, exc.message)
-                return
-            if call._inbox.qsize() >= MAX_WAITING:
-                self._fail_call(stream, Status.RESOURCE_EXHAUSTED, "too many messages unread")
-                return
-            call._inbox.put_nowait(message)
+            call._inbox.put_nowait((compressed, bytes(data[at + 5 : at + 5 + length])))
             at += 5 + length
         del data[:at]
         if stream.ended and data:
@@ -670,7 +743,7 @@ class _Connection(asyncio.Protocol):
             self.send_window -= len(body)
             del self.streams[sid]
             self._write(
-                frame(HEADERS, END_HEADERS, sid, RESPONSE_HEADERS)
+                self._headers_frame(END_HEADERS, sid, RESPONSE_HEADERS)
                 + frame(DATA, 0, sid, body)
                 + frame(HEADERS, END_HEADERS | END_STREAM, sid, TRAILERS_OK)
             )
@@ -684,7 +757,6 @@ class _Connection(asyncio.Protocol):
 
     async def _streaming(self, stream: _Stream, call: Call) -> None:
         handler: Streaming = stream.method.handler  # type: ignore[assignment]
-        stream.outbox.append((False, RESPONSE_HEADERS))
         try:
             await handler(call)
         except GrpcError as exc:
@@ -698,9 +770,8 @@ class _Connection(asyncio.Protocol):
             block = TRAILERS_OK
         if self.closed or self.streams.get(stream.id) is not stream:
             return
-        if stream.outbox and stream.outbox[0] == (False, RESPONSE_HEADERS):
-            # nothing was sent: a trailers-only answer
-            stream.outbox.clear()
+        if not stream.started:  # nothing was sent: a trailers-only answer
+            stream.started = True
             block = RESPONSE_HEADERS + block
         stream.outbox.append((False, block))
         self._pump(stream)
@@ -710,6 +781,9 @@ class _Connection(asyncio.Protocol):
             return
         if len(stream.outbox) >= MAX_WAITING:  # the client does not read its answers
             raise GrpcError(Status.RESOURCE_EXHAUSTED, "too many answers unread")
+        if not stream.started:
+            stream.started = True
+            stream.outbox.append((False, RESPONSE_HEADERS))
         stream.outbox.append((True, _MESSAGE.pack(0, len(message)) + message))
         self._pump(stream)
 
@@ -723,7 +797,7 @@ class _Connection(asyncio.Protocol):
                 outbox.popleft()
                 last = not outbox and payload is not RESPONSE_HEADERS
                 flags = END_HEADERS | END_STREAM if last else END_HEADERS
-                self._write(frame(HEADERS, flags, sid, payload))
+                self._write(self._headers_frame(flags, sid, payload))
                 if last:
                     self._forget(stream)
                     if not stream.ended:  # we answered before the request ended
@@ -754,29 +828,27 @@ class _Connection(asyncio.Protocol):
         """Not a gRPC request: an HTTP status and nothing else."""
         # a literal without indexing whose name is static entry 8, :status
         block = _int(8, 4) + _int(len(status), 7) + status
-        self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream_id, block))
+        self._write(self._headers_frame(END_HEADERS | END_STREAM, stream_id, block))
         if not ended:
             self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(NO_ERROR)))
 
     def _answer(self, stream_id: int, code: int, message: str, ended: bool) -> None:
         """A trailers-only answer to a call that did not start."""
         block = RESPONSE_HEADERS + trailers(code, message)
-        self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream_id, block))
+        self._write(self._headers_frame(END_HEADERS | END_STREAM, stream_id, block))
         if not ended:
             self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(NO_ERROR)))
 
     def _fail_call(self, stream: _Stream, code: int, message: str) -> None:
         if self.closed or self.streams.get(stream.id) is not stream:
             return
-        started = stream.call is not None and (
-            not stream.outbox or stream.outbox[0] != (False, RESPONSE_HEADERS)
-        )
+        started = stream.started  # then HEADERS went out: trailers alone now
         self._forget(stream)
         if stream.task is not None and stream.task is not asyncio.current_task():
             stream.task.cancel()
         if started:  # a streaming call that already sent headers: trailers alone
             block = trailers(code, message)
-            self._write(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, block))
+            self._write(self._headers_frame(END_HEADERS | END_STREAM, stream.id, block))
             if not stream.ended:
                 self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
         else:
@@ -788,10 +860,24 @@ class _Connection(asyncio.Protocol):
             stream.task.cancel()
         self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
 
+    def _headers_frame(self, flags: int, stream_id: int, block: bytes) -> bytes:
+        if self.table_update:  # the peer changed SETTINGS_HEADER_TABLE_SIZE: our
+            block = self.table_update + block  # next block says so (RFC 7541 4.2)
+            self.table_update = b""
+        return frame(HEADERS, flags, stream_id, block)
+
     def _forget(self, stream: _Stream) -> None:
         self.streams.pop(stream.id, None)
         self.blocked.pop(stream.id, None)
         stream.outbox.clear()
+        held = len(stream.data)  # request bytes nobody will read: window back
+        stream.data.clear()
+        if stream.call is not None:
+            inbox = stream.call._inbox
+            while not inbox.empty():
+                item = inbox.get_nowait()
+                held += 0 if item is None else 5 + len(item[1])
+        self._consumed(None, held)
         if self.going_away and not self.streams:
             self._close_soon()
 
@@ -816,6 +902,7 @@ class _Connection(asyncio.Protocol):
         if self.going_away or self.closed:
             return
         self.going_away = True
+        self.goaway_last = self.last_stream
         payload = _U32.pack(self.last_stream) + _U32.pack(NO_ERROR)
         self._write(frame(GOAWAY, 0, 0, payload))
         if not self.streams:
@@ -831,14 +918,18 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, code: int, reason: str) -> None:
         log.debug("HTTP/2 connection error %#x: %s", code, reason)
-        payload = _U32.pack(self.last_stream) + _U32.pack(code) + reason.encode()[:256]
+        last = min(self.last_stream, self.goaway_last)  # never above a GOAWAY sent before
+        payload = _U32.pack(last) + _U32.pack(code) + reason.encode()[:256]
         self._write(frame(GOAWAY, 0, 0, payload))
         self._flush()
         self._abort()
 
-    def _abort(self) -> None:
+    def _abort(self, *, now: bool = False) -> None:
         if self.transport is not None and not self.closed:
-            self.transport.close()  # flushes what was written, then closes
+            if now:  # the grace is over: a client that does not read waits no more
+                self.transport.abort()
+            else:
+                self.transport.close()  # flushes what was written, then closes
         self.closed = True
 
 
@@ -890,7 +981,7 @@ class H2Server:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), grace)
         for connection in list(self.connections):
-            connection._abort()
+            connection._abort(now=True)
             connection.connection_lost(None)
         if self._server is not None:
             await self._server.wait_closed()
