@@ -11,10 +11,13 @@ import shutil
 import signal
 import subprocess
 import uuid
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
+from redis.asyncio.connection import Connection, ConnectionPool
 
 import redis
 from ratewarden import AsyncLimiter, Decision, StoreUnavailable
@@ -22,6 +25,14 @@ from ratewarden.stores.redis import AsyncRedisStore
 from tests.redis_server import RedisServer, free_port, redis_server
 
 LIVE = 5.0  # see test_async_redis_store.py
+
+Run = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Run:
+    """Both loops: ``ratewarden serve`` runs on uvloop, whose transports differ."""
+    return asyncio.run if request.param == "asyncio" else uvloop.run
 
 
 def name() -> str:
@@ -46,7 +57,9 @@ async def until_healthy(limiter: AsyncLimiter, key: str) -> tuple[list[Decision]
     return degraded, decision
 
 
-def test_a_url_store_on_one_server_bypasses_the_pipeline(redis_single: RedisServer) -> None:
+def test_a_url_store_on_one_server_bypasses_the_pipeline(
+    redis_single: RedisServer, run: Run
+) -> None:
     async def main() -> None:
         async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
             no_pipelines(store)
@@ -57,10 +70,10 @@ def test_a_url_store_on_one_server_bypasses_the_pipeline(redis_single: RedisServ
             await store.client.script_flush()  # NOSCRIPT on the wire: loaded, sent again
             assert (await limiter.peek("k")).remaining == 0
 
-    asyncio.run(main())
+    run(main())
 
 
-def test_a_client_passed_in_keeps_its_pipelines(redis_single: RedisServer) -> None:
+def test_a_client_passed_in_keeps_its_pipelines(redis_single: RedisServer, run: Run) -> None:
     async def main() -> None:
         client = redis.asyncio.Redis(port=redis_single.port)
         async with AsyncRedisStore(client, timeout=LIVE) as store:
@@ -68,10 +81,10 @@ def test_a_client_passed_in_keeps_its_pipelines(redis_single: RedisServer) -> No
             assert (await AsyncLimiter("5/hour", store=store, name=name()).hit("k")).allowed
         await client.aclose()
 
-    asyncio.run(main())
+    run(main())
 
 
-def test_it_reconnects_after_the_server_drops_it(redis_single: RedisServer) -> None:
+def test_it_reconnects_after_the_server_drops_it(redis_single: RedisServer, run: Run) -> None:
     async def main() -> None:
         async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
             limiter = AsyncLimiter("10/hour", store=store, name=name(), on_failure="fail_closed")
@@ -84,10 +97,10 @@ def test_it_reconnects_after_the_server_drops_it(redis_single: RedisServer) -> N
             assert all(not d.allowed for d in degraded)  # fail_closed, as on the pipeline
             assert back.remaining == 6  # nothing lost, nothing counted twice
 
-    asyncio.run(main())
+    run(main())
 
 
-def test_a_hung_server_times_out_and_the_store_comes_back() -> None:
+def test_a_hung_server_times_out_and_the_store_comes_back(run: Run) -> None:
     with redis_server() as server:
 
         async def main() -> None:
@@ -108,10 +121,10 @@ def test_a_hung_server_times_out_and_the_store_comes_back() -> None:
                 assert back.allowed
                 assert back.limit == 10
 
-        asyncio.run(main())
+        run(main())
 
 
-def test_a_killed_server_fails_by_policy_and_a_restart_is_picked_up() -> None:
+def test_a_killed_server_fails_by_policy_and_a_restart_is_picked_up(run: Run) -> None:
     with redis_server() as server:
 
         async def main() -> None:
@@ -125,11 +138,11 @@ def test_a_killed_server_fails_by_policy_and_a_restart_is_picked_up() -> None:
                 _, back = await until_healthy(limiter, "k")
                 assert back.remaining == 9
 
-        asyncio.run(main())
+        run(main())
 
 
 def test_an_error_reply_fails_its_checks_and_the_connection_stays(
-    redis_single: RedisServer,
+    redis_single: RedisServer, run: Run
 ) -> None:
     async def main() -> None:
         async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
@@ -143,10 +156,10 @@ def test_an_error_reply_fails_its_checks_and_the_connection_stays(
             assert (await limiter.hit("good")).remaining == 3
             assert store._batcher.wire.link is link  # type: ignore[union-attr]
 
-    asyncio.run(main())
+    run(main())
 
 
-def test_auth_and_database_from_the_url() -> None:
+def test_auth_and_database_from_the_url(run: Run) -> None:
     with redis_server() as server:
         with server.client() as admin:
             admin.config_set("requirepass", "s3cret")
@@ -163,14 +176,14 @@ def test_auth_and_database_from_the_url() -> None:
                 with pytest.raises(StoreUnavailable):
                     await limiter.hit("k")
 
-        asyncio.run(main())
+        run(main())
         with redis.Redis(port=server.port, password="s3cret", db=3) as db3:
             assert len(db3.keys("*")) == 1
         with redis.Redis(port=server.port, password="s3cret", db=0) as db0:
             assert db0.keys("*") == []
 
 
-def test_tls_from_the_url(tmp_path: Path) -> None:
+def test_tls_from_the_url(tmp_path: Path, run: Run) -> None:
     openssl = shutil.which("openssl")
     if openssl is None:
         pytest.fail("openssl is not installed (Debian: apt-get install openssl)")
@@ -194,4 +207,31 @@ def test_tls_from_the_url(tmp_path: Path) -> None:
                 assert [d.allowed for d in decisions].count(True) == 5
                 assert not any(d.degraded for d in decisions)
 
-        asyncio.run(main())
+        run(main())
+
+
+def test_a_redis_py_whose_connections_cannot_be_taken_over_keeps_the_pipeline(
+    redis_single: RedisServer, run: Run, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Opaque(Connection):  # keeps its streams where the store does not look
+        async def connect(self) -> None:
+            await super().connect()  # type: ignore[no-untyped-call]
+            self.hidden, self._writer = self._writer, None
+
+        async def disconnect(self, *args: Any, **kwargs: Any) -> None:
+            self._writer = self.hidden
+            await super().disconnect(*args, **kwargs)
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
+            wire = store._batcher.wire
+            assert wire is not None
+            wire.pool = ConnectionPool(connection_class=Opaque, port=redis_single.port)
+            limiter = AsyncLimiter("5/hour", store=store, name=name())
+            decisions = await asyncio.gather(*(limiter.hit("k") for _ in range(7)))
+            assert [d.allowed for d in decisions].count(True) == 5
+            assert not any(d.degraded for d in decisions)
+            assert store._batcher.wire is None
+
+    run(main())
+    assert "go through redis-py's pipelines" in caplog.text

@@ -48,7 +48,7 @@ try:  # the redis extra brings it; a bare redis-py keeps the pipelines
 except ImportError:  # pragma: no cover
     HIREDIS = False
 
-__all__ = ["Wire", "usable"]
+__all__ = ["Unsupported", "Wire", "usable"]
 
 Arg = bytes | str | int
 _PLAIN = (Connection, SSLConnection, UnixDomainSocketConnection)
@@ -69,6 +69,11 @@ def usable(client: Any) -> bool:
         and kwargs.get("encoding", "utf-8").lower().replace("_", "-") in ("utf-8", "utf8")
         and kwargs.get("encoding_errors", "strict") == "strict"
     )
+
+
+class Unsupported(Exception):
+    """This redis-py's connections cannot be taken over (their insides changed):
+    the caller goes back to redis-py's pipeline."""
 
 
 class _Request:
@@ -171,9 +176,11 @@ class Wire:
         await self.aclose()
         connection = self.connection = self.pool.make_connection()  # type: ignore[no-untyped-call]
         await connection.connect()  # redis-py's: socket, TLS, AUTH, SELECT, its timeouts
-        transport = getattr(getattr(connection, "_writer", None), "transport", None)
-        if not isinstance(transport, asyncio.Transport):  # a redis-py we do not know
-            raise RedisConnectionError(f"cannot take over redis-py's connection {connection!r}")
+        transport: Any = getattr(getattr(connection, "_writer", None), "transport", None)
+        # duck-typed: uvloop's transports are no asyncio.Transport subclasses
+        if not all(hasattr(transport, name) for name in ("set_protocol", "write", "abort")):
+            await self.aclose()
+            raise Unsupported(f"cannot take over redis-py's connection {connection!r}")
         link = _Link(transport, self.where)
         transport.set_protocol(link)
         self.link = link

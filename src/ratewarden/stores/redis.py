@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import struct
 from collections.abc import Generator, Sequence
@@ -37,7 +38,7 @@ from .._rate import Rate
 from ..algorithms import Algorithm, Params
 from ._base import AsyncBound, BindOptions, Bound, Check, check_cost, pick
 from ._failure import Breaker, fallback
-from ._wire import Wire, usable
+from ._wire import Unsupported, Wire, usable
 
 __all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "connect"]
 
@@ -45,6 +46,8 @@ INF = math.inf
 CLUSTER_SCHEME = "redis+cluster://"
 SENTINEL_SCHEME = "redis+sentinel://"
 _FAILURES = (RedisError, RedisClusterException)  # the latter is no RedisError
+
+log = logging.getLogger("ratewarden.stores")
 
 
 def _nodes(hosts: str) -> list[tuple[str, int]]:
@@ -600,9 +603,14 @@ class _Batcher:
             keys = [args[0] for args in merged]
             checks = b"".join([args[1] for args in merged])
             commands.append(["EVALSHA", sha(BATCH) or "0" * 40, len(keys), *keys, checks])
+        results = None
         if self.wire is not None:
-            results = await self.wire.call(commands)
-        else:
+            try:
+                results = await self.wire.call(commands)
+            except Unsupported as exc:
+                log.warning("redis: %s; the checks go through redis-py's pipelines", exc)
+                self.wire = None
+        if results is None:
             pipe = self.client.pipeline(transaction=False)
             for command in commands:
                 # not pipe.evalsha, which redis-py's cluster pipeline refuses (it
