@@ -4,7 +4,8 @@ memory store and Redis store, from an asyncio load generator of our own.
     .venv/bin/python bench/bench_service.py [--seconds 8] [--only http-memory,...]
 
 The server runs pinned to CPU 0, the load generator (this process) to CPU 1, and a
-Redis server (started here on a free port, never the machine's) is left to float.
+Redis server (started here on a free port, never the machine's) is left to float
+(``--redis-cpu N`` pins it, to see what sharing a core with it costs).
 For each case:
 
 1. **throughput**: closed loop, ``--connections`` requests in flight, for
@@ -79,20 +80,27 @@ def process_cpu(pid: int) -> float:
 class Usage:
     cores: list[float]  # busy fraction per core
     server: float  # the server process: cores' worth used
+    redis: float | None  # the bench's redis-server, when there is one
 
     def text(self) -> str:
         cores = ", ".join(f"cpu{i} {u:.0%}" for i, u in enumerate(self.cores))
-        return f"{cores}; server process {self.server:.2f} cores"
+        redis = "" if self.redis is None else f", redis-server {self.redis:.2f} cores"
+        return f"{cores}; server process {self.server:.2f} cores{redis}"
+
+
+REDIS_PID: list[int] = []  # the bench's redis-server, once started
 
 
 @contextlib.contextmanager
 def measure(pid: int) -> Iterator[list[Usage]]:
     box: list[Usage] = []
-    before, cpu0, t0 = cpu_times(), process_cpu(pid), time.monotonic()
+    pids = [pid, *REDIS_PID]
+    before, used0, t0 = cpu_times(), [process_cpu(p) for p in pids], time.monotonic()
     yield box
-    after, cpu1, t1 = cpu_times(), process_cpu(pid), time.monotonic()
+    after, used1, t1 = cpu_times(), [process_cpu(p) for p in pids], time.monotonic()
     cores = [(b1 - b0) / max(a1 - a0, 1) for (b0, a0), (b1, a1) in zip(before, after, strict=True)]
-    box.append(Usage(cores, (cpu1 - cpu0) / (t1 - t0)))
+    server, *redis = [(u1 - u0) / (t1 - t0) for u0, u1 in zip(used0, used1, strict=True)]
+    box.append(Usage(cores, server, redis[0] if redis else None))
 
 
 # -- load: HTTP/1.1 keep-alive connections ----------------------------------------
@@ -315,7 +323,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
+def redis_server(cpu: int | None = None) -> Iterator[str]:
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit("redis-server is not installed (./dev test installs it)")
@@ -324,6 +332,7 @@ def redis_server() -> Iterator[str]:
         process = subprocess.Popen(
             [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=None if cpu is None else lambda: os.sched_setaffinity(0, {cpu}),  # noqa: PLW1509
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 10
@@ -334,8 +343,10 @@ def redis_server() -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise SystemExit("redis-server did not start")
                 time.sleep(0.05)
+            REDIS_PID[:] = [process.pid]
             yield f"redis://127.0.0.1:{port}/0"
         finally:
+            REDIS_PID.clear()
             process.terminate()
             process.wait()
 
@@ -407,7 +418,7 @@ async def main(args: argparse.Namespace) -> None:
         for case in cases:
             kind, store = case.split("-")
             if store == "redis" and redis_url is None:
-                redis_url = stack.enter_context(redis_server())
+                redis_url = stack.enter_context(redis_server(args.redis_cpu))
             url = "memory" if store == "memory" else redis_url
             assert url is not None
             result = await run_case(kind, url, args)
@@ -434,6 +445,8 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=3, help="latency phases per case")
     parser.add_argument("--only", default="", help="comma-separated: http-memory,grpc-redis,...")
     parser.add_argument("--json", help="write the figures to this file too")
+    parser.add_argument("--redis-cpu", type=int, choices=(0, 1),
+                        help="pin redis-server to this CPU (default: it floats)")  # fmt: skip
     arguments = parser.parse_args()
     os.sched_setaffinity(0, {1})  # the load generator on CPU 1, the server on CPU 0
     print(f"load average {os.getloadavg()[0]:.2f} before the run", flush=True)
