@@ -11,8 +11,9 @@ For each case:
 1. **throughput**: closed loop, ``--connections`` requests in flight, for
    ``--seconds``; reports checks/s and the server process's CPU use, and so
    checks/s per fully used server core (checks/s / server CPU fraction);
-2. **latency**: open loop at half the measured rate, each request sent at its
-   scheduled moment and timed from that moment (no coordinated omission); p50,
+2. **latency**: open loop at half the measured rate (or ``--latency-rate``), each
+   request sent at its scheduled moment and timed from that moment (no
+   coordinated omission); p50,
    p99, p99.9 of the quietest of ``--repeat`` runs (the machine is shared; every
    run's p99 is printed too).
 
@@ -384,7 +385,8 @@ async def run_case(kind: str, store: str, args: argparse.Namespace) -> dict[str,
             rate, busy, errors = await throughput(fire, args.connections, args.seconds, pid)
             # the machine is shared: other processes' bursts land in the tail, so the
             # open-loop phase runs --repeat times and each p99 is reported
-            runs = [await latency(fire, rate / 2, args.seconds, pid) for _ in range(args.repeat)]
+            target = args.latency_rate or rate / 2
+            runs = [await latency(fire, target, args.seconds, pid) for _ in range(args.repeat)]
         finally:
             close()
             await asyncio.sleep(0.1)
@@ -445,6 +447,9 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=3, help="latency phases per case")
     parser.add_argument("--only", default="", help="comma-separated: http-memory,grpc-redis,...")
     parser.add_argument("--json", help="write the figures to this file too")
+    parser.add_argument("--latency-rate", type=float, metavar="CHECKS_PER_S",
+                        help="the open-loop phase at this rate, not half the measured one "
+                        "(to compare two versions at the same load)")  # fmt: skip
     parser.add_argument("--redis-cpu", type=int, choices=(0, 1),
                         help="pin redis-server to this CPU (default: it floats)")  # fmt: skip
     arguments = parser.parse_args()
