@@ -562,7 +562,8 @@ class _Batcher:
     """Coalesces concurrent checks into pipelines: every check submitted in one turn
     of the event loop goes out in one round trip (at most ``max_batch`` a time), and
     checks submitted while a pipeline is in flight go in the next. No timer: the
-    batching window is the loop's own turn, microseconds."""
+    batching window is the loop's own turn, microseconds. A pipeline goes over the
+    store's own connection (``wire``) when it has one, else through redis-py."""
 
     def __init__(self, client: Any, scripts: Scripts, max_batch: int, wire: Wire | None) -> None:
         self.client, self.scripts, self.max_batch = client, scripts, max_batch
@@ -670,7 +671,9 @@ class AsyncRedisStore:
     scripts, limits and failure policy, and concurrent checks coalesced into
     pipelines so that one process is not held to one round trip at a time.
     ``hit_many`` works as `RedisStore`'s does, its script calls in the same
-    pipelines."""
+    pipelines. Built from a URL of one server, the store sends them over a
+    connection of its own instead of redis-py's pipeline, for a fraction of its
+    CPU per round trip (see ``_wire``); `aclose` closes it."""
 
     def __init__(
         self,
