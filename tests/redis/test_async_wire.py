@@ -100,6 +100,24 @@ def test_it_reconnects_after_the_server_drops_it(redis_single: RedisServer, run:
     run(main())
 
 
+def test_a_connection_closed_before_the_loop_says_so_is_replaced(
+    redis_single: RedisServer, run: Run
+) -> None:
+    async def main() -> None:
+        async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
+            limiter = AsyncLimiter("10/hour", store=store, name=name())
+            assert (await limiter.hit("k")).remaining == 9
+            wire = store._batcher.wire
+            assert wire is not None
+            assert wire.link is not None
+            hit = asyncio.ensure_future(limiter.hit("k"))
+            await asyncio.sleep(0)  # the check is submitted, its batch about to go out
+            wire.link.transport.abort()  # gone, and connection_lost not called yet
+            assert (await hit).remaining == 8  # on a new connection, not an error
+
+    run(main())
+
+
 def test_a_hung_server_times_out_and_the_store_comes_back(run: Run) -> None:
     with redis_server() as server:
 

@@ -106,7 +106,10 @@ class _Link(asyncio.Protocol):
         if timeout is not None:
             request.timer = loop.call_later(timeout, self._expired, request)
         self.waiting.append(request)
-        self.transport.write(payload)
+        try:
+            self.transport.write(payload)
+        except (OSError, RuntimeError) as exc:  # uvloop: RuntimeError once it is closed
+            self.fail(RedisConnectionError(f"Error while writing to {self.where}: {exc}"))
         return request.future
 
     def _expired(self, request: _Request) -> None:
@@ -130,6 +133,10 @@ class _Link(asyncio.Protocol):
                         request.future.set_result(request.replies)
         except InvalidResponse as exc:
             self.fail(RedisConnectionError(f"Protocol error from {self.where}: {exc}"))
+
+    def eof_received(self) -> bool:
+        self.fail(RedisConnectionError(f"Connection closed by server ({self.where})."))
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = "Connection closed by server." if exc is None else f"{exc}"
@@ -168,7 +175,7 @@ class Wire:
         pack = hiredis.pack_command  # its stub says a 1-tuple; it takes any length
         payload = b"".join([pack(tuple(command)) for command in commands])  # type: ignore[arg-type]
         link = self.link
-        if link is None or link.dead is not None:
+        if link is None or link.dead is not None or link.transport.is_closing():
             link = await self._connect()
         return await link.send(payload, len(commands), self.timeout)
 
