@@ -4,19 +4,23 @@ memory store and Redis store, from an asyncio load generator of our own.
     .venv/bin/python bench/bench_service.py [--seconds 8] [--only http-memory,...]
 
 The server runs pinned to CPU 0, the load generator (this process) to CPU 1, and a
-Redis server (started here on a free port, never the machine's) is left to float.
+Redis server (started here on a free port, never the machine's) is left to float
+(``--redis-cpu N`` pins it, to see what sharing a core with it costs).
 For each case:
 
 1. **throughput**: closed loop, ``--connections`` requests in flight, for
    ``--seconds``; reports checks/s and the server process's CPU use, and so
    checks/s per fully used server core (checks/s / server CPU fraction);
-2. **latency**: open loop at half the measured rate, each request sent at its
-   scheduled moment and timed from that moment (no coordinated omission); p50,
+2. **latency**: open loop at half the measured rate (or ``--latency-rate``), each
+   request sent at its scheduled moment and timed from that moment (no
+   coordinated omission); p50,
    p99, p99.9 of the quietest of ``--repeat`` runs (the machine is shared; every
    run's p99 is printed too).
 
 Both cores' use (from /proc/stat) is reported for each phase, since the load
-generator shares the machine.
+generator shares the machine. HTTP answers marked ``"degraded": true`` (the store
+failed and a failure policy answered, which is cheap) are counted and reported:
+a run that shows any measured less than the store.
 """
 
 from __future__ import annotations
@@ -77,23 +81,33 @@ def process_cpu(pid: int) -> float:
 class Usage:
     cores: list[float]  # busy fraction per core
     server: float  # the server process: cores' worth used
+    redis: float | None  # the bench's redis-server, when there is one
 
     def text(self) -> str:
         cores = ", ".join(f"cpu{i} {u:.0%}" for i, u in enumerate(self.cores))
-        return f"{cores}; server process {self.server:.2f} cores"
+        redis = "" if self.redis is None else f", redis-server {self.redis:.2f} cores"
+        return f"{cores}; server process {self.server:.2f} cores{redis}"
+
+
+REDIS_PID: list[int] = []  # the bench's redis-server, once started
 
 
 @contextlib.contextmanager
 def measure(pid: int) -> Iterator[list[Usage]]:
     box: list[Usage] = []
-    before, cpu0, t0 = cpu_times(), process_cpu(pid), time.monotonic()
+    pids = [pid, *REDIS_PID]
+    before, used0, t0 = cpu_times(), [process_cpu(p) for p in pids], time.monotonic()
     yield box
-    after, cpu1, t1 = cpu_times(), process_cpu(pid), time.monotonic()
+    after, used1, t1 = cpu_times(), [process_cpu(p) for p in pids], time.monotonic()
     cores = [(b1 - b0) / max(a1 - a0, 1) for (b0, a0), (b1, a1) in zip(before, after, strict=True)]
-    box.append(Usage(cores, (cpu1 - cpu0) / (t1 - t0)))
+    server, *redis = [(u1 - u0) / (t1 - t0) for u0, u1 in zip(used0, used1, strict=True)]
+    box.append(Usage(cores, server, redis[0] if redis else None))
 
 
 # -- load: HTTP/1.1 keep-alive connections ----------------------------------------
+
+
+DEGRADED = [0]  # HTTP answers with "degraded": true, which would flatter the figures
 
 
 class _HTTPConnection(asyncio.Protocol):
@@ -120,6 +134,8 @@ class _HTTPConnection(asyncio.Protocol):
             if len(buffer) < total:
                 return
             status = int(buffer[9:12])
+            if buffer.find(b'"degraded":true', end, total) >= 0:
+                DEGRADED[0] += 1  # the store failed and a policy answered: no real check
             del buffer[:total]
             self.waiting.popleft().set_result(status)
 
@@ -338,29 +354,51 @@ async def throughput(
     return finished / elapsed, usage[0], counts[1]
 
 
+STALL = 0.010  # the generator's 1 ms tick came this late: the machine itself stalled
+AFTER_STALL = 0.100  # the catch-up burst after a stall, and its queue, drain within this
+
+
+@dataclass
+class Latencies:
+    all: list[float]  # sorted, seconds
+    outside_stalls: list[float]  # sorted; without requests fired around a stall
+    stalls: int  # the generator's own stalls (> STALL between ticks)
+
+
 async def latency(
     fire: Fire, rate: float, seconds: float, pid: int
-) -> tuple[list[float], Usage, float]:
+) -> tuple[Latencies, Usage, float]:
     """Open loop: request i is due at t0 + i/rate whatever the answers before it
     did, so a stall shows in the tail (no coordinated omission). The generator
     wakes every millisecond (the event loop's timer resolution: a shorter sleep
     spins, and starves a Redis server sharing the core) and fires what is due
-    as a burst, each request timed from that moment."""
-    latencies: list[float] = []
+    as a burst, each request timed from that moment.
+
+    A tick more than STALL late means the generator's own process did not run:
+    on this VM both cores freeze together now and then (a bare sleep loop sees
+    40-110 ms gaps on both CPUs at the same instants, with nothing else running).
+    Requests in flight then, and the catch-up burst after, land in the tail
+    whatever the server does; `Latencies.outside_stalls` sets aside those fired
+    from just before such a gap to AFTER_STALL after it, as a second figure."""
+    latencies: list[tuple[float, float]] = []  # (fired, latency)
+    stalls: list[tuple[float, float]] = []
     total = int(rate * seconds)
     finished = asyncio.get_running_loop().create_future()
     now = time.perf_counter
 
     def record(scheduled: float, ok: bool) -> None:
-        latencies.append(now() - scheduled)
+        latencies.append((scheduled, now() - scheduled))
         if len(latencies) == total and not finished.done():
             finished.set_result(None)
 
     with measure(pid) as usage:
-        t0 = now()
+        t0 = last = now()
         i = 0
         while i < total:
             fired = now()
+            if fired - last > STALL:
+                stalls.append((last - STALL, fired + AFTER_STALL))
+            last = fired
             due = min(total, int((fired - t0) * rate) + 1)
             while i < due:
                 fire(i, functools.partial(record, fired))
@@ -368,7 +406,12 @@ async def latency(
             await asyncio.sleep(0.001)
         await finished
     achieved = total / (now() - t0)
-    return sorted(latencies), usage[0], achieved
+    clean = [lat for at, lat in latencies if not any(a <= at <= b for a, b in stalls)]
+    return (
+        Latencies(sorted(lat for _, lat in latencies), sorted(clean), len(stalls)),
+        usage[0],
+        achieved,
+    )
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -379,7 +422,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[str]:
+def redis_server(cpu: int | None = None) -> Iterator[str]:
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit("redis-server is not installed (./dev test installs it)")
@@ -388,6 +431,7 @@ def redis_server() -> Iterator[str]:
         process = subprocess.Popen(
             [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=None if cpu is None else lambda: os.sched_setaffinity(0, {cpu}),  # noqa: PLW1509
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 10
@@ -398,8 +442,10 @@ def redis_server() -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise SystemExit("redis-server did not start")
                 time.sleep(0.05)
+            REDIS_PID[:] = [process.pid]
             yield f"redis://127.0.0.1:{port}/0"
         finally:
+            REDIS_PID.clear()
             process.terminate()
             process.wait()
 
@@ -428,6 +474,7 @@ def ratewarden(store: str) -> Iterator[tuple[int, int, int]]:
 
 
 async def run_case(kind: str, store: str, args: argparse.Namespace) -> dict[str, Any]:
+    DEGRADED[0] = 0
     with ratewarden(store) as (pid, http, grpc):
         maker = http_client if kind == "http" else grpc_client
         port = http if kind == "http" else grpc
@@ -436,14 +483,16 @@ async def run_case(kind: str, store: str, args: argparse.Namespace) -> dict[str,
             rate, busy, errors = await throughput(fire, args.connections, args.seconds, pid)
             # the machine is shared: other processes' bursts land in the tail, so the
             # open-loop phase runs --repeat times and each p99 is reported
-            runs = [await latency(fire, rate / 2, args.seconds, pid) for _ in range(args.repeat)]
+            target = args.latency_rate or rate / 2
+            runs = [await latency(fire, target, args.seconds, pid) for _ in range(args.repeat)]
         finally:
             close()
             await asyncio.sleep(0.1)
     per_core = rate / max(busy.server, 1e-9)
-    p99s = [percentile(lat, 0.99) * 1000 for lat, _, _ in runs]
+    p99s = [percentile(lat.all, 0.99) * 1000 for lat, _, _ in runs]
     best = min(range(len(runs)), key=lambda i: p99s[i])
-    lat, lat_busy, achieved = runs[best]
+    measured, lat_busy, achieved = runs[best]
+    lat = measured.all
     return {
         "case": f"{kind} {'memory' if store == 'memory' else 'redis'}",
         "checks_per_s": rate,
@@ -457,6 +506,12 @@ async def run_case(kind: str, store: str, args: argparse.Namespace) -> dict[str,
         "p999_ms": percentile(lat, 0.999) * 1000,
         "latency_cpu": lat_busy.text(),
         "p99_ms_runs": p99s,
+        # a second figure, not the target's: see `latency`
+        "p99_ms_runs_outside_stalls": [
+            percentile(lat.outside_stalls, 0.99) * 1000 for lat, _, _ in runs
+        ],
+        "stalls_runs": [lat.stalls for lat, _, _ in runs],
+        "degraded": DEGRADED[0],
     }
 
 
@@ -469,7 +524,7 @@ async def main(args: argparse.Namespace) -> None:
         for case in cases:
             kind, store = case.split("-")
             if store == "redis" and redis_url is None:
-                redis_url = stack.enter_context(redis_server())
+                redis_url = stack.enter_context(redis_server(args.redis_cpu))
             url = "memory" if store == "memory" else redis_url
             assert url is not None
             result = await run_case(kind, url, args)
@@ -481,6 +536,12 @@ async def main(args: argparse.Namespace) -> None:
                 f"p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms, "
                 f"p99.9 {result['p999_ms']:.2f} ms ({result['latency_cpu']}); p99 of each run: "
                 + ", ".join(f"{p:.2f}" for p in result["p99_ms_runs"])
+                + " ms"
+                + (f"; {result['degraded']:,} DEGRADED answers" if result["degraded"] else "")
+                + "; outside the generator's stalls (stalls per run: "
+                + ", ".join(str(n) for n in result["stalls_runs"])
+                + "), p99 of each run: "
+                + ", ".join(f"{p:.2f}" for p in result["p99_ms_runs_outside_stalls"])
                 + " ms",
                 flush=True,
             )
@@ -495,6 +556,11 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=3, help="latency phases per case")
     parser.add_argument("--only", default="", help="comma-separated: http-memory,grpc-redis,...")
     parser.add_argument("--json", help="write the figures to this file too")
+    parser.add_argument("--latency-rate", type=float, metavar="CHECKS_PER_S",
+                        help="the open-loop phase at this rate, not half the measured one "
+                        "(to compare two versions at the same load)")  # fmt: skip
+    parser.add_argument("--redis-cpu", type=int, choices=(0, 1),
+                        help="pin redis-server to this CPU (default: it floats)")  # fmt: skip
     arguments = parser.parse_args()
     os.sched_setaffinity(0, {1})  # the load generator on CPU 1, the server on CPU 0
     print(f"load average {os.getloadavg()[0]:.2f} before the run", flush=True)

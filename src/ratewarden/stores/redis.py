@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import struct
 from collections.abc import Generator, Sequence
@@ -37,6 +38,7 @@ from .._rate import Rate
 from ..algorithms import Algorithm, Params
 from ._base import AsyncBound, BindOptions, Bound, Check, check_cost, pick
 from ._failure import Breaker, fallback
+from ._wire import Unsupported, Wire, usable
 
 __all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "connect"]
 
@@ -44,6 +46,8 @@ INF = math.inf
 CLUSTER_SCHEME = "redis+cluster://"
 SENTINEL_SCHEME = "redis+sentinel://"
 _FAILURES = (RedisError, RedisClusterException)  # the latter is no RedisError
+
+log = logging.getLogger("ratewarden.stores")
 
 
 def _nodes(hosts: str) -> list[tuple[str, int]]:
@@ -558,10 +562,12 @@ class _Batcher:
     """Coalesces concurrent checks into pipelines: every check submitted in one turn
     of the event loop goes out in one round trip (at most ``max_batch`` a time), and
     checks submitted while a pipeline is in flight go in the next. No timer: the
-    batching window is the loop's own turn, microseconds."""
+    batching window is the loop's own turn, microseconds. A pipeline goes over the
+    store's own connection (``wire``) when it has one, else through redis-py."""
 
-    def __init__(self, client: Any, scripts: Scripts, max_batch: int) -> None:
+    def __init__(self, client: Any, scripts: Scripts, max_batch: int, wire: Wire | None) -> None:
         self.client, self.scripts, self.max_batch = client, scripts, max_batch
+        self.wire = wire  # one server: its own connection, else redis-py's pipelines
         self.pending: list[tuple[str, int, list[Any], asyncio.Future[Any]]] = []
         self.draining = False
 
@@ -583,25 +589,37 @@ class _Batcher:
             self.draining = False
 
     async def _pipeline(self, batch: list[tuple[str, int, list[Any], Any]]) -> list[Any]:
-        """One round trip for ``batch``; its results in the batch's order. Checks
-        submitted as `BATCH` go out together as one call of _batch.lua."""
-        pipe = self.client.pipeline(transaction=False)
+        """One round trip for ``batch``; its results in the batch's order, an error
+        as an exception in its place. Checks submitted as `BATCH` go out together
+        as one call of _batch.lua."""
         sha = self.scripts.sha
+        commands: list[list[Any]] = []
         merged = []
         for script, numkeys, args, _ in batch:
             if script == BATCH:
                 merged.append(args)
             else:
-                # not pipe.evalsha, which redis-py's cluster pipeline refuses (it
-                # routes EVALSHA by its keys all the same)
-                pipe.execute_command("EVALSHA", sha(script) or "0" * 40, numkeys, *args)
+                commands.append(["EVALSHA", sha(script) or "0" * 40, numkeys, *args])
         if merged:
             keys = [args[0] for args in merged]
             checks = b"".join([args[1] for args in merged])
-            pipe.execute_command("EVALSHA", sha(BATCH) or "0" * 40, len(keys), *keys, checks)
-        results = await pipe.execute(raise_on_error=False)
+            commands.append(["EVALSHA", sha(BATCH) or "0" * 40, len(keys), *keys, checks])
+        results = None
+        if self.wire is not None:
+            try:
+                results = await self.wire.call(commands)
+            except Unsupported as exc:
+                log.warning("redis: %s; the checks go through redis-py's pipelines", exc)
+                self.wire = None
+        if results is None:
+            pipe = self.client.pipeline(transaction=False)
+            for command in commands:
+                # not pipe.evalsha, which redis-py's cluster pipeline refuses (it
+                # routes EVALSHA by its keys all the same)
+                pipe.execute_command(*command)
+            results = await pipe.execute(raise_on_error=False)
         if not merged:
-            return results  # type: ignore[no-any-return]
+            return results
         together, spread, rest, at = results[-1], [], iter(results), 0
         for script, *_ in batch:
             if script != BATCH:
@@ -653,7 +671,9 @@ class AsyncRedisStore:
     scripts, limits and failure policy, and concurrent checks coalesced into
     pipelines so that one process is not held to one round trip at a time.
     ``hit_many`` works as `RedisStore`'s does, its script calls in the same
-    pipelines."""
+    pipelines. Built from a URL of one server, the store sends them over a
+    connection of its own instead of redis-py's pipeline, for a fraction of its
+    CPU per round trip (see ``_wire``); `aclose` closes it."""
 
     def __init__(
         self,
@@ -672,10 +692,14 @@ class AsyncRedisStore:
         self.client = client
         self.scripts = Scripts(client)
         self.breaker = Breaker()
-        self._batcher = _Batcher(client, self.scripts, max_batch)
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock
         self._keyslot = client.keyslot if isinstance(client, AsyncRedisCluster) else None
+        # A client made here from a URL, on one plain server: the checks go over a
+        # connection of the store's own (see _wire); a client passed in stays
+        # untouched, every command through its own pool.
+        wire = Wire(client) if self._owns_client and usable(client) else None
+        self._batcher = _Batcher(client, self.scripts, max_batch, wire)
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
         limit = _Limit(algorithm, rate, options, self.breaker, self._test_clock)
@@ -740,6 +764,8 @@ class AsyncRedisStore:
 
     async def aclose(self) -> None:
         """Close the connections, if this store made its client from a URL."""
+        if self._batcher.wire is not None:
+            await self._batcher.wire.aclose()
         if self._owns_client:
             await self.client.aclose()
             for sentinel in _sentinels(self.client):
