@@ -12,6 +12,7 @@ server decodes with. grpcio's own server is not used: see `_h2` for why.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -71,9 +72,6 @@ class _Protos:
         }
 
 
-_protos: _Protos | None = None
-
-
 def _compile() -> descriptor_pb2.FileDescriptorSet:
     from grpc_tools import protoc  # noqa: PLC0415 - only when a gRPC server starts
 
@@ -91,11 +89,9 @@ def _compile() -> descriptor_pb2.FileDescriptorSet:
         return descriptor_pb2.FileDescriptorSet.FromString(target.read_bytes())
 
 
+@functools.cache  # compiled once per process, when a gRPC server first needs it
 def protos() -> _Protos:
-    global _protos
-    if _protos is None:
-        _protos = _Protos()
-    return _protos
+    return _Protos()
 
 
 def messages() -> dict[str, Any]:

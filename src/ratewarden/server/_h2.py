@@ -202,10 +202,6 @@ def trailers(code: int, message: str = "") -> bytes:
     return block
 
 
-def bearer_token(headers: Metadata) -> bytes:
-    return headers.get(b"authorization", b"")
-
-
 class _ConnectionError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -795,15 +791,12 @@ class _Connection(asyncio.Protocol):
             is_data, payload = outbox[0]
             if not is_data:
                 outbox.popleft()
-                last = not outbox and payload is not RESPONSE_HEADERS
-                flags = END_HEADERS | END_STREAM if last else END_HEADERS
-                self._write(self._headers_frame(flags, sid, payload))
-                if last:
-                    self._forget(stream)
-                    if not stream.ended:  # we answered before the request ended
-                        self._write(frame(RST_STREAM, 0, sid, _U32.pack(NO_ERROR)))
-                    return
-                continue
+                if outbox or payload is RESPONSE_HEADERS:
+                    self._write(self._headers_frame(END_HEADERS, sid, payload))
+                    continue
+                self._forget(stream)  # the trailers: the stream is done
+                self._last_block(sid, payload, stream.ended)
+                return
             room = min(self.send_window, stream.send_window, self.peer_max_frame)
             if room <= 0:
                 self.blocked[sid] = stream
@@ -827,14 +820,14 @@ class _Connection(asyncio.Protocol):
     def _refuse(self, stream_id: int, status: bytes, ended: bool) -> None:
         """Not a gRPC request: an HTTP status and nothing else."""
         # a literal without indexing whose name is static entry 8, :status
-        block = _int(8, 4) + _int(len(status), 7) + status
-        self._write(self._headers_frame(END_HEADERS | END_STREAM, stream_id, block))
-        if not ended:
-            self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(NO_ERROR)))
+        self._last_block(stream_id, _int(8, 4) + _int(len(status), 7) + status, ended)
 
     def _answer(self, stream_id: int, code: int, message: str, ended: bool) -> None:
         """A trailers-only answer to a call that did not start."""
-        block = RESPONSE_HEADERS + trailers(code, message)
+        self._last_block(stream_id, RESPONSE_HEADERS + trailers(code, message), ended)
+
+    def _last_block(self, stream_id: int, block: bytes, ended: bool) -> None:
+        """``block`` ends the stream; a request still coming is told to stop."""
         self._write(self._headers_frame(END_HEADERS | END_STREAM, stream_id, block))
         if not ended:
             self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(NO_ERROR)))
@@ -842,15 +835,11 @@ class _Connection(asyncio.Protocol):
     def _fail_call(self, stream: _Stream, code: int, message: str) -> None:
         if self.closed or self.streams.get(stream.id) is not stream:
             return
-        started = stream.started  # then HEADERS went out: trailers alone now
         self._forget(stream)
         if stream.task is not None and stream.task is not asyncio.current_task():
             stream.task.cancel()
-        if started:  # a streaming call that already sent headers: trailers alone
-            block = trailers(code, message)
-            self._write(self._headers_frame(END_HEADERS | END_STREAM, stream.id, block))
-            if not stream.ended:
-                self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(NO_ERROR)))
+        if stream.started:  # a streaming call that already sent HEADERS: trailers alone
+            self._last_block(stream.id, trailers(code, message), stream.ended)
         else:
             self._answer(stream.id, code, message, stream.ended)
 
@@ -955,7 +944,7 @@ class H2Server:
     def authorized(self, headers: Metadata) -> bool:
         if self._token is None:
             return True
-        return bearer_matches(bearer_token(headers), self._token)
+        return bearer_matches(headers.get(b"authorization", b""), self._token)
 
     async def listen(self, host: str, port: int, *, reuse_port: bool = False) -> int:
         loop = asyncio.get_running_loop()
