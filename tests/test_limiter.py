@@ -244,3 +244,15 @@ def test_acquire_forever_under_contention() -> None:
         thread.join(10)
     assert errors == []
     assert limiter.acquire("k", 1.0).allowed  # the key is not stranded
+
+
+def test_a_name_with_its_own_rate_after_an_at_counts_under_the_plain_name() -> None:
+    # the rule engine names one rate of a rule with several "rule@rate": its counter
+    # stays the rule's, so adding a rate to a rule does not reset the one it had
+    def prefix(name: str | None, rate: str = "5/minute") -> str:
+        return Limiter(rate, name=name).key_prefix
+
+    assert prefix("api@5/minute") == prefix("api") == "api:sliding_window_counter/5/minute:"
+    assert prefix("api@6/minute") == "api@6/minute:sliding_window_counter/5/minute:"
+    assert prefix("@5/minute") == "@5/minute:sliding_window_counter/5/minute:"
+    assert Limiter("5/minute", name="api@5/minute").name == "api@5/minute"  # shown as given

@@ -79,9 +79,15 @@ class _Config:
         # limiters with one name and one limit share counters (a rule reloaded
         # unchanged keeps them), and a name whose limit changed starts afresh rather
         # than reading another algorithm's state.
+        # A name "x@<this limit's rate>" (the rule engine's name for one rate of a rule
+        # with several) counts as "x": the tag says the rate already, and so a rule
+        # that gains or loses a rate keeps the counters of the rates it had.
         mode = "" if refill == "continuous" else f"/{refill}"
         tag = f"{algo.name}{mode}/{parsed}" + ("" if burst is None else f"/burst={burst}")
-        prefix = f"{tag}:" if name is None else f"{name}:{tag}:"
+        owner = name
+        if name is not None and name.endswith(f"@{parsed}") and len(name) > len(f"@{parsed}"):
+            owner = name[: -len(f"@{parsed}")]
+        prefix = f"{tag}:" if owner is None else f"{owner}:{tag}:"
         options = BindOptions(burst=burst, prefix=prefix, rule=name, on_failure=on_failure)
         return cls(parsed, algo, options)
 

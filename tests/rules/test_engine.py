@@ -179,6 +179,28 @@ def test_reload_keeps_counters_of_unchanged_rules(tmp_path: Path, store: MemoryS
     assert [engine.check({"org": "o"}).allowed for _ in range(5)] == [True] * 4 + [False]
 
 
+def test_a_rule_that_gains_or_loses_a_rate_keeps_its_counters(
+    tmp_path: Path, store: MemoryStore
+) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules: [{name: r, rate: 3/minute, algorithm: fixed_window, by: user}]\n")
+    engine = RuleEngine(path, store)
+    assert [engine.check({"user": "u"}).allowed for _ in range(2)] == [True, True]
+    # a second tier: the rule's limiters become r@3/minute and r@100/hour
+    path.write_text(
+        "rules: [{name: r, rate: [3/minute, 100/hour], algorithm: fixed_window, by: user}]\n"
+    )
+    engine.reload()
+    assert [engine.check({"user": "u"}).allowed for _ in range(2)] == [True, False]
+    denied = engine.check({"user": "u"})
+    assert denied.decision is not None
+    assert denied.decision.rule == "r@3/minute"  # the tier that spoke, by its rate
+    # and back to one rate: still the same counter
+    path.write_text("rules: [{name: r, rate: 3/minute, algorithm: fixed_window, by: user}]\n")
+    engine.reload()
+    assert not engine.check({"user": "u"}).allowed
+
+
 def test_a_bad_reload_keeps_the_old_rules(tmp_path: Path, store: MemoryStore) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text("rules: [{name: a, rate: 1/minute, by: user}]\n")

@@ -150,7 +150,8 @@ class CompiledRule:
         on_failure = rule.on_failure or file.defaults.on_failure
         rates = [parse_rate(r) for r in as_list(rule.rate)]
         # A rule's tiers are told apart by their rate, not their position, so that
-        # reordering them in the file keeps their counters.
+        # reordering them in the file keeps their counters; "name@rate" counts under
+        # the rule's name (see Limiter), so adding or removing a rate keeps them too.
         names = [rule.name] if len(rates) == 1 else [f"{rule.name}@{r}" for r in rates]
         self.limits = tuple(
             LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure)
