@@ -110,3 +110,34 @@ def test_dependency_without_install_still_answers_429(route_engine: AsyncRuleEng
 
 def test_ruleset_fixture_is_untouched(ruleset: RuleSet) -> None:
     assert len(ruleset) == 7
+
+
+def test_middleware_and_dependency_together_send_each_header_once(
+    aengine: AsyncRuleEngine, clock: FakeClock
+) -> None:
+    # the app-wide "api" limit (3/minute) and the route's "item-reads" (2/minute):
+    # the route's check spoke last and closest, its headers are the ones sent
+    def user(request: Request) -> dict[str, object]:
+        return {"user": "u1"}
+
+    rules = ROUTE_RULES.replace('"/items/{item_id}"', '"/api/items/{item_id}"')
+    route_engine = AsyncRuleEngine(loads(rules), AsyncMemoryStore(clock=clock))
+    app = FastAPI()
+    install(app)
+    app.add_middleware(RateLimitMiddleware, engine=aengine)
+
+    @app.get("/api/items/{item_id}", dependencies=[Depends(RateLimit(route_engine, identify=user))])
+    async def read(item_id: int) -> int:
+        return item_id
+
+    @app.get("/api/plain")
+    async def plain() -> int:
+        return 0
+
+    with TestClient(app) as client:
+        first = client.get("/api/items/1")
+        other = client.get("/api/plain")
+    for name in ("x-ratelimit-limit", "x-ratelimit-remaining", "ratelimit", "ratelimit-policy"):
+        assert len(first.headers.get_list(name)) == 1, name
+    assert first.headers["x-ratelimit-limit"] == "2"  # the route's limit, not the app's 3
+    assert other.headers["x-ratelimit-limit"] == "3"  # no dependency: the middleware's

@@ -23,6 +23,7 @@ from ..rules import AsyncRuleEngine, Outcome, RuleEngine
 
 __all__ = [
     "PROBLEM_TYPE",
+    "ROUTE_SPOKE",
     "HeaderMode",
     "Reply",
     "Responder",
@@ -31,6 +32,11 @@ __all__ = [
     "check_engine",
     "content_length",
 ]
+
+# Set (in the WSGI environ or the ASGI scope) by a per-route check that already put
+# its rate-limit headers on the response, or refused it: the app-wide middleware
+# then adds none of its own, so that each field appears once and the route speaks.
+ROUTE_SPOKE = "ratewarden.route_headers"
 
 E = TypeVar("E", RuleEngine, AsyncRuleEngine)
 

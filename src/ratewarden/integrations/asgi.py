@@ -25,7 +25,15 @@ from typing import Any
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
 from ..rules._engine import wait_out
 from ..stores import MemoryStore
-from ._request import HeaderMode, Reply, Responder, attributes, check_any_engine, content_length
+from ._request import (
+    ROUTE_SPOKE,
+    HeaderMode,
+    Reply,
+    Responder,
+    attributes,
+    check_any_engine,
+    content_length,
+)
 
 __all__ = [
     "ASGIApp",
@@ -190,7 +198,7 @@ class RateLimitMiddleware:
             if not extra:
                 await self.app(scope, receive, send)
                 return
-            await self.app(scope, receive, _adding(send, extra))
+            await self.app(scope, receive, _adding(scope, send, extra))
             return
         await send_reply(send, self.responder.refused(outcome))
 
@@ -212,12 +220,13 @@ class RateLimitMiddleware:
         return f"<RateLimitMiddleware {self.engine!r} headers={self.responder.mode!r}>"
 
 
-def _adding(send: Send, extra: list[tuple[str, str]]) -> Send:
-    """``send``, with ``extra`` headers added to the response start."""
+def _adding(scope: Scope, send: Send, extra: list[tuple[str, str]]) -> Send:
+    """``send``, with ``extra`` headers added to the response start, unless a
+    route's own check (the FastAPI dependency) put its own there."""
     raw = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in extra]
 
     async def send_with_headers(message: Message) -> None:
-        if message["type"] == "http.response.start":
+        if message["type"] == "http.response.start" and not scope.get(ROUTE_SPOKE):
             message = {**message, "headers": [*message.get("headers", ()), *raw]}
         await send(message)
 

@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException
 
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
-from ._request import HeaderMode, Reply, Responder, check_any_engine
+from ._request import ROUTE_SPOKE, HeaderMode, Reply, Responder, check_any_engine
 from .asgi import log, run_engine, scope_attributes
 
 __all__ = ["RateLimit", "RateLimited", "install", "rate_limited_handler"]
@@ -100,9 +100,13 @@ class RateLimit:
             log.exception("rate limiter failed; the request goes through unchecked")
             return None
         if outcome.allowed:
-            for name, value in self.responder.passed(outcome):
+            extra = self.responder.passed(outcome)
+            for name, value in extra:
                 response.headers.append(name, value)
+            if extra:
+                request.scope[ROUTE_SPOKE] = True  # an app-wide middleware adds none
             return outcome
+        request.scope[ROUTE_SPOKE] = True
         raise RateLimited(self.responder.refused(outcome))
 
     def __repr__(self) -> str:

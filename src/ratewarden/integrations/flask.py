@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from flask import Flask, Request, Response, make_response, request
 
 from ..rules import Outcome, RuleEngine
-from ._request import HeaderMode, Reply, Responder, check_engine
+from ._request import ROUTE_SPOKE, HeaderMode, Reply, Responder, check_engine
 from .wsgi import check, environ_attributes, reply_headers
 
 if TYPE_CHECKING:
@@ -96,9 +96,6 @@ class RateLimiter:
         return _response(self.responder.refused(outcome))
 
 
-_ROUTE_SPOKE = "ratewarden.route_headers"
-
-
 class _AddHeaders:
     """Adds the headers `RateLimiter` left in the environ to the response."""
 
@@ -110,7 +107,7 @@ class _AddHeaders:
             extra = environ.get(_KEY)
             # a view's own @limit already said how it stands: its route's limits
             # speak, and each field appears once
-            if extra and not environ.get(_ROUTE_SPOKE):
+            if extra and not environ.get(ROUTE_SPOKE):
                 headers = [*headers, *extra]
             return start_response(status, headers, exc_info)
 
@@ -135,7 +132,7 @@ def limit(
         def limited(*args: P.args, **kwargs: P.kwargs) -> Any:
             outcome = _outcome(engine, identify, request)
             if outcome is not None and not outcome.allowed:
-                request.environ[_ROUTE_SPOKE] = True
+                request.environ[ROUTE_SPOKE] = True
                 return _response(responder.refused(outcome))
             extra = [] if outcome is None else responder.passed(outcome)
             if not extra:
@@ -143,7 +140,7 @@ def limit(
             response = make_response(view(*args, **kwargs))
             for name, value in extra:
                 response.headers.add(name, value)
-            request.environ[_ROUTE_SPOKE] = True  # the extension adds none of its own
+            request.environ[ROUTE_SPOKE] = True  # the extension adds none of its own
             return response
 
         return limited
