@@ -208,7 +208,8 @@ class _H2Connection(asyncio.Protocol):
     a call is done at its END_STREAM HEADERS (ok if it says grpc-status 0)."""
 
     def __init__(self, path: bytes, authority: bytes) -> None:
-        from ratewarden.server._h2 import PREFACE, TRAILERS_OK, frame  # noqa: PLC0415
+        from ratewarden.server._h2frames import PREFACE, frame  # noqa: PLC0415
+        from ratewarden.server._h2grpc import TRAILERS_OK  # noqa: PLC0415
 
         self.frame, self.ok = frame, TRAILERS_OK
         self.preface = PREFACE

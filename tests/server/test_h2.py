@@ -20,17 +20,17 @@ import h2.settings
 import hpack
 import pytest
 
-from ratewarden.server._h2 import (
+from ratewarden.server._h2frames import PREFACE, frame
+from ratewarden.server._h2grpc import (
     MAX_MESSAGE,
-    PREFACE,
     Call,
     GrpcError,
     H2Server,
     Metadata,
     Method,
     Status,
-    frame,
 )
+from ratewarden.server._limits import ConnectionLimits
 
 
 def message(payload: bytes, compressed: bool = False) -> bytes:
@@ -179,7 +179,7 @@ async def header(request: bytes, metadata: Metadata) -> bytes:
 
 async def chat(call: Call) -> None:
     while (got := await call.recv()) is not None:
-        call.send(got.upper())
+        await call.send(got.upper())
 
 
 SLOW: dict[str, Any] = {}
@@ -208,8 +208,10 @@ METHODS = {
 
 
 @asynccontextmanager
-async def serving(token: bytes | None = None) -> AsyncIterator[tuple[H2Server, int]]:
-    server = H2Server(METHODS, token=token)
+async def serving(
+    token: bytes | None = None, limits: ConnectionLimits | None = None
+) -> AsyncIterator[tuple[H2Server, int]]:
+    server = H2Server(METHODS, token=token, limits=limits)
     port = await server.listen("127.0.0.1", 0)
     try:
         yield server, port
@@ -280,7 +282,8 @@ def test_not_grpc_gets_http_statuses() -> None:
 
 def test_padding_priority_and_continuation() -> None:
     async def main() -> None:
-        async with serving() as (_, port), client(port) as c:
+        limits = ConnectionLimits(max_header_bytes=64 * 1024)
+        async with serving(limits=limits) as (_, port), client(port) as c:
             padded = await c.call("/t.T/Echo", message(b"padded"), pad=200)
             # a 40 KB header value: h2 splits the block into HEADERS + CONTINUATIONs
             value = b"v" * 40_000
@@ -565,11 +568,11 @@ def test_a_second_end_of_a_unary_request_resets_it() -> None:
 def test_a_streaming_client_that_does_not_read_is_cut_off() -> None:
     async def flood(call: Call) -> None:
         while True:
-            call.send(b"x" * 100)
-            await asyncio.sleep(0)
+            await call.send(b"x" * 1000)
 
     async def main() -> None:
-        server = H2Server({"/t.T/Flood": Method("streaming", flood)})
+        limits = ConnectionLimits(idle_timeout=0.5)
+        server = H2Server({"/t.T/Flood": Method("streaming", flood)}, limits=limits)
         port = await server.listen("127.0.0.1", 0)
         try:
             # a window of 10 bytes a stream: the answers pile up on the server
@@ -665,7 +668,7 @@ def test_cut_short_gzip_is_refused() -> None:
 def test_rapid_reset_is_told_to_calm_down() -> None:
     block = request_block(b"/t.T/Echo")
     data = b"".join(
-        frame(1, 0x4, sid, block) + frame(3, 0, sid, b"\0\0\0\x08") for sid in range(1, 1001, 2)
+        frame(1, 0x4, sid, block) + frame(3, 0, sid, b"\0\0\0\x08") for sid in range(1, 6001, 2)
     )
 
     async def main() -> None:
@@ -705,9 +708,9 @@ def test_unfinished_requests_are_bounded_by_the_connection_window() -> None:
 
 
 def test_a_streaming_message_limit_is_per_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ratewarden.server import _h2  # noqa: PLC0415
+    from ratewarden.server import _h2grpc  # noqa: PLC0415
 
-    monkeypatch.setattr(_h2, "MAX_MESSAGE", 1000)
+    monkeypatch.setattr(_h2grpc, "MAX_MESSAGE", 1000)
 
     async def main() -> None:
         async with serving() as (_, port), client(port) as c:

@@ -1,5 +1,5 @@
 """``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit``, with gRPC's
-standard health and reflection services, on our own HTTP/2 server (`_h2`).
+standard health and reflection services, on our own HTTP/2 server (`_h2grpc` over `_h2`).
 
 The messages come from ``protos/*.proto`` (package data, written from the
 documented messages and field numbers): grpcio-tools compiles them to
@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 
 from .._errors import ConfigurationError, StoreError
 from ._core import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult
-from ._h2 import Call, GrpcError, H2Server, Metadata, Method, Status
+from ._h2grpc import Call, GrpcError, H2Server, Metadata, Method, Status
 from ._serve import parse_address
 from ._service import InvalidRequest, Service
 
@@ -208,7 +208,7 @@ class _Health:
         while True:
             status = self.status.get(name, self.SERVICE_UNKNOWN)
             if status != last:
-                call.send(self.Response(status=status).SerializeToString())
+                await call.send(self.Response(status=status).SerializeToString())
                 last = status
             if self.final:  # a call open past the drain would hold the server up
                 return
@@ -233,7 +233,7 @@ class _Reflection:
             except DecodeError as exc:
                 message = f"not a reflection request: {exc}"
                 raise GrpcError(Status.INVALID_ARGUMENT, message) from None
-            call.send(self.answer(request).SerializeToString())
+            await call.send(self.answer(request).SerializeToString())
 
     def answer(self, request: Any) -> Any:
         response = self.Response(valid_host=request.host, original_request=request)

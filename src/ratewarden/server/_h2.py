@@ -1,208 +1,116 @@
-"""A small HTTP/2 server for gRPC on asyncio: what Envoy's rate limit filter and
-gRPC clients need, and nothing else.
+"""An HTTP/2 connection on asyncio (RFC 9113): framing, HPACK decoding, flow
+control both ways and the defences a server facing clients needs. What a
+request means is left to a subclass (`_h2grpc` runs gRPC calls on it).
 
-Why not grpcio's server: on this project's 2-core machine grpc.aio answers about
-4,600 empty calls per second per core, and h2's state machine alone costs
-~95 us a call; a check must cost under 100 us all told (issue 6). This module
-frames by hand: one parse of the frame header per frame, the request's HPACK
-block decoded once per connection and then found in a cache (Envoy and gRPC
-clients send the same indexed block again and again), responses written from
-precomputed header blocks, every response of one loop turn in one write.
+Why our own: a check must cost under 100 us all told, and h2's state machine
+alone costs ~95 us a call (bench/RESULTS.md). Frames are parsed by hand (one
+``struct`` unpack per frame header); a request's HPACK block is decoded once per
+connection and then found in a cache (Envoy and gRPC clients send the same
+indexed block again and again); everything one loop turn produces goes out in
+one write.
 
-What it does (RFC 9113 and gRPC over HTTP/2):
+What a client may make us spend is bounded, as in nghttp2 and h2o:
 
-- the connection preface, SETTINGS (ours: a big receive window so that a peer
-  rarely waits for WINDOW_UPDATE), PING, GOAWAY, RST_STREAM, WINDOW_UPDATE,
-  HEADERS + CONTINUATION (padding and priority fields skipped), DATA;
-  PRIORITY and unknown frame types are ignored;
-- flow control both ways: what we send waits for the peer's windows; what we
-  receive is checked against ours and given back as it is read;
-- gRPC's length-prefixed messages, identity or gzip, unary and streaming
-  methods; a bearer token checked before a method runs (not for ``public``
-  methods: health);
-- trailers-only answers for calls that fail before a reply (unknown method,
-  bad token, bad message), HTTP 405 / 415 for requests that are not gRPC;
-- graceful stop: GOAWAY names the last stream we will answer, calls in flight
-  finish within a grace period, then the connections close.
+- **frames that make no progress** (PING, SETTINGS, PRIORITY, unknown types,
+  empty DATA or CONTINUATION, frames for closed streams), **resets** either
+  way (the client's RST_STREAM, and the resets and refusals its frames make
+  us send), cost from one budget of credit that refills at a steady rate; an
+  empty budget ends the connection with GOAWAY ENHANCE_YOUR_CALM;
+- **replies the client does not read**: when the transport's buffer is full we
+  stop reading, so control frames cannot queue answers without end;
+- **memory**: the decoded header list of a request is limited (advertised as
+  SETTINGS_MAX_HEADER_LIST_SIZE, enforced on the decoded size), the header
+  lists held by a connection's open streams have a budget, request bytes are
+  held only within the connection window, and queued answers wait for the
+  client (`drained`);
+- **CPU**: SETTINGS_INITIAL_WINDOW_SIZE moves every stream's window in O(1)
+  (a stream keeps its window relative to the initial size);
+- **time**: the preface, an unfinished header block and a unary request's
+  body each have a deadline, an idle connection is closed, and a listener
+  keeps at most ``max_connections`` (`H2Listener`).
 
-A protocol error closes the connection with GOAWAY and the error's code, as the
-RFC asks; a bad call only fails that call.
+A protocol error closes the connection with GOAWAY and the error's code, as
+the RFC asks; a bad stream is reset alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import ctypes
+import functools
 import logging
-import ssl
-import struct
-import zlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Literal, cast
+from collections.abc import Callable, Mapping
+from typing import cast
 
 from hpack import Decoder, HPACKError
 from hpack.table import HeaderTable
 
-from ._core import bearer_matches
+from ._h2frames import (
+    ACK,
+    COMPRESSION_ERROR,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEAD,
+    HEADERS,
+    MAX_WINDOW,
+    NO_ERROR,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    REFUSED_STREAM,
+    RST_STREAM,
+    SETTING,
+    SETTINGS,
+    STREAM_CLOSED,
+    U32,
+    WINDOW_UPDATE,
+    frame,
+)
+from ._limits import ConnectionLimits
 
-__all__ = ["Call", "GrpcError", "H2Server", "Metadata", "Method", "Status"]
+__all__ = ["H2Connection", "H2Listener", "H2Stream", "Metadata"]
 
 log = logging.getLogger("ratewarden.server")
+# hpack logs every header block it decodes at debug, bearer tokens included
+logging.getLogger("hpack").setLevel(logging.INFO)
 
 Metadata = Mapping[bytes, bytes]
 
-
-class Status:
-    """gRPC status codes used here."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    NOT_FOUND = 5
-    RESOURCE_EXHAUSTED = 8
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    UNAUTHENTICATED = 16
-
-
-class GrpcError(Exception):
-    """Ends a call with a gRPC status other than OK."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class Call:
-    """One streaming call: the request's metadata, its messages as they come
-    (`recv` says None at the end of the request), and `send` for replies."""
-
-    def __init__(self, connection: _Connection, stream: _Stream) -> None:
-        self._connection = connection
-        self._stream = stream
-        self.metadata: Metadata = stream.headers  # shared with other calls: read only
-        # (compressed flag, message) as they arrived; None: the request ended
-        self._inbox: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
-
-    async def recv(self) -> bytes | None:
-        """The next request message, None at the end of the request. Reading it
-        gives its bytes of window back to the client: a client that sends faster
-        than the call reads waits on flow control, not on our memory."""
-        item = await self._inbox.get()
-        if item is None:
-            return None
-        flag, message = item
-        self._connection._consumed(self._stream, 5 + len(message))
-        return self._connection._uncompressed(self._stream, flag, message)
-
-    def send(self, message: bytes) -> None:
-        """Queues a reply (sent as the client's window allows); raises `GrpcError`
-        when the client leaves too many unread."""
-        self._connection._send_message(self._stream, message)
-
-
-Unary = Callable[[bytes, Metadata], Awaitable[bytes]]
-Streaming = Callable[[Call], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class Method:
-    """A method's handler: ``unary(request, metadata) -> reply`` or
-    ``streaming(call)``; ``public`` methods need no token."""
-
-    kind: Literal["unary", "streaming"]
-    handler: Unary | Streaming
-    public: bool = False
-
-
-# -- the wire -------------------------------------------------------------------
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0, 1, 2, 3, 4
-PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 5, 6, 7, 8, 9
-END_STREAM = ACK = 0x1
-END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
-# error codes
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 0x5, 0x6, 0x7, 0x8
-COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
-
 MAX_FRAME = 16_384  # what we accept (the RFC's default; we do not raise it)
-MAX_WINDOW = 2**31 - 1
 STREAM_WINDOW = 1 << 20  # what each stream may send us before we give it back
 CONNECTION_WINDOW = 1 << 24
 MAX_STREAMS = 1_000
-MAX_HEADER_BLOCK = 64 * 1024
-MAX_MESSAGE = 4 * 1024 * 1024  # gRPC's usual default for a received message
-MAX_WAITING = 256  # a streaming call's answers not yet sent
-_TOO_LARGE = f"a message larger than the server takes ({MAX_MESSAGE // 2**20} MiB)"
 MAX_CACHED_BLOCK = 512  # header blocks longer than this are decoded every time
-MAX_RESETS = 200  # streams a client may reset a second before it is told to calm down
-PREFACE_TIMEOUT = 10.0
-
-_HEAD = struct.Struct(">HBBBI")  # a frame's 24-bit length read as H + B, type, flags, stream
-_SETTING = struct.Struct(">HI")
-_U32 = struct.Struct(">I")
-_MESSAGE = struct.Struct(">BI")  # gRPC: compressed flag, length
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
-    length = len(payload)
-    return _HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream) + payload
-
-
-def _int(value: int, prefix: int, first: int = 0) -> bytes:
-    """HPACK's integer with an N-bit prefix (RFC 7541 5.1)."""
-    limit = (1 << prefix) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+# The budget of frames that make no progress and of resets: a burst, refilled
+# at a steady rate. A well-behaved client spends almost none of it (a SETTINGS
+# and a few PINGs a connection, a reset when a deadline passes).
+FLOOD_BURST = 2_000.0
+FLOOD_RATE = 1_000.0  # credit a second
+# Header lists the open streams of one connection may hold, in max_header_bytes
+HEADER_BUDGET = 64
+# Answers queued for a client that does not read: past these a streaming call's
+# `drained` waits (a stream's own, and the connection's total)
+STREAM_QUEUE = 64 * 1024
+CONNECTION_QUEUE = 1 << 20
+LINGER = 1.0  # seconds a failed connection is read and dropped before it is closed
+# what a stream's outbox holds
+DATA_OUT, HEAD_OUT, LAST_OUT = 0, 1, 2
 
 
-def _literal(name: bytes, value: bytes) -> bytes:
-    """A header field literal, not indexed, new name, no Huffman: our responses
-    never touch the peer's dynamic table, so one encoder serves every peer."""
-    return b"\x00" + _int(len(name), 7) + name + _int(len(value), 7) + value
+class ConnectionError_(Exception):
+    """A connection error (RFC 9113 5.4.1): GOAWAY with ``code``, then close."""
 
-
-_STATUS_200 = b"\x88"  # static table entry 8
-# content-type is static entry 31: literal without indexing, indexed name
-_GRPC_TYPE = _int(31, 4) + _int(len(b"application/grpc"), 7) + b"application/grpc"
-RESPONSE_HEADERS = _STATUS_200 + _GRPC_TYPE
-TRAILERS_OK = _literal(b"grpc-status", b"0")
-_GZIP_FLAG = 1
-
-
-def _percent(message: str) -> bytes:
-    """grpc-message: UTF-8, bytes outside printable ASCII and '%' percent-encoded."""
-    out = bytearray()
-    for byte in message.encode()[:2048]:
-        if 0x20 <= byte <= 0x7E and byte != 0x25:
-            out.append(byte)
-        else:
-            out += b"%%%02X" % byte
-    return bytes(out)
-
-
-def trailers(code: int, message: str = "") -> bytes:
-    block = _literal(b"grpc-status", str(code).encode())
-    if message:
-        block += _literal(b"grpc-message", _percent(message))
-    return block
-
-
-class _ConnectionError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
@@ -228,92 +136,126 @@ class _Table(HeaderTable):
         HeaderTable.maxsize.fset(self, newmax)  # type: ignore[attr-defined]
 
 
-class _Stream:
-    __slots__ = ("call", "consumed", "data", "ended", "headers", "id", "method", "outbox",
-                 "received", "send_window", "started", "task")  # fmt: skip
+class H2Stream:
+    """A stream's transport state; subclasses add what its request means."""
 
-    def __init__(self, stream_id: int, headers: Metadata, method: Method, window: int) -> None:
+    __slots__ = (
+        "consumed",
+        "data",
+        "ended",
+        "header_size",
+        "headers",
+        "id",
+        "opened",
+        "outbox",
+        "queued",
+        "received",
+        "send_delta",
+        "started",
+        "waiter",
+    )  # fmt: skip
+
+    def __init__(self, stream_id: int, headers: Metadata, header_size: int) -> None:
         self.id = stream_id
         self.headers = headers
-        self.method = method
-        self.data = bytearray()  # request bytes not yet read as messages
+        self.header_size = header_size  # counted against the connection's budget
+        self.data = bytearray()  # request bytes not yet read
         self.ended = False  # the peer has sent END_STREAM
+        self.opened = 0.0  # loop time; set for requests whose body has a deadline
         self.received = 0  # DATA the peer may not send again yet
         self.consumed = 0  # of that, read by a streaming call: given back at half
         self.started = False  # our response HEADERS have gone out (or are queued)
-        self.send_window = window
-        self.outbox: deque[tuple[bool, bytes]] = deque()  # (is DATA, payload or block)
-        self.task: asyncio.Task[None] | None = None
-        self.call: Call | None = None
+        # our send window minus the peer's INITIAL_WINDOW_SIZE: a SETTINGS change
+        # then moves every stream's window without touching any of them
+        self.send_delta = 0
+        self.outbox: deque[tuple[int, bytes]] = deque()  # (DATA_OUT etc., bytes)
+        self.queued = 0  # bytes of DATA in the outbox
+        self.waiter: asyncio.Future[None] | None = None  # a sender waiting for room
 
 
-class _Connection(asyncio.Protocol):
-    def __init__(self, server: H2Server) -> None:
-        self.server = server
+class H2Connection(asyncio.Protocol):
+    """The transport half of a connection. A subclass implements `_request`
+    (new request headers), `_request_data` (more of its body), `_request_ended`,
+    `_request_timed_out` and `_stream_gone` (reset or connection lost)."""
+
+    def __init__(self, listener: H2Listener) -> None:
+        self.listener = listener
+        limits = listener.limits
+        self.limits = limits
         self.loop = asyncio.get_running_loop()  # kept: get_running_loop() calls getpid()
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface = False
-        decoder = Decoder(max_header_list_size=MAX_HEADER_BLOCK)
+        decoder = Decoder(max_header_list_size=limits.max_header_bytes)
         self.table = _Table()
         decoder.header_table = self.table
         self.decoder = decoder
-        self.decoded: dict[bytes, tuple[int, Metadata]] = {}
-        self.streams: dict[int, _Stream] = {}
+        self.decoded: dict[bytes, tuple[int, Metadata, int]] = {}
+        self.streams: dict[int, H2Stream] = {}
+        self.bodies: dict[int, H2Stream] = {}  # requests whose body has a deadline, oldest first
+        self.header_bytes = 0  # decoded header lists held by open streams
         self.last_stream = 0  # the highest stream the peer opened
         self.continuing: tuple[int, int, bytearray] | None = None  # stream, flags, block
+        self.block_started = 0.0
         self.received = 0  # DATA on the connection the peer may not send again yet
-        self.consumed = 0  # of that, read (or dropped): given back at half the window
+        self.consumed = 0  # of that, read (or dropped): given back at a quarter window
         self.send_window = 65_535
         self.peer_stream_window = 65_535
         self.peer_max_frame = 16_384
-        self.blocked: dict[int, _Stream] = {}  # streams waiting for window
+        self.blocked: dict[int, H2Stream] = {}  # streams waiting for window
+        self.queued = 0  # bytes of DATA in every stream's outbox
+        self.waiting: dict[int, H2Stream] = {}  # streams whose sender waits for room
         self.out: list[bytes] = []
         self.flushing = False
         self.going_away = False
         self.goaway_last = MAX_WINDOW  # the last stream our GOAWAY promised to answer
         self.closed = False
         self.table_update = b""  # a size update our next header block must start with
-        self.resets = 0
-        self.resets_since = 0.0
         self.settings_seen = False
-        self.timer: asyncio.TimerHandle | None = None
+        now = self.loop.time()
+        self.made = self.active = self.credit_at = now
+        self.credit = FLOOD_BURST
 
     # -- asyncio.Protocol -------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
-        self.server.connections.add(self)
+        listener = self.listener
+        if len(listener.connections) >= self.limits.max_connections:
+            # one more would cost a descriptor and memory: refused before a byte is read
+            self.closed = True
+            self.transport.abort()
+            listener.refused += 1
+            return
+        listener.connections.add(self)
         settings = b"".join(
-            _SETTING.pack(key, value)
+            SETTING.pack(key, value)
             for key, value in (
                 (0x2, 0),  # ENABLE_PUSH: servers do not receive pushes, said for clarity
                 (0x3, MAX_STREAMS),
                 (0x4, STREAM_WINDOW),
-                (0x6, MAX_HEADER_BLOCK),
+                (0x6, self.limits.max_header_bytes),
             )
         )
         self._write(frame(SETTINGS, 0, 0, settings))
-        self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(CONNECTION_WINDOW - 65_535)))
-        self.timer = self.loop.call_later(PREFACE_TIMEOUT, self._no_preface)
-        if self.server.stopping:
+        self._write(frame(WINDOW_UPDATE, 0, 0, U32.pack(CONNECTION_WINDOW - 65_535)))
+        if listener.stopping:
             self.goaway()
 
-    def _no_preface(self) -> None:
-        if not self.settings_seen:
-            self._fail(PROTOCOL_ERROR, "no preface and SETTINGS in time")
-
     def connection_lost(self, exc: Exception | None) -> None:
+        was_open = not self.closed or self in self.listener.connections
         self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-        self.server.connections.discard(self)
-        for stream in self.streams.values():
-            if stream.task is not None:
-                stream.task.cancel()
+        self.listener.connections.discard(self)
+        streams = list(self.streams.values())
         self.streams.clear()
         self.blocked.clear()
-        self.server.wake()
+        self.bodies.clear()
+        self.decoded.clear()
+        for stream in streams:
+            self._wake(stream)
+            self._stream_gone(stream)
+        if was_open:
+            self.listener.lost()
 
     def pause_writing(self) -> None:  # the peer is not reading: stop reading it
         if self.transport is not None:
@@ -326,6 +268,11 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        now = self.loop.time()
+        self.active = now
+        credit = self.credit + (now - self.credit_at) * FLOOD_RATE
+        self.credit = FLOOD_BURST if credit > FLOOD_BURST else credit
+        self.credit_at = now
         buffer = self.buffer
         buffer += data
         if not self.preface:
@@ -341,10 +288,10 @@ class _Connection(asyncio.Protocol):
         pos, size = 0, len(buffer)
         try:
             while size - pos >= 9:
-                high, low, kind, flags, stream = _HEAD.unpack_from(buffer, pos)
+                high, low, kind, flags, stream = HEAD.unpack_from(buffer, pos)
                 length = high << 8 | low
                 if length > MAX_FRAME:
-                    raise _ConnectionError(FRAME_SIZE_ERROR, "frame larger than MAX_FRAME_SIZE")
+                    raise ConnectionError_(FRAME_SIZE_ERROR, "frame larger than MAX_FRAME_SIZE")
                 end = pos + 9 + length
                 if end > size:
                     break
@@ -354,20 +301,26 @@ class _Connection(asyncio.Protocol):
                 self._frame(kind, flags, stream, payload)
                 if self.transport is None or self.transport.is_closing():
                     return
-        except _ConnectionError as exc:
+        except ConnectionError_ as exc:
             self._fail(exc.code, str(exc))
             return
         del buffer[:pos]
+
+    def _spend(self, what: str) -> None:
+        """A frame that makes no progress, or a reset: one credit of the budget."""
+        self.credit -= 1.0
+        if self.credit < 0.0:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, f"too many {what}")
 
     # -- frames ------------------------------------------------------------------
 
     def _frame(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
         if not self.settings_seen:
             if kind != SETTINGS or flags & ACK:
-                raise _ConnectionError(PROTOCOL_ERROR, "the preface must end with SETTINGS")
+                raise ConnectionError_(PROTOCOL_ERROR, "the preface must end with SETTINGS")
             self.settings_seen = True
         if self.continuing is not None and kind != CONTINUATION:
-            raise _ConnectionError(PROTOCOL_ERROR, "a header block was interrupted")
+            raise ConnectionError_(PROTOCOL_ERROR, "a header block was interrupted")
         if kind == DATA:
             self._data(flags, stream, payload)
         elif kind == HEADERS:
@@ -386,54 +339,66 @@ class _Connection(asyncio.Protocol):
             self._goaway(stream, payload)
         elif kind == PRIORITY:
             if len(payload) != 5:
-                raise _ConnectionError(FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
+                raise ConnectionError_(FRAME_SIZE_ERROR, "PRIORITY of the wrong size")
+            self._spend("PRIORITY frames")
         elif kind == PUSH_PROMISE:
-            raise _ConnectionError(PROTOCOL_ERROR, "a client cannot push")
-        # other frame types are extensions we do not know: ignored (RFC 9113 5.5)
+            raise ConnectionError_(PROTOCOL_ERROR, "a client cannot push")
+        else:  # an extension we do not know: ignored (RFC 9113 5.5), but not for free
+            self._spend("frames of unknown types")
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0")
+            raise ConnectionError_(PROTOCOL_ERROR, "HEADERS on stream 0")
         start, end = 0, len(payload)
         if flags & PADDED:
             if not payload:
-                raise _ConnectionError(FRAME_SIZE_ERROR, "padded HEADERS without a length")
+                raise ConnectionError_(FRAME_SIZE_ERROR, "padded HEADERS without a length")
             end -= payload[0]
             start = 1
         if flags & PRIORITY_FLAG:
             start += 5
         if start > end:
-            raise _ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
+            raise ConnectionError_(PROTOCOL_ERROR, "padding longer than the frame")
         block = payload[start:end] if start or end != len(payload) else payload
         if not flags & END_HEADERS:
+            if not block:
+                self._spend("empty header frames")
             self.continuing = (stream_id, flags, bytearray(block))
+            self.block_started = self.loop.time()
             return
         self._header_block(stream_id, flags, block)
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         if self.continuing is None or self.continuing[0] != stream_id:
-            raise _ConnectionError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+            raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+        if not payload and not flags & END_HEADERS:
+            self._spend("empty CONTINUATION frames")
         block = self.continuing[2]
         block += payload
-        if len(block) > MAX_HEADER_BLOCK:
-            raise _ConnectionError(ENHANCE_YOUR_CALM, "header block too large")
+        # encoded bytes never exceed what they decode to, less the 32 a field
+        if len(block) > self.limits.max_header_bytes:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, "header block too large")
         if flags & END_HEADERS:
             first_flags = self.continuing[1]
             self.continuing = None
             self._header_block(stream_id, first_flags, bytes(block))
 
-    def _decode(self, block: bytes) -> Metadata:
+    def _decode(self, block: bytes) -> tuple[Metadata, int]:
+        """The header list and its size as RFC 9113 counts it (name + value + 32)."""
         table = self.table
         version = table.version
         known = self.decoded.get(block)
         if known is not None and known[0] == version:
-            return known[1]
+            return known[1], known[2]
         try:
             fields = self.decoder.decode(block, raw=True)
         except (HPACKError, ValueError, IndexError) as exc:
-            raise _ConnectionError(COMPRESSION_ERROR, f"bad header block: {exc!r}") from None
+            # the table may be half updated: the connection cannot go on
+            raise ConnectionError_(COMPRESSION_ERROR, f"bad header block: {exc!r}") from None
         headers: dict[bytes, bytes] = {}
+        size = 0
         for name, value in fields:
+            size += len(name) + len(value) + 32
             # gRPC metadata may repeat a name: the values join as HTTP's do
             old = headers.get(name)
             headers[name] = value if old is None else old + b"," + value
@@ -441,157 +406,127 @@ class _Connection(asyncio.Protocol):
         if table.version == version and len(block) <= MAX_CACHED_BLOCK:
             if len(self.decoded) >= 64:
                 self.decoded.clear()
-            self.decoded[block] = (version, headers)
-        return headers
+            self.decoded[block] = (version, headers, size)
+        return headers, size
 
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        headers = self._decode(block)  # always: the table must follow the peer's
+        headers, size = self._decode(block)  # always: the table must follow the peer's
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers of a request
             if not flags & END_STREAM:
-                raise _ConnectionError(PROTOCOL_ERROR, "request trailers without END_STREAM")
+                raise ConnectionError_(PROTOCOL_ERROR, "request trailers without END_STREAM")
             if stream.ended:  # a second end would run a unary call twice
                 self._reset(stream, STREAM_CLOSED)
                 return
-            self._request_ended(stream)
+            self._end(stream)
             return
         if stream_id % 2 == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "a client stream with an even number")
+            raise ConnectionError_(PROTOCOL_ERROR, "a client stream with an even number")
         if stream_id <= self.last_stream:
+            self._spend("frames for closed streams")
             return  # a stream we closed or reset: late frames are dropped
         self.last_stream = stream_id
         if self.going_away:
             return  # past our GOAWAY's last stream: not processed, the client retries
-        if len(self.streams) >= MAX_STREAMS:
-            self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(REFUSED_STREAM)))
+        if (
+            len(self.streams) >= MAX_STREAMS
+            or self.header_bytes + size > HEADER_BUDGET * self.limits.max_header_bytes
+        ):
+            self._spend("streams refused")
+            self._write(frame(RST_STREAM, 0, stream_id, U32.pack(REFUSED_STREAM)))
             return
-        self._open(stream_id, flags, headers)
-
-    def _open(self, stream_id: int, flags: int, headers: Metadata) -> None:
-        ended = bool(flags & END_STREAM)
-        if headers.get(b":method") != b"POST":
-            self._refuse(stream_id, b"405", ended)
-            return
-        content_type = headers.get(b"content-type", b"")
-        if content_type != b"application/grpc" and not content_type.startswith(
-            (b"application/grpc+", b"application/grpc;")
-        ):  # not application/grpc-web, whose framing differs
-            self._refuse(stream_id, b"415", ended)
-            return
-        server = self.server
-        path = headers.get(b":path", b"")
-        method = server.methods.get(path)
-        if method is None:
-            name = path.decode(errors="replace")
-            self._answer(stream_id, Status.UNIMPLEMENTED, f"unknown method {name}", ended)
-            return
-        if not method.public and not server.authorized(headers):
-            self._answer(stream_id, Status.UNAUTHENTICATED, "a valid bearer token is needed", ended)
-            return
-        encoding = headers.get(b"grpc-encoding", b"identity")
-        if encoding not in (b"identity", b"gzip"):
-            self._answer(stream_id, Status.UNIMPLEMENTED,
-                         f"grpc-encoding {encoding.decode(errors='replace')} (identity or gzip)",
-                         ended)  # fmt: skip
-            return
-        stream = _Stream(stream_id, headers, method, self.peer_stream_window)
-        self.streams[stream_id] = stream
-        if method.kind == "streaming":
-            call = stream.call = Call(self, stream)
-            stream.task = self.loop.create_task(self._streaming(stream, call))
-        if ended:
-            self._request_ended(stream)
+        self._request(stream_id, bool(flags & END_STREAM), headers, size)
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
         """Flow control: the connection's window comes back only as requests are
         read (a unary request when it is complete, a streaming call's messages as
         the call takes them), so what a client makes us hold is bounded by
-        CONNECTION_WINDOW; a unary stream's own window comes back as its bytes
-        arrive (a message may be larger than a stream window), a streaming
-        call's as it reads."""
+        CONNECTION_WINDOW; a stream that is not read as it comes has its own window
+        given back as its bytes arrive (a message may be larger than a stream
+        window), one that is (`H2Stream.consumed`) as it is read."""
         if stream_id == 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
+            raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
         self.received += size
         if self.received > CONNECTION_WINDOW:
-            raise _ConnectionError(FLOW_CONTROL_ERROR, "DATA beyond the connection window")
+            raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA beyond the connection window")
         stream = self.streams.get(stream_id)
         if stream is None or stream.ended:
             if stream_id > self.last_stream:
-                raise _ConnectionError(PROTOCOL_ERROR, "DATA on a stream never opened")
+                raise ConnectionError_(PROTOCOL_ERROR, "DATA on a stream never opened")
+            self._spend("frames for closed streams")
             if stream is not None:  # after END_STREAM
                 self._reset(stream, STREAM_CLOSED)
             self._consumed(None, size)
             return  # a stream we closed or reset: dropped
         if flags & PADDED:
             if not payload or payload[0] >= size:
-                raise _ConnectionError(PROTOCOL_ERROR, "padding longer than the frame")
+                raise ConnectionError_(PROTOCOL_ERROR, "padding longer than the frame")
             payload = payload[1 : size - payload[0]]
+        ended = bool(flags & END_STREAM)
+        if not payload and not ended:
+            self._spend("empty DATA frames")
         stream.received += size
         if stream.received > STREAM_WINDOW:
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
         stream.data += payload
         self._consumed(stream, size - len(payload))  # the padding
-        if stream.call is not None:
-            self._deliver(stream, stream.call)
-            if self.streams.get(stream_id) is not stream:
-                return  # it failed
-        elif len(stream.data) > MAX_MESSAGE + 5:
-            self._fail_call(stream, Status.RESOURCE_EXHAUSTED, _TOO_LARGE)
+        if not self._request_data(stream):
+            return  # it failed
+        if ended:
+            self._end(stream)
             return
-        if flags & END_STREAM:
-            self._request_ended(stream)
-            return
-        if stream.call is None and stream.received >= STREAM_WINDOW // 2:
-            self._write(frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(stream.received)))
+        if not self._reads_as_it_goes(stream) and stream.received >= STREAM_WINDOW // 2:
+            self._write(frame(WINDOW_UPDATE, 0, stream_id, U32.pack(stream.received)))
             stream.received = 0
 
-    def _consumed(self, stream: _Stream | None, size: int) -> None:
+    def _end(self, stream: H2Stream) -> None:
+        stream.ended = True
+        self.bodies.pop(stream.id, None)
+        self._request_ended(stream)
+
+    def _consumed(self, stream: H2Stream | None, size: int) -> None:
         """``size`` bytes of DATA were read or dropped: their window goes back to
-        the client (in WINDOW_UPDATEs of half a window, not one per frame)."""
+        the client (in WINDOW_UPDATEs of part of a window, not one per frame)."""
         if size <= 0:
             return
         self.consumed += size
         if self.consumed >= CONNECTION_WINDOW // 4:
-            self._write(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.consumed)))
+            self._write(frame(WINDOW_UPDATE, 0, 0, U32.pack(self.consumed)))
             self.received -= self.consumed
             self.consumed = 0
-        if stream is None or stream.call is None or stream.ended:
+        if stream is None or stream.ended or not self._reads_as_it_goes(stream):
             return
         stream.consumed += size
         if stream.consumed >= STREAM_WINDOW // 2 and self.streams.get(stream.id) is stream:
-            self._write(frame(WINDOW_UPDATE, 0, stream.id, _U32.pack(stream.consumed)))
+            self._write(frame(WINDOW_UPDATE, 0, stream.id, U32.pack(stream.consumed)))
             stream.received -= stream.consumed
             stream.consumed = 0
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream")
+            raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS on a stream")
+        self._spend("SETTINGS frames")
         if flags & ACK:
             if payload:
-                raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+                raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             return
         if len(payload) % 6:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
+            raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS of the wrong size")
         for at in range(0, len(payload), 6):
-            key, value = _SETTING.unpack_from(payload, at)
+            key, value = SETTING.unpack_from(payload, at)
             if key == 0x1:  # our encoder never uses the table: tell the peer it is 0
                 self.table_update = b"\x20"
             if key == 0x2 and value > 1:
-                raise _ConnectionError(PROTOCOL_ERROR, "ENABLE_PUSH must be 0 or 1")
-            if key == 0x4:  # INITIAL_WINDOW_SIZE: moves every open stream's window
+                raise ConnectionError_(PROTOCOL_ERROR, "ENABLE_PUSH must be 0 or 1")
+            if key == 0x4:  # INITIAL_WINDOW_SIZE: moves every stream's window at once
                 if value > MAX_WINDOW:
-                    raise _ConnectionError(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE too large")
-                delta = value - self.peer_stream_window
+                    raise ConnectionError_(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE too large")
                 self.peer_stream_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        raise _ConnectionError(FLOW_CONTROL_ERROR, "a stream window above 2^31-1")
             elif key == 0x5:
                 if not 16_384 <= value <= 2**24 - 1:
-                    raise _ConnectionError(PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
+                    raise ConnectionError_(PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
                 self.peer_max_frame = value
             # the rest say nothing a server must act on
         self._write(frame(SETTINGS, ACK, 0, b""))
@@ -599,26 +534,27 @@ class _Connection(asyncio.Protocol):
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
-        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+            raise ConnectionError_(FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size")
+        increment = U32.unpack(payload)[0] & 0x7FFFFFFF
         if stream_id == 0:
             if increment == 0:
-                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+                raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self.send_window += increment
             if self.send_window > MAX_WINDOW:
-                raise _ConnectionError(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
+                raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
             self._pump_blocked()
             return
         stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id > self.last_stream:
-                raise _ConnectionError(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+                raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+            self._spend("frames for closed streams")
             return
         if increment == 0:
             self._reset(stream, PROTOCOL_ERROR)
             return
-        stream.send_window += increment
-        if stream.send_window > MAX_WINDOW:
+        stream.send_delta += increment
+        if self.peer_stream_window + stream.send_delta > MAX_WINDOW:
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
         if stream.outbox:
@@ -626,251 +562,94 @@ class _Connection(asyncio.Protocol):
 
     def _ping(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "PING on a stream")
+            raise ConnectionError_(PROTOCOL_ERROR, "PING on a stream")
         if len(payload) != 8:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "PING of the wrong size")
+            raise ConnectionError_(FRAME_SIZE_ERROR, "PING of the wrong size")
+        self._spend("PING frames")
         if not flags & ACK:
             self._write(frame(PING, ACK, 0, payload))
 
     def _rst_stream(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
-            raise _ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
+            raise ConnectionError_(FRAME_SIZE_ERROR, "RST_STREAM of the wrong size")
         if stream_id == 0 or stream_id > self.last_stream:
-            raise _ConnectionError(PROTOCOL_ERROR, "RST_STREAM on stream 0 or an idle stream")
-        now = self.loop.time()
-        if now - self.resets_since > 1.0:
-            self.resets, self.resets_since = 0, now
-        self.resets += 1
-        if self.resets > MAX_RESETS:  # CVE-2023-44487, "rapid reset"
-            raise _ConnectionError(ENHANCE_YOUR_CALM, "too many streams reset")
+            raise ConnectionError_(PROTOCOL_ERROR, "RST_STREAM on stream 0 or an idle stream")
+        self._spend("streams reset")  # CVE-2023-44487, "rapid reset"
         stream = self.streams.get(stream_id)
-        if stream is not None:  # the client gave up on the call
+        if stream is not None:  # the client gave up on the request
             self._forget(stream)
-            if stream.task is not None:
-                stream.task.cancel()
+            self._stream_gone(stream)
 
     def _goaway(self, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:
-            raise _ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream")
+            raise ConnectionError_(PROTOCOL_ERROR, "GOAWAY on a stream")
         # the peer opens no more streams; those in flight are still answered, and
         # the peer closes the connection when it has its answers
 
-    # -- calls -------------------------------------------------------------------
+    # -- what a subclass implements -----------------------------------------------
 
-    def _request_ended(self, stream: _Stream) -> None:
-        stream.ended = True
-        if stream.call is None:  # unary: the request is read now, whatever it holds
-            self._consumed(None, len(stream.data))
-        else:
-            self._deliver(stream, stream.call)
-            if not stream.data and self.streams.get(stream.id) is stream:
-                stream.call._inbox.put_nowait(None)
+    def _request(self, stream_id: int, ended: bool, headers: Metadata, size: int) -> None:
+        """New request headers: `_open` a stream, or answer at once."""
+        raise NotImplementedError
+
+    def _reads_as_it_goes(self, stream: H2Stream) -> bool:
+        """Whether the stream's bytes are read as they come (its window then comes
+        back as they are read) or held until the request ends."""
+        raise NotImplementedError
+
+    def _request_data(self, stream: H2Stream) -> bool:
+        """More of the request is in ``stream.data``; False if the stream failed."""
+        raise NotImplementedError
+
+    def _request_ended(self, stream: H2Stream) -> None:
+        raise NotImplementedError
+
+    def _request_timed_out(self, stream: H2Stream) -> None:
+        """The request's body did not arrive within ``body_timeout``."""
+        raise NotImplementedError
+
+    def _stream_gone(self, stream: H2Stream) -> None:
+        """The client reset the stream or the connection is lost."""
+        raise NotImplementedError
+
+    # -- streams -------------------------------------------------------------------
+
+    def _open(self, stream: H2Stream, *, body_deadline: bool) -> None:
+        self.streams[stream.id] = stream
+        self.header_bytes += stream.header_size
+        if body_deadline:
+            stream.opened = self.loop.time()
+            self.bodies[stream.id] = stream
+
+    def _forget(self, stream: H2Stream) -> None:
+        if self.streams.pop(stream.id, None) is None:
             return
-        try:
-            message = self._one_message(stream)
-        except GrpcError as exc:
-            self._fail_call(stream, exc.code, exc.message)
-            return
-        finally:
-            stream.data.clear()
-        stream.task = self.loop.create_task(self._unary(stream, message))
-
-    def _one_message(self, stream: _Stream) -> bytes:
-        data = stream.data
-        if len(data) < 5:
-            raise GrpcError(Status.INVALID_ARGUMENT, "a unary call needs one request message")
-        compressed, length = _MESSAGE.unpack_from(data)
-        if len(data) != 5 + length:
-            raise GrpcError(Status.INVALID_ARGUMENT, "a unary call takes exactly one message")
-        return self._uncompressed(stream, compressed, bytes(data[5:]))
-
-    def _uncompressed(self, stream: _Stream, flag: int, message: bytes) -> bytes:
-        if not flag:
-            return message
-        if flag != _GZIP_FLAG or stream.headers.get(b"grpc-encoding") != b"gzip":
-            raise GrpcError(Status.INTERNAL, "a compressed message without grpc-encoding: gzip")
-        try:
-            inflate = zlib.decompressobj(wbits=31)
-            out = inflate.decompress(message, MAX_MESSAGE + 1)
-        except zlib.error as exc:
-            raise GrpcError(Status.INTERNAL, f"bad gzip message: {exc}") from None
-        if len(out) > MAX_MESSAGE or inflate.unconsumed_tail:
-            raise GrpcError(Status.RESOURCE_EXHAUSTED, _TOO_LARGE)
-        if not inflate.eof or inflate.unused_data:
-            raise GrpcError(Status.INTERNAL, "a gzip message cut short or with bytes after it")
-        return out
-
-    def _deliver(self, stream: _Stream, call: Call) -> None:
-        """Hands a streaming call's complete messages to its handler (decompressed
-        and given back to the window as the handler reads them)."""
-        data = stream.data
-        at = 0
-        while len(data) - at >= 5:
-            compressed, length = _MESSAGE.unpack_from(data, at)
-            if length > MAX_MESSAGE:
-                self._fail_call(stream, Status.RESOURCE_EXHAUSTED, _TOO_LARGE)
-                return
-            if len(data) - at - 5 < length:
-                break
-            call._inbox.put_nowait((compressed, bytes(data[at + 5 : at + 5 + length])))
-            at += 5 + length
-        del data[:at]
-        if stream.ended and data:
-            self._fail_call(stream, Status.INVALID_ARGUMENT, "the request ended inside a message")
-
-    async def _unary(self, stream: _Stream, message: bytes) -> None:
-        handler: Unary = stream.method.handler  # type: ignore[assignment]
-        try:
-            reply = await handler(message, stream.headers)
-        except GrpcError as exc:
-            self._fail_call(stream, exc.code, exc.message)
-            return
-        except Exception:
-            log.exception("gRPC method %s failed", stream.headers.get(b":path", b"").decode())
-            self._fail_call(stream, Status.INTERNAL, "internal error")
-            return
-        if self.closed or self.streams.get(stream.id) is not stream:
-            return  # reset meanwhile
-        body = _MESSAGE.pack(0, len(reply)) + reply
-        sid = stream.id
-        if not stream.outbox and len(body) <= min(
-            self.send_window, stream.send_window, self.peer_max_frame
-        ):  # the usual case: three frames in one write, the stream done
-            self.send_window -= len(body)
-            del self.streams[sid]
-            self._write(
-                self._headers_frame(END_HEADERS, sid, RESPONSE_HEADERS)
-                + frame(DATA, 0, sid, body)
-                + frame(HEADERS, END_HEADERS | END_STREAM, sid, TRAILERS_OK)
-            )
-            if self.going_away and not self.streams:
-                self._close_soon()
-            return
-        stream.outbox.append((False, RESPONSE_HEADERS))
-        stream.outbox.append((True, body))
-        stream.outbox.append((False, TRAILERS_OK))
-        self._pump(stream)
-
-    async def _streaming(self, stream: _Stream, call: Call) -> None:
-        handler: Streaming = stream.method.handler  # type: ignore[assignment]
-        try:
-            await handler(call)
-        except GrpcError as exc:
-            block = trailers(exc.code, exc.message)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("gRPC method %s failed", stream.headers.get(b":path", b"").decode())
-            block = trailers(Status.INTERNAL, "internal error")
-        else:
-            block = TRAILERS_OK
-        if self.closed or self.streams.get(stream.id) is not stream:
-            return
-        if not stream.started:  # nothing was sent: a trailers-only answer
-            stream.started = True
-            block = RESPONSE_HEADERS + block
-        stream.outbox.append((False, block))
-        self._pump(stream)
-
-    def _send_message(self, stream: _Stream, message: bytes) -> None:
-        if self.closed or self.streams.get(stream.id) is not stream:
-            return
-        if len(stream.outbox) >= MAX_WAITING:  # the client does not read its answers
-            raise GrpcError(Status.RESOURCE_EXHAUSTED, "too many answers unread")
-        if not stream.started:
-            stream.started = True
-            stream.outbox.append((False, RESPONSE_HEADERS))
-        stream.outbox.append((True, _MESSAGE.pack(0, len(message)) + message))
-        self._pump(stream)
-
-    def _pump(self, stream: _Stream) -> None:
-        """Writes what the stream has queued, as far as the windows allow; after the
-        END_STREAM block the stream is done."""
-        outbox, sid = stream.outbox, stream.id
-        while outbox:
-            is_data, payload = outbox[0]
-            if not is_data:
-                outbox.popleft()
-                if outbox or payload is RESPONSE_HEADERS:
-                    self._write(self._headers_frame(END_HEADERS, sid, payload))
-                    continue
-                self._forget(stream)  # the trailers: the stream is done
-                self._last_block(sid, payload, stream.ended)
-                return
-            room = min(self.send_window, stream.send_window, self.peer_max_frame)
-            if room <= 0:
-                self.blocked[sid] = stream
-                return
-            chunk = payload[:room]
-            self.send_window -= len(chunk)
-            stream.send_window -= len(chunk)
-            self._write(frame(DATA, 0, sid, chunk))
-            if len(chunk) == len(payload):
-                outbox.popleft()
-            else:
-                outbox[0] = (True, payload[room:])
-        self.blocked.pop(sid, None)
-
-    def _pump_blocked(self) -> None:
-        for stream in list(self.blocked.values()):
-            if self.send_window <= 0:
-                return
-            self._pump(stream)
-
-    def _refuse(self, stream_id: int, status: bytes, ended: bool) -> None:
-        """Not a gRPC request: an HTTP status and nothing else."""
-        # a literal without indexing whose name is static entry 8, :status
-        self._last_block(stream_id, _int(8, 4) + _int(len(status), 7) + status, ended)
-
-    def _answer(self, stream_id: int, code: int, message: str, ended: bool) -> None:
-        """A trailers-only answer to a call that did not start."""
-        self._last_block(stream_id, RESPONSE_HEADERS + trailers(code, message), ended)
-
-    def _last_block(self, stream_id: int, block: bytes, ended: bool) -> None:
-        """``block`` ends the stream; a request still coming is told to stop."""
-        self._write(self._headers_frame(END_HEADERS | END_STREAM, stream_id, block))
-        if not ended:
-            self._write(frame(RST_STREAM, 0, stream_id, _U32.pack(NO_ERROR)))
-
-    def _fail_call(self, stream: _Stream, code: int, message: str) -> None:
-        if self.closed or self.streams.get(stream.id) is not stream:
-            return
-        self._forget(stream)
-        if stream.task is not None and stream.task is not asyncio.current_task():
-            stream.task.cancel()
-        if stream.started:  # a streaming call that already sent HEADERS: trailers alone
-            self._last_block(stream.id, trailers(code, message), stream.ended)
-        else:
-            self._answer(stream.id, code, message, stream.ended)
-
-    def _reset(self, stream: _Stream, code: int) -> None:
-        self._forget(stream)
-        if stream.task is not None:
-            stream.task.cancel()
-        self._write(frame(RST_STREAM, 0, stream.id, _U32.pack(code)))
-
-    def _headers_frame(self, flags: int, stream_id: int, block: bytes) -> bytes:
-        if self.table_update:  # the peer changed SETTINGS_HEADER_TABLE_SIZE: our
-            block = self.table_update + block  # next block says so (RFC 7541 4.2)
-            self.table_update = b""
-        return frame(HEADERS, flags, stream_id, block)
-
-    def _forget(self, stream: _Stream) -> None:
-        self.streams.pop(stream.id, None)
+        self.header_bytes -= stream.header_size
+        self.bodies.pop(stream.id, None)
         self.blocked.pop(stream.id, None)
         stream.outbox.clear()
-        held = len(stream.data)  # request bytes nobody will read: window back
+        self.queued -= stream.queued
+        stream.queued = 0
+        self._wake(stream)
+        held = len(stream.data) + self._held(stream)  # bytes nobody will read: window back
         stream.data.clear()
-        if stream.call is not None:
-            inbox = stream.call._inbox
-            while not inbox.empty():
-                item = inbox.get_nowait()
-                held += 0 if item is None else 5 + len(item[1])
         self._consumed(None, held)
         if self.going_away and not self.streams:
             self._close_soon()
 
-    # -- output and the end --------------------------------------------------------
+    def _held(self, stream: H2Stream) -> int:
+        """Request bytes the subclass holds for the stream beyond ``stream.data``."""
+        return 0
+
+    def _reset(self, stream: H2Stream, code: int) -> None:
+        """Resets a stream the client made invalid: counted like a client's reset,
+        or a client could make us reset streams without end for free."""
+        self._forget(stream)
+        self._stream_gone(stream)
+        self._write(frame(RST_STREAM, 0, stream.id, U32.pack(code)))
+        self._spend("streams reset")
+
+    # -- output ------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
         """Queues bytes; everything queued in one loop turn goes out in one write."""
@@ -886,13 +665,130 @@ class _Connection(asyncio.Protocol):
             self.transport.write(data)
         self.out.clear()
 
+    def _headers_frame(self, flags: int, stream_id: int, block: bytes) -> bytes:
+        if self.table_update:  # the peer changed SETTINGS_HEADER_TABLE_SIZE: our
+            block = self.table_update + block  # next block says so (RFC 7541 4.2)
+            self.table_update = b""
+        return frame(HEADERS, flags, stream_id, block)
+
+    def _last_block(self, stream_id: int, block: bytes, ended: bool) -> None:
+        """``block`` ends the stream; a request still coming is told to stop."""
+        self._write(self._headers_frame(END_HEADERS | END_STREAM, stream_id, block))
+        if not ended:
+            self._write(frame(RST_STREAM, 0, stream_id, U32.pack(NO_ERROR)))
+
+    def _queue(self, stream: H2Stream, kind: int, payload: bytes) -> None:
+        """Queues a header block (`HEAD`, or `LAST` to end the stream) or `DATA`."""
+        stream.outbox.append((kind, payload))
+        if kind == DATA_OUT:
+            stream.queued += len(payload)
+            self.queued += len(payload)
+
+    def _pump(self, stream: H2Stream) -> None:
+        """Writes what the stream has queued, as far as the windows allow; after the
+        LAST block the stream is done."""
+        outbox, sid = stream.outbox, stream.id
+        while outbox:
+            kind, payload = outbox[0]
+            if kind == HEAD_OUT:
+                outbox.popleft()
+                self._write(self._headers_frame(END_HEADERS, sid, payload))
+                continue
+            if kind == LAST_OUT:
+                self._forget(stream)
+                self._last_block(sid, payload, stream.ended)
+                return
+            window = self.peer_stream_window + stream.send_delta
+            if window > MAX_WINDOW:  # a SETTINGS change took it there (RFC 9113 6.9.2)
+                self._fail(FLOW_CONTROL_ERROR, "a stream window above 2^31-1")
+                return
+            room = min(self.send_window, window, self.peer_max_frame)
+            if room <= 0:
+                self.blocked[sid] = stream
+                return
+            chunk = payload[:room]
+            sent = len(chunk)
+            self.send_window -= sent
+            stream.send_delta -= sent
+            stream.queued -= sent
+            self.queued -= sent
+            self._write(frame(DATA, 0, sid, chunk))
+            if sent == len(payload):
+                outbox.popleft()
+            else:
+                outbox[0] = (DATA_OUT, payload[room:])
+        self.blocked.pop(sid, None)
+        if self.waiting:
+            self._wake_waiting()
+
+    def _pump_blocked(self) -> None:
+        for stream in list(self.blocked.values()):
+            if self.send_window <= 0:
+                return
+            self._pump(stream)
+
+    async def drained(self, stream: H2Stream) -> bool:
+        """Waits while the client leaves too much of our answers unread, up to
+        ``idle_timeout``; False if it still had not read them then."""
+        while self.streams.get(stream.id) is stream and (
+            stream.queued > STREAM_QUEUE or self.queued > CONNECTION_QUEUE
+        ):
+            waiter = stream.waiter = self.loop.create_future()
+            self.waiting[stream.id] = stream
+            try:
+                await asyncio.wait_for(waiter, self.limits.idle_timeout)
+            except TimeoutError:
+                return False
+            finally:
+                self.waiting.pop(stream.id, None)
+                stream.waiter = None
+        return True
+
+    def _wake(self, stream: H2Stream) -> None:
+        waiter = stream.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _wake_waiting(self) -> None:
+        if self.queued > CONNECTION_QUEUE:
+            return
+        for stream in list(self.waiting.values()):
+            if stream.queued <= STREAM_QUEUE:
+                self._wake(stream)
+
+    # -- time ------------------------------------------------------------------------
+
+    def sweep(self, now: float) -> None:
+        """Called about once a second: deadlines of the preface, of a header block,
+        of request bodies, and of an idle connection."""
+        if self.closed:
+            return
+        limits = self.limits
+        if not self.settings_seen:
+            if now - self.made > limits.header_timeout:
+                self._fail(PROTOCOL_ERROR, "no preface and SETTINGS in time")
+            return
+        if self.continuing is not None and now - self.block_started > limits.header_timeout:
+            self._fail(ENHANCE_YOUR_CALM, "a header block not finished in time")
+            return
+        while self.bodies:
+            stream = next(iter(self.bodies.values()))
+            if now - stream.opened <= limits.body_timeout:
+                break
+            del self.bodies[stream.id]
+            self._request_timed_out(stream)
+        if not self.streams and now - self.active > limits.idle_timeout:
+            self.goaway()
+
+    # -- the end ---------------------------------------------------------------------
+
     def goaway(self) -> None:
         """Graceful: no new streams; those already open are answered, then close."""
         if self.going_away or self.closed:
             return
         self.going_away = True
         self.goaway_last = self.last_stream
-        payload = _U32.pack(self.last_stream) + _U32.pack(NO_ERROR)
+        payload = U32.pack(self.last_stream) + U32.pack(NO_ERROR)
         self._write(frame(GOAWAY, 0, 0, payload))
         if not self.streams:
             self._close_soon()
@@ -906,12 +802,24 @@ class _Connection(asyncio.Protocol):
         self.loop.call_soon(close)
 
     def _fail(self, code: int, reason: str) -> None:
+        """GOAWAY, then a lingering close: our side is shut for writing and what the
+        client still sends is read and dropped for up to LINGER seconds, so that
+        the kernel does not answer unread bytes with a reset that could reach the
+        client before our GOAWAY does and hide why it was closed."""
         log.debug("HTTP/2 connection error %#x: %s", code, reason)
+        if code == ENHANCE_YOUR_CALM:
+            self.listener.calmed += 1
         last = min(self.last_stream, self.goaway_last)  # never above a GOAWAY sent before
-        payload = _U32.pack(last) + _U32.pack(code) + reason.encode()[:256]
+        payload = U32.pack(last) + U32.pack(code) + reason.encode()[:256]
         self._write(frame(GOAWAY, 0, 0, payload))
         self._flush()
-        self._abort()
+        transport = self.transport
+        if transport is None or self.closed or not transport.can_write_eof():
+            self._abort()
+            return
+        self.closed = True  # data_received drops everything from now on
+        transport.write_eof()
+        self.loop.call_later(LINGER, transport.abort)
 
     def _abort(self, *, now: bool = False) -> None:
         if self.transport is not None and not self.closed:
@@ -922,55 +830,58 @@ class _Connection(asyncio.Protocol):
         self.closed = True
 
 
-class H2Server:
-    """Serves ``methods`` (by path, ``/package.Service/Method``) over HTTP/2
-    with prior knowledge, or over TLS with ALPN ``h2``."""
+class H2Listener:
+    """What a listener's connections share: the limits, the set of connections
+    (capped at ``max_connections``) and the sweep of their deadlines."""
 
-    def __init__(
-        self,
-        methods: Mapping[str, Method],
-        *,
-        token: bytes | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> None:
-        self.methods = {path.encode(): method for path, method in methods.items()}
-        self._token = token
-        self._ssl = ssl_context
-        self.connections: set[_Connection] = set()
+    def __init__(self, limits: ConnectionLimits | None) -> None:
+        self.limits = limits or ConnectionLimits()
+        self.connections: set[H2Connection] = set()
         self.stopping = False
-        self._server: asyncio.Server | None = None
-        self._idle = asyncio.Event()
+        self.refused = 0  # connections closed at once: the cap was reached
+        self.calmed = 0  # connections ended with ENHANCE_YOUR_CALM
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._trim_at = 0.0
+        self._trim_wanted = False
 
-    def authorized(self, headers: Metadata) -> bool:
-        if self._token is None:
-            return True
-        return bearer_matches(headers.get(b"authorization", b""), self._token)
+    def start_sweeping(self) -> None:
+        limits = self.limits
+        self._interval = min(1.0, limits.header_timeout / 4, limits.body_timeout / 4,
+                             limits.idle_timeout / 4)  # fmt: skip
+        self._sweeper = asyncio.get_running_loop().call_later(self._interval, self._sweep)
 
-    async def listen(self, host: str, port: int, *, reuse_port: bool = False) -> int:
+    def stop_sweeping(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), host, port, ssl=self._ssl, reuse_port=reuse_port,
-            backlog=2048,
-        )  # fmt: skip
-        return int(self._server.sockets[0].getsockname()[1])
-
-    def wake(self) -> None:
-        if not self.connections:
-            self._idle.set()
-
-    async def stop(self, grace: float) -> None:
-        """GOAWAY to every connection; calls in flight get ``grace`` seconds."""
-        self.stopping = True
-        if self._server is not None:
-            self._server.close()
+        now = loop.time()
         for connection in list(self.connections):
-            connection.goaway()
-        if self.connections:
-            self._idle.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), grace)
-        for connection in list(self.connections):
-            connection._abort(now=True)
-            connection.connection_lost(None)
-        if self._server is not None:
-            await self._server.wait_closed()
+            connection.sweep(now)
+        if self._trim_wanted and now - self._trim_at > 5.0:
+            self._trim_wanted = False
+            self._trim_at = now
+            _trim()
+        self._sweeper = loop.call_later(self._interval, self._sweep)
+
+    def lost(self) -> None:
+        """A connection closed: what it held may go back to the system."""
+        self._trim_wanted = True
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return cast("Callable[[int], int]", ctypes.CDLL("libc.so.6").malloc_trim)
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def _trim() -> None:
+    """glibc keeps freed memory for reuse; after an attack that is the attack's
+    peak, kept for good. malloc_trim hands the free pages back."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

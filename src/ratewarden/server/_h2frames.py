@@ -1,0 +1,66 @@
+"""HTTP/2's wire (RFC 9113) and the little of HPACK (RFC 7541) our answers need:
+frame types, flags, error codes, one frame's bytes, and header fields encoded as
+literals that never touch the peer's dynamic table, so that one encoder serves
+every connection and a precomputed block can be written as it is."""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = [
+    "ACK",
+    "END_HEADERS",
+    "END_STREAM",
+    "PREFACE",
+    "frame",
+    "header_int",
+    "literal",
+]
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0, 1, 2, 3, 4
+PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 5, 6, 7, 8, 9
+END_STREAM = ACK = 0x1
+END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
+# error codes
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL = 0x5, 0x6, 0x7, 0x8
+COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
+# settings
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
+INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
+
+MAX_WINDOW = 2**31 - 1
+
+HEAD = struct.Struct(">HBBBI")  # a frame's 24-bit length read as H + B, type, flags, stream
+SETTING = struct.Struct(">HI")
+U32 = struct.Struct(">I")
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    length = len(payload)
+    return HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream) + payload
+
+
+def header_int(value: int, prefix: int, first: int = 0) -> bytes:
+    """HPACK's integer with an N-bit prefix (RFC 7541 5.1)."""
+    limit = (1 << prefix) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def literal(name: bytes, value: bytes) -> bytes:
+    """A header field literal, not indexed, new name, no Huffman."""
+    return b"\x00" + header_int(len(name), 7) + name + header_int(len(value), 7) + value
+
+
+def status_block(status: bytes) -> bytes:
+    """``:status`` alone: a literal without indexing whose name is static entry 8."""
+    return header_int(8, 4) + header_int(len(status), 7) + status
