@@ -36,19 +36,12 @@ the RFC asks; a bad stream is reset alone.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
 from typing import cast
-
-from hpack import Decoder, HPACKError
-from hpack.table import HeaderTable
 
 from ._h2frames import (
     ACK,
-    COMPRESSION_ERROR,
     CONTINUATION,
     DATA,
     END_HEADERS,
@@ -75,9 +68,12 @@ from ._h2frames import (
     STREAM_CLOSED,
     U32,
     WINDOW_UPDATE,
+    ConnectionError_,
+    Metadata,
     frame,
 )
-from ._limits import ConnectionLimits
+from ._h2hpack import HeaderDecoder
+from ._h2listen import H2Listener
 
 __all__ = ["H2Connection", "H2Listener", "H2Stream", "Metadata"]
 
@@ -85,7 +81,6 @@ log = logging.getLogger("ratewarden.server")
 # hpack logs every header block it decodes at debug, bearer tokens included
 logging.getLogger("hpack").setLevel(logging.INFO)
 
-Metadata = Mapping[bytes, bytes]
 
 MAX_FRAME = 16_384  # what we accept (the RFC's default; we do not raise it)
 STREAM_WINDOW = 1 << 20  # what each stream may send us before we give it back
@@ -106,34 +101,6 @@ CONNECTION_QUEUE = 1 << 20
 LINGER = 1.0  # seconds a failed connection is read and dropped before it is closed
 # what a stream's outbox holds
 DATA_OUT, HEAD_OUT, LAST_OUT = 0, 1, 2
-
-
-class ConnectionError_(Exception):
-    """A connection error (RFC 9113 5.4.1): GOAWAY with ``code``, then close."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class _Table(HeaderTable):
-    """hpack's dynamic table with a version that moves whenever it changes, so a
-    decoded header block can be reused for the same bytes and the same table."""
-
-    version = 0
-
-    def add(self, name: bytes, value: bytes) -> None:
-        self.version += 1
-        super().add(name, value)
-
-    @property
-    def maxsize(self) -> int:
-        return self._maxsize
-
-    @maxsize.setter
-    def maxsize(self, newmax: int) -> None:
-        self.version += 1
-        HeaderTable.maxsize.fset(self, newmax)  # type: ignore[attr-defined]
 
 
 class H2Stream:
@@ -186,11 +153,7 @@ class H2Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.preface = False
-        decoder = Decoder(max_header_list_size=limits.max_header_bytes)
-        self.table = _Table()
-        decoder.header_table = self.table
-        self.decoder = decoder
-        self.decoded: dict[bytes, tuple[int, Metadata, int]] = {}
+        self.headers = HeaderDecoder(limits.max_header_bytes)
         self.streams: dict[int, H2Stream] = {}
         self.bodies: dict[int, H2Stream] = {}  # requests whose body has a deadline, oldest first
         self.header_bytes = 0  # decoded header lists held by open streams
@@ -250,7 +213,7 @@ class H2Connection(asyncio.Protocol):
         self.streams.clear()
         self.blocked.clear()
         self.bodies.clear()
-        self.decoded.clear()
+        self.headers.forget()
         for stream in streams:
             self._wake(stream)
             self._stream_gone(stream)
@@ -383,34 +346,8 @@ class H2Connection(asyncio.Protocol):
             self.continuing = None
             self._header_block(stream_id, first_flags, bytes(block))
 
-    def _decode(self, block: bytes) -> tuple[Metadata, int]:
-        """The header list and its size as RFC 9113 counts it (name + value + 32)."""
-        table = self.table
-        version = table.version
-        known = self.decoded.get(block)
-        if known is not None and known[0] == version:
-            return known[1], known[2]
-        try:
-            fields = self.decoder.decode(block, raw=True)
-        except (HPACKError, ValueError, IndexError) as exc:
-            # the table may be half updated: the connection cannot go on
-            raise ConnectionError_(COMPRESSION_ERROR, f"bad header block: {exc!r}") from None
-        headers: dict[bytes, bytes] = {}
-        size = 0
-        for name, value in fields:
-            size += len(name) + len(value) + 32
-            # gRPC metadata may repeat a name: the values join as HTTP's do
-            old = headers.get(name)
-            headers[name] = value if old is None else old + b"," + value
-        # decoding it changed nothing: the same bytes will mean the same next time
-        if table.version == version and len(block) <= MAX_CACHED_BLOCK:
-            if len(self.decoded) >= 64:
-                self.decoded.clear()
-            self.decoded[block] = (version, headers, size)
-        return headers, size
-
     def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        headers, size = self._decode(block)  # always: the table must follow the peer's
+        headers, size = self.headers.decode(block)  # always: the table must follow the peer's
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers of a request
             if not flags & END_STREAM:
@@ -828,60 +765,3 @@ class H2Connection(asyncio.Protocol):
             else:
                 self.transport.close()  # flushes what was written, then closes
         self.closed = True
-
-
-class H2Listener:
-    """What a listener's connections share: the limits, the set of connections
-    (capped at ``max_connections``) and the sweep of their deadlines."""
-
-    def __init__(self, limits: ConnectionLimits | None) -> None:
-        self.limits = limits or ConnectionLimits()
-        self.connections: set[H2Connection] = set()
-        self.stopping = False
-        self.refused = 0  # connections closed at once: the cap was reached
-        self.calmed = 0  # connections ended with ENHANCE_YOUR_CALM
-        self._sweeper: asyncio.TimerHandle | None = None
-        self._trim_at = 0.0
-        self._trim_wanted = False
-
-    def start_sweeping(self) -> None:
-        limits = self.limits
-        self._interval = min(1.0, limits.header_timeout / 4, limits.body_timeout / 4,
-                             limits.idle_timeout / 4)  # fmt: skip
-        self._sweeper = asyncio.get_running_loop().call_later(self._interval, self._sweep)
-
-    def stop_sweeping(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
-
-    def _sweep(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        for connection in list(self.connections):
-            connection.sweep(now)
-        if self._trim_wanted and now - self._trim_at > 5.0:
-            self._trim_wanted = False
-            self._trim_at = now
-            _trim()
-        self._sweeper = loop.call_later(self._interval, self._sweep)
-
-    def lost(self) -> None:
-        """A connection closed: what it held may go back to the system."""
-        self._trim_wanted = True
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return cast("Callable[[int], int]", ctypes.CDLL("libc.so.6").malloc_trim)
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-def _trim() -> None:
-    """glibc keeps freed memory for reuse; after an attack that is the attack's
-    peak, kept for good. malloc_trim hands the free pages back."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)

@@ -6,12 +6,15 @@ every connection and a precomputed block can be written as it is."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 
 __all__ = [
     "ACK",
     "END_HEADERS",
     "END_STREAM",
     "PREFACE",
+    "ConnectionError_",
+    "Metadata",
     "frame",
     "header_int",
     "literal",
@@ -31,6 +34,17 @@ HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 
 MAX_WINDOW = 2**31 - 1
+
+Metadata = Mapping[bytes, bytes]
+
+
+class ConnectionError_(Exception):
+    """A connection error (RFC 9113 5.4.1): GOAWAY with ``code``, then close."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
 
 HEAD = struct.Struct(">HBBBI")  # a frame's 24-bit length read as H + B, type, flags, stream
 SETTING = struct.Struct(">HI")
