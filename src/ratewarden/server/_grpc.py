@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 from .._errors import ConfigurationError, StoreError
 from ._core import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult
 from ._h2grpc import Call, GrpcError, H2Server, Metadata, Method, Status
+from ._limits import ConnectionLimits
 from ._serve import parse_address
 from ._service import InvalidRequest, Service
 
@@ -300,6 +301,7 @@ class GrpcServer:
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
         reuse_port: bool = False,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.service = service
         self.host, self.port = parse_address(address, "--grpc")
@@ -318,8 +320,9 @@ class GrpcServer:
             f"/{REFLECTION_V1}/ServerReflectionInfo": Method("streaming", reflection.info),
         }
         self.server = H2Server(
-            methods, token=None if token is None else token.encode(), ssl_context=tls
-        )
+            methods, token=None if token is None else token.encode(), ssl_context=tls,
+            limits=limits,
+        )  # fmt: skip
 
     async def start(self) -> None:
         try:
