@@ -85,19 +85,19 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 MAX_FRAME = 16_384  # what we accept (the RFC's default; we do not raise it)
 STREAM_WINDOW = 1 << 20  # what each stream may send us before we give it back
 CONNECTION_WINDOW = 1 << 24
-MAX_STREAMS = 1_000
+MAX_STREAMS = 100  # as nghttp2, h2o and Apache advertise; Envoy opens another connection past it
 MAX_CACHED_BLOCK = 512  # header blocks longer than this are decoded every time
 # The budget of frames that make no progress and of resets: a burst, refilled
 # at a steady rate. A well-behaved client spends almost none of it (a SETTINGS
 # and a few PINGs a connection, a reset when a deadline passes).
-FLOOD_BURST = 2_000.0
+FLOOD_BURST = 1_000.0
 FLOOD_RATE = 1_000.0  # credit a second
 # Header lists the open streams of one connection may hold, in max_header_bytes
 HEADER_BUDGET = 64
 # Answers queued for a client that does not read: past these a streaming call's
 # `drained` waits (a stream's own, and the connection's total)
-STREAM_QUEUE = 64 * 1024
-CONNECTION_QUEUE = 1 << 20
+STREAM_QUEUE = 16 * 1024
+CONNECTION_QUEUE = 256 * 1024
 LINGER = 1.0  # seconds a failed connection is read and dropped before it is closed
 # what a stream's outbox holds
 DATA_OUT, HEAD_OUT, LAST_OUT = 0, 1, 2
@@ -206,19 +206,28 @@ class H2Connection(asyncio.Protocol):
             self.goaway()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        was_open = not self.closed or self in self.listener.connections
+        was_open = self in self.listener.connections
         self.closed = True
         self.listener.connections.discard(self)
+        self._end_streams()
+        if was_open:
+            self.listener.lost()
+
+    def _end_streams(self) -> None:
+        """Every stream ends now: its handler is cancelled, and nothing it held
+        is kept (a failed connection lingers, but its calls stop at once)."""
         streams = list(self.streams.values())
         self.streams.clear()
         self.blocked.clear()
         self.bodies.clear()
+        self.waiting.clear()
         self.headers.forget()
+        self.header_bytes = self.queued = 0
         for stream in streams:
+            stream.data.clear()
+            stream.outbox.clear()
             self._wake(stream)
             self._stream_gone(stream)
-        if was_open:
-            self.listener.lost()
 
     def pause_writing(self) -> None:  # the peer is not reading: stop reading it
         if self.transport is not None:
@@ -269,9 +278,9 @@ class H2Connection(asyncio.Protocol):
             return
         del buffer[:pos]
 
-    def _spend(self, what: str) -> None:
+    def _spend(self, what: str, cost: float = 1.0) -> None:
         """A frame that makes no progress, or a reset: one credit of the budget."""
-        self.credit -= 1.0
+        self.credit -= cost
         if self.credit < 0.0:
             raise ConnectionError_(ENHANCE_YOUR_CALM, f"too many {what}")
 
@@ -444,7 +453,8 @@ class H2Connection(asyncio.Protocol):
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id != 0:
             raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS on a stream")
-        self._spend("SETTINGS frames")
+        # each entry is work: a frame of 2,730 of them costs what 342 empty ones do
+        self._spend("SETTINGS frames", 1.0 + len(payload) / 48)
         if flags & ACK:
             if payload:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
@@ -568,15 +578,11 @@ class H2Connection(asyncio.Protocol):
         self.queued -= stream.queued
         stream.queued = 0
         self._wake(stream)
-        held = len(stream.data) + self._held(stream)  # bytes nobody will read: window back
+        held = len(stream.data)  # bytes nobody will read: window back
         stream.data.clear()
         self._consumed(None, held)
         if self.going_away and not self.streams:
             self._close_soon()
-
-    def _held(self, stream: H2Stream) -> int:
-        """Request bytes the subclass holds for the stream beyond ``stream.data``."""
-        return 0
 
     def _reset(self, stream: H2Stream, code: int) -> None:
         """Resets a stream the client made invalid: counted like a client's reset,
@@ -755,6 +761,7 @@ class H2Connection(asyncio.Protocol):
             self._abort()
             return
         self.closed = True  # data_received drops everything from now on
+        self._end_streams()
         transport.write_eof()
         self.loop.call_later(LINGER, transport.abort)
 

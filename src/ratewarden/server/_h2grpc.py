@@ -41,6 +41,9 @@ from ._limits import ConnectionLimits
 __all__ = ["Call", "GrpcError", "H2Server", "Metadata", "Method", "Status"]
 
 MAX_MESSAGE = 4 * 1024 * 1024  # gRPC's usual default for a received message
+# Health/Watch and reflection are all our streaming methods: a client needs one
+# or two at a time, and each open one is a task that runs with every message
+MAX_STREAMING = 16
 _MESSAGE = struct.Struct(">BI")  # gRPC: compressed flag, length
 _GZIP_FLAG = 1
 
@@ -107,20 +110,38 @@ class Call:
         self._connection = connection
         self._stream = stream
         self.metadata: Metadata = stream.headers  # shared with other calls: read only
-        # (compressed flag, message) as they arrived; None: the request ended.
-        # Bounded by flow control: the client's window comes back as `recv` reads.
-        self._inbox: asyncio.Queue[tuple[int, bytes] | None] = asyncio.Queue()
+        # set when more of the request came (or it ended): its bytes stay in the
+        # stream's buffer, as they arrived, until `recv` cuts a message from them
+        self._more = asyncio.Event()
 
     async def recv(self) -> bytes | None:
         """The next request message, None at the end of the request. Reading it
         gives its bytes of window back to the client: a client that sends faster
-        than the call reads waits on flow control, not on our memory."""
-        item = await self._inbox.get()
-        if item is None:
-            return None
-        flag, message = item
-        self._connection._consumed(self._stream, 5 + len(message))
-        return self._connection._uncompressed(self._stream, flag, message)
+        than the call reads waits on flow control, not on our memory (and what it
+        sent is held as the bytes it sent, not as one object a message)."""
+        connection, stream = self._connection, self._stream
+        data = stream.data
+        yielded = False
+        while True:
+            if len(data) >= 5:
+                flag, length = _MESSAGE.unpack_from(data)
+                if length > MAX_MESSAGE:
+                    raise GrpcError(Status.RESOURCE_EXHAUSTED, _too_large())
+                if len(data) >= 5 + length:
+                    if not yielded:  # one message a turn: a client that sends a
+                        yielded = True  # lot waits its turn like everyone else
+                        await asyncio.sleep(0)
+                        continue
+                    message = bytes(data[5 : 5 + length])
+                    del data[: 5 + length]
+                    connection._consumed(stream, 5 + length)
+                    return connection._uncompressed(stream, flag, message)
+            if stream.ended:
+                if data:
+                    raise GrpcError(Status.INVALID_ARGUMENT, "the request ended inside a message")
+                return None
+            self._more.clear()
+            await self._more.wait()
 
     async def send(self, message: bytes) -> None:
         """Queues a reply (sent as the client's window allows) and waits while the
@@ -158,6 +179,16 @@ class _GrpcStream(H2Stream):
 
 class _GrpcConnection(H2Connection):
     listener: H2Server
+    streaming = 0  # streaming calls open
+
+    def _forget(self, stream: H2Stream) -> None:
+        if stream.call is not None and stream.id in self.streams:  # type: ignore[attr-defined]
+            self.streaming -= 1
+        super()._forget(stream)
+
+    def _end_streams(self) -> None:
+        self.streaming = 0
+        super()._end_streams()
 
     # -- requests (the hooks of H2Connection) ---------------------------------------
 
@@ -187,8 +218,15 @@ class _GrpcConnection(H2Connection):
                          f"grpc-encoding {encoding.decode(errors='replace')} (identity or gzip)",
                          ended)  # fmt: skip
             return
-        stream = _GrpcStream(stream_id, headers, size, method)
         streaming = method.kind == "streaming"
+        if streaming:
+            if self.streaming >= MAX_STREAMING:
+                self._answer(stream_id, Status.RESOURCE_EXHAUSTED,
+                             f"more than {MAX_STREAMING} streaming calls on one connection",
+                             ended)  # fmt: skip
+                return
+            self.streaming += 1
+        stream = _GrpcStream(stream_id, headers, size, method)
         # a unary request is held until it ends: its body has a deadline; a
         # streaming one is read as it comes, for as long as the call lasts
         self._open(stream, body_deadline=not streaming and not ended)
@@ -204,8 +242,8 @@ class _GrpcConnection(H2Connection):
     def _request_data(self, stream: H2Stream) -> bool:
         assert isinstance(stream, _GrpcStream)
         if stream.call is not None:
-            self._deliver(stream, stream.call)
-            return self.streams.get(stream.id) is stream
+            stream.call._more.set()
+            return True
         if len(stream.data) > MAX_MESSAGE + 5:
             self._fail_call(stream, Status.RESOURCE_EXHAUSTED, _too_large())
             return False
@@ -214,9 +252,7 @@ class _GrpcConnection(H2Connection):
     def _request_ended(self, stream: H2Stream) -> None:
         assert isinstance(stream, _GrpcStream)
         if stream.call is not None:
-            self._deliver(stream, stream.call)
-            if not stream.data and self.streams.get(stream.id) is stream:
-                stream.call._inbox.put_nowait(None)
+            stream.call._more.set()
             return
         self._consumed(None, len(stream.data))  # unary: the request is read now
         try:
@@ -237,16 +273,6 @@ class _GrpcConnection(H2Connection):
         task = stream.task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-
-    def _held(self, stream: H2Stream) -> int:
-        call = stream.call  # type: ignore[attr-defined]
-        if call is None:
-            return 0
-        held, inbox = 0, call._inbox
-        while not inbox.empty():
-            item = inbox.get_nowait()
-            held += 0 if item is None else 5 + len(item[1])
-        return held
 
     # -- messages ---------------------------------------------------------------------
 
@@ -274,24 +300,6 @@ class _GrpcConnection(H2Connection):
         if not inflate.eof or inflate.unused_data:
             raise GrpcError(Status.INTERNAL, "a gzip message cut short or with bytes after it")
         return out
-
-    def _deliver(self, stream: _GrpcStream, call: Call) -> None:
-        """Hands a streaming call's complete messages to its handler (decompressed
-        and given back to the window as the handler reads them)."""
-        data = stream.data
-        at = 0
-        while len(data) - at >= 5:
-            compressed, length = _MESSAGE.unpack_from(data, at)
-            if length > MAX_MESSAGE:
-                self._fail_call(stream, Status.RESOURCE_EXHAUSTED, _too_large())
-                return
-            if len(data) - at - 5 < length:
-                break
-            call._inbox.put_nowait((compressed, bytes(data[at + 5 : at + 5 + length])))
-            at += 5 + length
-        del data[:at]
-        if stream.ended and data:
-            self._fail_call(stream, Status.INVALID_ARGUMENT, "the request ended inside a message")
 
     # -- calls ------------------------------------------------------------------------
 
@@ -428,9 +436,17 @@ class H2Server(H2Listener):
             self._idle.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), grace)
+        cancelled = [
+            stream.task
+            for connection in self.connections
+            for stream in connection.streams.values()
+            if isinstance(stream, _GrpcStream) and stream.task is not None
+        ]
         for connection in list(self.connections):
             connection._abort(now=True)
             connection.connection_lost(None)
+        if cancelled:  # let them unwind before the loop goes, or asyncio says they leaked
+            await asyncio.wait(cancelled, timeout=1.0)
         self.stop_sweeping()
         if self._server is not None:
             await self._server.wait_closed()
