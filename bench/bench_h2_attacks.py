@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.server import h2_attacks  # noqa: E402
+from tests.server import h2_attacks
 
 TOKEN = b"attack-bench-token"
 RULES = "version: 1\nrules:\n  - name: all\n    rate: 1000000/second\n    by: user\n"
