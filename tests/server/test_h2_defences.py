@@ -16,7 +16,7 @@ from typing import Any
 import h2.settings
 import pytest
 
-from ratewarden.server import _h2
+from ratewarden.server import _h2out
 from ratewarden.server._h2frames import PREFACE, frame
 from ratewarden.server._h2grpc import MAX_STREAMING, Call, H2Server, Metadata, Method, Status
 from ratewarden.server._limits import ConnectionLimits
@@ -184,7 +184,7 @@ def test_answers_wait_for_a_client_that_does_not_read() -> None:
             (connection,) = server.connections
             # the handler stopped at the queue's bound instead of answering all 2,000
             assert STATE["sent"] < 40
-            assert connection.queued <= _h2.STREAM_QUEUE + 1005
+            assert connection.queued <= _h2out.STREAM_QUEUE + 1005
 
     run(main)
 
