@@ -97,7 +97,11 @@ FLOOD_BURST = 1_000.0
 FLOOD_RATE = 1_000.0  # credit a second
 # Header lists the open streams of one connection may hold, in max_header_bytes
 HEADER_BUDGET = 64
+FRAMES_A_TURN = 128  # frames of one connection parsed before others get the loop
 LINGER = 1.0  # seconds a failed connection is read and dropped before it is closed
+
+
+_WRITING, _PARSING = 1, 2  # why reading is paused
 
 
 class H2Connection(H2Output):
@@ -128,6 +132,7 @@ class H2Connection(H2Output):
         now = self.loop.time()
         self.made = self.active = self.credit_at = now
         self.credit = FLOOD_BURST
+        self.paused = 0  # _WRITING | _PARSING
 
     # -- asyncio.Protocol -------------------------------------------------------
 
@@ -180,11 +185,19 @@ class H2Connection(H2Output):
             self._stream_gone(stream)
 
     def pause_writing(self) -> None:  # the peer is not reading: stop reading it
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._pause(_WRITING)
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.closed:
+        self._resume(_WRITING)
+
+    def _pause(self, why: int) -> None:
+        if not self.paused and self.transport is not None:
+            self.transport.pause_reading()
+        self.paused |= why
+
+    def _resume(self, why: int) -> None:
+        self.paused &= ~why
+        if not self.paused and self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -207,7 +220,16 @@ class H2Connection(H2Output):
                 return
             del buffer[: len(PREFACE)]
             self.preface = True
+        if not self.paused & _PARSING:
+            self._parse()
+
+    def _parse(self) -> None:
+        """The frames in the buffer, FRAMES_A_TURN at most: one client's read of
+        many small frames waits its turn instead of holding the loop, and its
+        socket is not read meanwhile."""
+        buffer = self.buffer
         pos, size = 0, len(buffer)
+        turn = FRAMES_A_TURN
         try:
             while size - pos >= 9:
                 high, low, kind, flags, stream = HEAD.unpack_from(buffer, pos)
@@ -223,10 +245,21 @@ class H2Connection(H2Output):
                 self._frame(kind, flags, stream, payload)
                 if self.transport is None or self.transport.is_closing():
                     return
+                turn -= 1
+                if not turn and size - pos >= 9:
+                    self._pause(_PARSING)
+                    self.loop.call_soon(self._parse_more)
+                    break
         except ConnectionError_ as exc:
             self._fail(exc.code, str(exc))
             return
         del buffer[:pos]
+
+    def _parse_more(self) -> None:
+        if self.closed:
+            return
+        self._resume(_PARSING)
+        self._parse()
 
     def _spend(self, what: str, cost: float = 1.0) -> None:
         """A frame that makes no progress, or a reset: one credit of the budget."""
