@@ -301,6 +301,29 @@ def test_an_unfinished_header_block_times_out() -> None:
     run(main)
 
 
+def test_a_frame_sent_a_byte_at_a_time_times_out() -> None:
+    def dribble(port: int) -> bytes:
+        data = frame(DATA, 0, 1, b"x" * 1000)
+        out = b""
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(PREFACE + frame(SETTINGS, 0, 0, b"") + HEAD)
+            with contextlib.suppress(OSError):
+                for byte in data[:40]:  # one byte every 50 ms: 2 s for 40 of 1,009
+                    sock.sendall(bytes([byte]))
+                    time.sleep(0.05)
+            with contextlib.suppress(OSError):
+                while chunk := sock.recv(65536):
+                    out += chunk
+        return out
+
+    async def main() -> None:
+        async with serving(header_timeout=0.5, body_timeout=30) as (_, port):
+            said = await asyncio.to_thread(dribble, port)
+        assert goaway_code(said) == CALM
+
+    run(main)
+
+
 def test_a_connection_without_a_preface_times_out() -> None:
     def silent(port: int) -> float:
         start = time.monotonic()

@@ -105,7 +105,7 @@ _WRITING, _PARSING = 1, 2  # why reading is paused
 
 
 class H2Connection(H2Output):
-    """The transport half of a connection. A subclass implements `_request`
+    """What a connection reads and its streams' state. A subclass implements `_request`
     (new request headers), `_request_data` (more of its body), `_request_ended`,
     `_request_timed_out` and `_stream_gone` (reset or connection lost)."""
 
@@ -123,6 +123,7 @@ class H2Connection(H2Output):
         self.last_stream = 0  # the highest stream the peer opened
         self.continuing: tuple[int, int, bytearray] | None = None  # stream, flags, block
         self.block_started = 0.0
+        self.partial_since = 0.0  # when the unfinished frame in the buffer began
         self.received = 0  # DATA on the connection the peer may not send again yet
         self.consumed = 0  # of that, read (or dropped): given back at a quarter window
         self.going_away = False
@@ -254,6 +255,10 @@ class H2Connection(H2Output):
             self._fail(exc.code, str(exc))
             return
         del buffer[:pos]
+        if not buffer:
+            self.partial_since = 0.0
+        elif not self.partial_since:  # a frame begun: the rest has header_timeout to come
+            self.partial_since = self.active
 
     def _parse_more(self) -> None:
         if self.closed:
@@ -589,6 +594,9 @@ class H2Connection(H2Output):
             return
         if self.continuing is not None and now - self.block_started > limits.header_timeout:
             self._fail(ENHANCE_YOUR_CALM, "a header block not finished in time")
+            return
+        if self.partial_since and now - self.partial_since > limits.header_timeout:
+            self._fail(ENHANCE_YOUR_CALM, "a frame not finished in time")
             return
         while self.bodies:
             stream = next(iter(self.bodies.values()))
