@@ -25,10 +25,10 @@ def test_async_limits_exactly_under_64_concurrent_callers(redis_single: RedisSer
             pipelines = 0
             send = store._batcher._pipeline
 
-            async def counting(batch: list[object]) -> list[object]:
+            async def counting(batch: list[object], *args: object) -> list[object]:
                 nonlocal pipelines
                 pipelines += 1
-                return await send(batch)  # type: ignore[arg-type]
+                return await send(batch, *args)  # type: ignore[arg-type]
 
             store._batcher._pipeline = counting  # type: ignore[method-assign]
 

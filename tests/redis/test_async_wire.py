@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.utils
 import uvloop
 from redis.asyncio.connection import Connection, ConnectionPool
 
 import redis
-from ratewarden import AsyncLimiter, Decision, StoreUnavailable
-from ratewarden.stores.redis import AsyncRedisStore
+from ratewarden import AsyncLimiter, Decision, Limiter, StoreUnavailable
+from ratewarden.stores._wire import usable
+from ratewarden.stores.redis import _QUIET, AsyncRedisStore, RedisStore
 from tests.redis_server import RedisServer, free_port, redis_server
 
 LIVE = 5.0  # see test_async_redis_store.py
@@ -253,3 +255,69 @@ def test_a_redis_py_whose_connections_cannot_be_taken_over_keeps_the_pipeline(
 
     run(main())
     assert "go through redis-py's pipelines" in caplog.text
+
+
+def admin(server: RedisServer) -> redis.Redis:
+    """A client that sends nothing of its own on connecting, as the store's do."""
+    return redis.Redis(port=server.port, **_QUIET)
+
+
+def resetstat(server: RedisServer) -> None:
+    with admin(server) as client:
+        client.config_resetstat()
+
+
+def handshakes(server: RedisServer) -> dict[str, int]:
+    """Since `resetstat`: calls of the commands a connection may send before its
+    first one (HELLO, CLIENT ...), and errors but NOSCRIPT (CLIENT SETINFO on a
+    Redis too old for it is one, not a command)."""
+    with admin(server) as client:
+        commands, errors = client.info("commandstats"), client.info("errorstats")
+    counts = {
+        name.removeprefix("cmdstat_"): int(stat["calls"])
+        for name, stat in commands.items()
+        if name in ("cmdstat_hello", "cmdstat_select", "cmdstat_auth")
+        or name.startswith("cmdstat_client")
+    }
+    counts.update({name: int(stat["count"]) for name, stat in errors.items()
+                   if name != "errorstat_NOSCRIPT"})  # fmt: skip
+    return counts
+
+
+def test_a_new_connection_asks_nothing_before_its_first_check(run: Run) -> None:
+    """Each command a connection sends before its first check is a round trip that
+    may cost the whole timeout, after every fault: no HELLO (RESP2), no CLIENT
+    SETINFO or other CLIENT command, from either store."""
+    with redis_server() as server:
+        resetstat(server)
+        with RedisStore(server.url, timeout=LIVE) as store:
+            assert Limiter("5/hour", store=store, name=name()).hit("k").remaining == 4
+        assert handshakes(server) == {}
+
+        async def main() -> None:
+            async with AsyncRedisStore(server.url, timeout=LIVE) as store:
+                no_pipelines(store)
+                assert (await AsyncLimiter("5/hour", store=store, name=name()).hit("k")).allowed
+
+        run(main())
+        assert handshakes(server) == {}
+
+
+def test_only_a_resp2_client_goes_over_the_store_s_own_connection(
+    redis_single: RedisServer, run: Run
+) -> None:
+    """RESP3 can push replies nobody asked for, which the store's own connection
+    would take for the answer to a check. redis-py 8 speaks RESP3 unless told."""
+    default = getattr(redis.utils, "DEFAULT_RESP_VERSION", 2)
+    assert usable(redis.asyncio.Redis(port=redis_single.port, protocol=2))
+    assert not usable(redis.asyncio.Redis(port=redis_single.port, protocol=3))
+    assert usable(redis.asyncio.Redis(port=redis_single.port)) == (default == 2)
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_single.url + "?protocol=3", timeout=LIVE) as store:
+            assert store._batcher.wire is None  # the URL asked for RESP3: the pipelines
+            assert (await AsyncLimiter("5/hour", store=store, name=name()).hit("k")).allowed
+        async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
+            assert store._batcher.wire is not None
+
+    run(main())

@@ -12,8 +12,9 @@ hiredis reader in ``data_received``, each round trip one future, under ~10 us.
 
 Failures look as they did through the pipeline, so the store maps them as it
 did: a lost or refused connection raises `redis.exceptions.ConnectionError`, a
-reply slower than the URL's socket timeout raises `redis.exceptions.TimeoutError`
-(and drops the connection: a late reply would answer the wrong request), and
+round trip not over by its deadline (the caller's, else the URL's socket timeout
+from now; connecting counts) raises `redis.exceptions.TimeoutError` (and drops
+the connection: a late reply would answer the wrong request), and
 error replies come back in their place as redis-py's exceptions (`NoScriptError`
 ...). The next round trip after a drop connects again.
 
@@ -26,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+import redis.utils
 from redis._parsers import BaseParser
 from redis.asyncio.connection import (
     Connection,
@@ -64,8 +67,11 @@ def usable(client: Any) -> bool:
     if type(pool) is not ConnectionPool or pool.connection_class not in _PLAIN:
         return False
     kwargs = pool.connection_kwargs
+    protocol = kwargs.get("protocol")
+    if protocol is None:  # redis-py's default: RESP2 up to 7, RESP3 from 8
+        protocol = getattr(redis.utils, "DEFAULT_RESP_VERSION", 2)
     return (
-        kwargs.get("protocol") in (None, 2, "2")
+        str(protocol) == "2"
         and kwargs.get("encoding", "utf-8").lower().replace("_", "-") in ("utf-8", "utf8")
         and kwargs.get("encoding_errors", "strict") == "strict"
     )
@@ -96,15 +102,16 @@ class _Link(asyncio.Protocol):
         )
         self.waiting: collections.deque[_Request] = collections.deque()
         self.dead: Exception | None = None
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def send(self, payload: bytes, count: int, timeout: float | None) -> asyncio.Future[list[Any]]:
+    def send(self, payload: bytes, count: int, deadline: float | None) -> asyncio.Future[list[Any]]:
         loop = asyncio.get_running_loop()
         request = _Request(loop.create_future(), count)
         if self.dead is not None:
             request.future.set_exception(self.dead)
             return request.future
-        if timeout is not None:
-            request.timer = loop.call_later(timeout, self._expired, request)
+        if deadline is not None:
+            request.timer = loop.call_at(deadline, self._expired, request)
         self.waiting.append(request)
         try:
             self.transport.write(payload)
@@ -141,6 +148,8 @@ class _Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         reason = "Connection closed by server." if exc is None else f"{exc}"
         self.fail(RedisConnectionError(f"Error while reading from {self.where} : {reason}"))
+        if not self.lost.done():
+            self.lost.set_result(None)
 
     def fail(self, error: Exception) -> None:
         """Fail every request in flight and drop the connection."""
@@ -169,20 +178,33 @@ class Wire:
         self.connection: Any = None  # redis-py's, kept to close it
         self.link: _Link | None = None
 
-    async def call(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    async def call(
+        self, commands: Sequence[Sequence[Arg]], deadline: float | None = None
+    ) -> list[Any]:
         """One round trip: the replies of ``commands`` in order, an error reply as
-        redis-py's exception in its place."""
+        redis-py's exception in its place. Over by ``deadline`` (the loop's clock;
+        by default the socket timeout from now), connecting included, or it raises
+        redis-py's TimeoutError."""
         pack = hiredis.pack_command  # its stub says a 1-tuple; it takes any length
         payload = b"".join([pack(tuple(command)) for command in commands])  # type: ignore[arg-type]
+        if deadline is None and self.timeout is not None:
+            deadline = asyncio.get_running_loop().time() + self.timeout
         link = self.link
         if link is None or link.dead is not None or link.transport.is_closing():
-            link = await self._connect()
-        return await link.send(payload, len(commands), self.timeout)
+            link = await self._connect(deadline)
+        return await link.send(payload, len(commands), deadline)
 
-    async def _connect(self) -> _Link:
+    async def _connect(self, deadline: float | None) -> _Link:
         await self.aclose()
         connection = self.connection = self.pool.make_connection()  # type: ignore[no-untyped-call]
-        await connection.connect()  # redis-py's: socket, TLS, AUTH, SELECT, its timeouts
+        try:
+            # redis-py's: socket, TLS, AUTH, SELECT, each step under its own timeout;
+            # the deadline bounds them together
+            async with asyncio.timeout_at(deadline):
+                await connection.connect()
+        except TimeoutError as exc:
+            await self.aclose()
+            raise RedisTimeoutError(f"Timeout connecting to {self.where}") from exc
         transport: Any = getattr(getattr(connection, "_writer", None), "transport", None)
         # duck-typed: uvloop's transports are no asyncio.Transport subclasses
         if not all(hasattr(transport, name) for name in ("set_protocol", "write", "abort")):
@@ -194,7 +216,16 @@ class Wire:
         return link
 
     async def aclose(self) -> None:
-        connection, self.connection, self.link = self.connection, None, None
+        connection, link = self.connection, self.link
+        self.connection = self.link = None
+        if link is not None:
+            # Aborted, and waited for: a TLS transport closed gracefully waits for
+            # the server's close_notify (which a dead server never sends), and the
+            # loop could close before it did, leaving the transport unclosed.
+            link.transport.abort()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await asyncio.shield(link.lost)
         if connection is not None:
             await connection.disconnect(nowait=True)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import inspect
 import logging
 import math
 import struct
@@ -60,6 +62,22 @@ def _nodes(hosts: str) -> list[tuple[str, int]]:
     return nodes
 
 
+# What a new connection says before its first command costs round trips, each
+# allowed the whole timeout, on every connection and so after every fault. RESP2:
+# no HELLO (and none of the RESP3 extras redis-py 8 then asks for, nor pushes the
+# store's own connection could mistake for replies; a URL may still ask for
+# ``protocol=3``). No CLIENT SETINFO, which redis-py sends for a label in CLIENT
+# LIST (redis-py 7.1 names the switch driver_info, and warns on the older names).
+_QUIET: dict[str, Any] = {
+    "protocol": 2,
+    **(
+        {"driver_info": None}
+        if "driver_info" in inspect.signature(redis.Redis.__init__).parameters
+        else {"lib_name": None, "lib_version": None}
+    ),
+}
+
+
 def connect(url: str, timeout: float, *, asynchronous: bool = False) -> Any:
     """A client for ``url``: ``redis://``, ``rediss://``, ``unix://``,
     ``redis+cluster://host:port,host:port`` (any reachable nodes of a cluster), or
@@ -67,7 +85,8 @@ def connect(url: str, timeout: float, *, asynchronous: bool = False) -> Any:
     of the master they watch); a ``redis.asyncio`` one if ``asynchronous``.
 
     Connect and command timeouts are ``timeout``; no retries: a retry with backoff
-    would break the decision's time bound, and the breaker does the retrying.
+    would break the decision's time bound, and the breaker does the retrying. A new
+    connection makes no round trips but those the URL asks for (AUTH, SELECT).
     """
     if type(timeout) not in (int, float) or not timeout > 0:  # bool is no duration
         raise ConfigurationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
@@ -75,6 +94,7 @@ def connect(url: str, timeout: float, *, asynchronous: bool = False) -> Any:
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
         "retry": AsyncRetry(NoBackoff(), 0) if asynchronous else Retry(NoBackoff(), 0),
+        **_QUIET,
     }
     try:
         if url.startswith(CLUSTER_SCHEME):
@@ -150,8 +170,10 @@ def _sentinels(client: Any) -> list[Any]:
 
 class Scripts:
     """The scripts of one client, by name (an algorithm's step name, `MANY`,
-    `REFUND`): loaded once, called by SHA, reloaded on NOSCRIPT (after a server
-    restart or SCRIPT FLUSH)."""
+    `REFUND`): called by SHA, computed here rather than asked of the server. On
+    NOSCRIPT (first use, or after a server restart or SCRIPT FLUSH) `call` runs
+    the script's source, which loads it as it runs; the async store sends SCRIPT
+    LOAD ahead of the retried calls in one round trip."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -161,25 +183,22 @@ class Scripts:
     def source(self, name: str) -> str:
         return self._sources.get(name) or self._sources.setdefault(name, _source(name))
 
-    def sha(self, name: str) -> str | None:
-        return self._shas.get(name)
-
-    def loaded(self, name: str, sha: str) -> str:
-        self._shas[name] = sha
+    def sha(self, name: str) -> str:
+        sha = self._shas.get(name)
+        if sha is None:  # Redis names a script by the SHA1 of its text
+            text = self.source(name).encode()
+            sha = self._shas[name] = hashlib.sha1(text, usedforsecurity=False).hexdigest()
         return sha
 
     def call(self, name: str, numkeys: int, args: list[Any]) -> Any:
         """EVALSHA script ``name`` with ``args``: its ``numkeys`` keys, then its
-        arguments."""
-        sha = self._shas.get(name)
+        arguments. On NOSCRIPT, EVAL: one round trip more, where SCRIPT LOAD and
+        EVALSHA again would be two (each may cost up to the timeout)."""
         try:
-            if sha is not None:
-                try:
-                    return self.client.evalsha(sha, numkeys, *args)
-                except NoScriptError:
-                    pass
-            sha = self.loaded(name, self.client.script_load(self.source(name)))
-            return self.client.evalsha(sha, numkeys, *args)
+            try:
+                return self.client.evalsha(self.sha(name), numkeys, *args)
+            except NoScriptError:
+                return self.client.eval(self.source(name), numkeys, *args)
         except _FAILURES as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
 
@@ -558,25 +577,44 @@ class RedisStore:
         return f"<RedisStore {self.client!r}>"
 
 
+# a check for _Batcher: script, numkeys, arguments, its caller's future, when it came
+_Item: TypeAlias = tuple[str, int, list[Any], asyncio.Future[Any], float]
+
+
 class _Batcher:
     """Coalesces concurrent checks into pipelines: every check submitted in one turn
     of the event loop goes out in one round trip (at most ``max_batch`` a time), and
     checks submitted while a pipeline is in flight go in the next. No timer: the
     batching window is the loop's own turn, microseconds. A pipeline goes over the
-    store's own connection (``wire``) when it has one, else through redis-py."""
+    store's own connection (``wire``) when it has one, else through redis-py.
 
-    def __init__(self, client: Any, scripts: Scripts, max_batch: int, wire: Wire | None) -> None:
+    With a ``timeout``, each check is answered or failed within it of its
+    submission: a batch must be over by its oldest check's deadline, connecting
+    and reloading scripts included, so a check that waited behind a hung batch
+    does not then wait a whole timeout more."""
+
+    def __init__(
+        self,
+        client: Any,
+        scripts: Scripts,
+        max_batch: int,
+        wire: Wire | None,
+        timeout: float | None,
+    ) -> None:
         self.client, self.scripts, self.max_batch = client, scripts, max_batch
         self.wire = wire  # one server: its own connection, else redis-py's pipelines
-        self.pending: list[tuple[str, int, list[Any], asyncio.Future[Any]]] = []
+        self.timeout = timeout
+        self.pending: list[_Item] = []
         self.draining = False
+        self.drainer: asyncio.Task[None] | None = None
 
     def submit(self, script: str, numkeys: int, args: list[Any]) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.pending.append((script, numkeys, args, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self.pending.append((script, numkeys, args, future, loop.time()))
         if not self.draining:
             self.draining = True
-            asyncio.get_running_loop().create_task(self._drain())
+            self.drainer = loop.create_task(self._drain())  # the loop keeps weak ones
         return future
 
     async def _drain(self) -> None:
@@ -588,36 +626,43 @@ class _Batcher:
         finally:
             self.draining = False
 
-    async def _pipeline(self, batch: list[tuple[str, int, list[Any], Any]]) -> list[Any]:
-        """One round trip for ``batch``; its results in the batch's order, an error
-        as an exception in its place. Checks submitted as `BATCH` go out together
-        as one call of _batch.lua."""
-        sha = self.scripts.sha
-        commands: list[list[Any]] = []
+    async def _pipeline(
+        self, batch: list[_Item], deadline: float | None, load: Sequence[str] = ()
+    ) -> list[Any]:
+        """One round trip for ``batch``, after SCRIPT LOAD of the scripts named in
+        ``load``; its results in the batch's order, an error as an exception in its
+        place. Checks submitted as `BATCH` go out together as one call of
+        _batch.lua. Over by ``deadline`` (the loop's clock), or TimeoutError."""
+        scripts = self.scripts
+        sha = scripts.sha
+        commands: list[list[Any]] = [["SCRIPT", "LOAD", scripts.source(name)] for name in load]
         merged = []
-        for script, numkeys, args, _ in batch:
+        for script, numkeys, args, _, _ in batch:
             if script == BATCH:
                 merged.append(args)
             else:
-                commands.append(["EVALSHA", sha(script) or "0" * 40, numkeys, *args])
+                commands.append(["EVALSHA", sha(script), numkeys, *args])
         if merged:
             keys = [args[0] for args in merged]
             checks = b"".join([args[1] for args in merged])
-            commands.append(["EVALSHA", sha(BATCH) or "0" * 40, len(keys), *keys, checks])
+            commands.append(["EVALSHA", sha(BATCH), len(keys), *keys, checks])
         results = None
         if self.wire is not None:
             try:
-                results = await self.wire.call(commands)
+                results = (await self.wire.call(commands, deadline))[len(load) :]
             except Unsupported as exc:
                 log.warning("redis: %s; the checks go through redis-py's pipelines", exc)
                 self.wire = None
         if results is None:
-            pipe = self.client.pipeline(transaction=False)
-            for command in commands:
-                # not pipe.evalsha, which redis-py's cluster pipeline refuses (it
-                # routes EVALSHA by its keys all the same)
-                pipe.execute_command(*command)
-            results = await pipe.execute(raise_on_error=False)
+            async with asyncio.timeout_at(deadline):
+                for name in load:  # to every primary of a cluster, not one node
+                    await self.client.script_load(scripts.source(name))
+                pipe = self.client.pipeline(transaction=False)
+                for command in commands[len(load) :]:
+                    # not pipe.evalsha, which redis-py's cluster pipeline refuses (it
+                    # routes EVALSHA by its keys all the same)
+                    pipe.execute_command(*command)
+                results = await pipe.execute(raise_on_error=False)
         if not merged:
             return results
         together, spread, rest, at = results[-1], [], iter(results), 0
@@ -631,29 +676,34 @@ class _Batcher:
                 at += 4
         return spread
 
-    async def _send(self, batch: list[tuple[str, int, list[Any], Any]]) -> None:
+    async def _send(self, batch: list[_Item]) -> None:
+        deadline = None if self.timeout is None else batch[0][4] + self.timeout
         try:
-            results = await self._pipeline(batch)
+            if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+                raise TimeoutError  # it waited its whole timeout behind other batches
+            results = await self._pipeline(batch, deadline)
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if missing:  # first use, or the server lost its scripts: load, send again
-                for script in {batch[i][0] for i in missing}:
-                    sha = await self.client.script_load(self.scripts.source(script))
-                    self.scripts.loaded(script, sha)
-                again = await self._pipeline([batch[i] for i in missing])
+                scripts = sorted({batch[i][0] for i in missing})
+                again = await self._pipeline([batch[i] for i in missing], deadline, scripts)
                 for i, result in zip(missing, again, strict=True):
                     results[i] = result
+        except TimeoutError as exc:  # the deadline's; redis-py's is a RedisError
+            error = StoreUnavailable(f"redis: no answer within the timeout ({self.timeout}s)")
+            error.__cause__ = exc
+            results = [error] * len(batch)
         except (*_FAILURES, OSError) as exc:
             error = StoreUnavailable(f"redis: {exc}")
             error.__cause__ = exc
             results = [error] * len(batch)
         except BaseException as exc:  # a bug, or the loop shutting down: no caller hangs
-            for *_, future in batch:
+            for *_, future, _ in batch:
                 if not future.done():
                     future.set_exception(exc) if isinstance(exc, Exception) else future.cancel()
             if isinstance(exc, Exception):
                 return  # each caller has it; the drain goes on with the next batch
             raise
-        for (*_, future), result in zip(batch, results, strict=True):
+        for (*_, future, _), result in zip(batch, results, strict=True):
             if future.done():  # its caller was cancelled
                 continue
             if isinstance(result, StoreError):
@@ -699,7 +749,10 @@ class AsyncRedisStore:
         # connection of the store's own (see _wire); a client passed in stays
         # untouched, every command through its own pool.
         wire = Wire(client) if self._owns_client and usable(client) else None
-        self._batcher = _Batcher(client, self.scripts, max_batch, wire)
+        # the timeout bounds each check only on a client made here (one passed in
+        # keeps its own settings)
+        deadline = timeout if self._owns_client else None
+        self._batcher = _Batcher(client, self.scripts, max_batch, wire, deadline)
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
         limit = _Limit(algorithm, rate, options, self.breaker, self._test_clock)
