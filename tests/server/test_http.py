@@ -145,13 +145,138 @@ def test_bad_input_is_a_4xx_with_a_message(
     run(main())
 
 
-def test_odd_attribute_values_never_raise(rules_file: Path) -> None:
+@pytest.mark.parametrize(
+    ("attributes", "words"),
+    [
+        ({"user": 42}, "attribute 'user' must be a string (or null), got a number"),
+        ({"user": ["a"]}, "attribute 'user' must be a string (or null), got an array"),
+        ({"method": 7}, "attribute 'method' must be a string (or null), got a number"),
+        ({"plan": True}, "attribute 'plan' must be a string (or null), got a boolean"),
+        ({"user": {"a": "b"}}, "attribute 'user' must be a string (or null), not an object"),
+        ({"user": {"a": 1}}, "attribute 'user' must be a string (or null), got an object"),
+        ({"headers": "no"}, "attribute 'headers' must be an object of strings"),
+        ({"headers": {"x-a": 1}}, "attribute 'headers': 'x-a' must be a string, got a number"),
+    ],
+)
+def test_attributes_other_than_strings_are_refused_by_name(
+    rules_file: Path, attributes: dict[str, Any], words: str
+) -> None:
+    """Turned into text for a key, 42 would count with "42" and ["a"] with "['a']"."""
+
     async def main() -> None:
-        odd = {"attributes": {"path": ["x"], "method": 7, "ip": None, "headers": "no",
-                              "user": {"a": 1}}}  # fmt: skip
         async with client_for(make_app(rules_file)) as client:
-            answer = await client.post("/v1/check", json=odd)
-        assert answer.status_code == 200
+            answer = await client.post("/v1/check", json={"attributes": attributes})
+            batch = await client.post("/v1/check/batch", json={"checks": [
+                LOGIN, {"attributes": attributes}]})  # fmt: skip
+        assert answer.status_code == 422, answer.text
+        assert words in answer.json()["error"]
+        assert batch.status_code == 422, batch.text
+        assert f"checks[1]: {words}" in batch.json()["error"]
+
+    run(main())
+
+
+def test_a_number_and_its_text_never_share_a_counter(rules_file: Path) -> None:
+    async def main() -> None:
+        search: dict[str, object] = {"path": "/api/search"}
+        async with client_for(make_app(rules_file)) as client:
+            for _ in range(2):  # search: 2/minute by user
+                text = await client.post("/v1/check", json={"attributes": {**search, "user": "42"}})
+                assert text.json()["allowed"]
+            number = await client.post("/v1/check", json={"attributes": {**search, "user": 42}})
+            text = await client.post("/v1/check", json={"attributes": {**search, "user": "42"}})
+            null = await client.post("/v1/check", json={"attributes": {**search, "user": None}})
+        assert number.status_code == 422
+        assert text.json()["allowed"] is False
+        assert null.status_code == 200  # null: no user, so the per-user rules do not apply
+        assert null.json()["rule"] is None
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("body", "name"),
+    [
+        (b'{"attributes": {"user": "a", "user": "b"}}', "user"),
+        (b'{"attributes": {"user": "a"}, "attributes": {"user": "b"}}', "attributes"),
+        (b'{"attributes": {"user": "a", "\\u0075ser": "b"}}', "user"),  # an escaped twin
+        (b'{"attributes": {"ip": "::1", "ip": "::2"}}', "ip"),  # colons in the values
+        (b'{"attributes": {"headers": {"x-a": "1", "x-a": "2"}}}', "x-a"),
+        (b'{"attributes": {"user": "a"}, "cost": 1, "cost": 3}', "cost"),
+        (b'{"domain": "ratewarden", "descriptors": [{"entries": [{"key": "a", "value": "b",'
+         b' "value": "c"}]}]}', "value"),
+    ],
+)  # fmt: skip
+def test_a_name_twice_in_one_object_is_refused(rules_file: Path, body: bytes, name: str) -> None:
+    """A proxy in front that reads the first of two names would judge another
+    request than the one counted here, which (msgspec) would read the last."""
+
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            answer = await client.post("/v1/check", content=body)
+            batch = await client.post("/v1/check/batch", content=b'{"checks": [' + body + b"]}")
+            one = b'{"attributes": {"user": "u"}}'
+            twice = await client.post(
+                "/v1/check/batch", content=b'{"checks": [' + one + b'], "checks": [' + one + b"]}"
+            )
+        for refused in (answer, batch):
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"] == (
+                f"malformed JSON: the name {name!r} appears twice in one object"
+            )
+        assert twice.json()["error"].endswith("the name 'checks' appears twice in one object")
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"attributes": {"ip": "::1", "path": "/a:b"}}',  # colons inside strings
+        b'{"attributes": {"ip": "1.2.3.4"}, "cost": 1}',  # a default, sent
+        b'{"attributes": {"user": "a\\"b:c"}, "domain": null}',  # escapes and a null
+        b'{"domain": "ratewarden", "descriptors": [{"entries": [{"key": "a", "value": "b"}]},'
+        b' {"entries": [{"key": "a", "value": "b"}]}]}',  # the same names in other objects
+    ],
+)  # fmt: skip
+def test_the_same_name_in_different_objects_is_fine(rules_file: Path, body: bytes) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            answer = await client.post("/v1/check", content=body)
+            batch = await client.post(
+                "/v1/check/batch", content=b'{"checks": [' + body + b", " + body + b"]}"
+            )
+        assert answer.status_code == 200, answer.text
+        assert batch.status_code == 200, batch.text
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b'{"attributes": {"user": ' + b"[" * 1000 + b"]" * 1000 + b"}}", 422,
+         "got `array` - at `$.attributes[...]`"),
+        (b'{"attributes": {"user": ' + b'{"a":' * 10_000 + b'"x"' + b"}" * 10_000 + b"}}", 422,
+         "Expected `str`"),
+        (b'{"attributes": {"headers": ' + b'{"a":' * 10_000 + b'"x"' + b"}" * 10_000 + b"}}", 422,
+         "Expected `str`"),
+        (b"[" * 100_000 + b"]" * 100_000, 422, "Expected `object`"),
+        (b'{"attributes": {"user": "\xff\xfe"}}', 400, "malformed JSON: not UTF-8"),
+        (b'{"attributes": {"\xc3": "x"}}', 400, "malformed JSON: not UTF-8"),
+        (b'{"\xff": 1}', 400, "malformed JSON: not UTF-8"),
+    ],
+)  # fmt: skip
+def test_deep_nesting_and_bad_utf8_are_4xx_never_5xx(
+    rules_file: Path, body: bytes, status: int, words: str
+) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file, max_body=1 << 20)) as client:
+            answer = await client.post("/v1/check", content=body)
+            batch = await client.post("/v1/check/batch", content=b'{"checks": [' + body + b"]}")
+        assert answer.status_code == status, answer.text
+        assert words in answer.json()["error"]
+        assert batch.status_code == status, batch.text
 
     run(main())
 

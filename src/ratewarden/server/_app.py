@@ -18,15 +18,19 @@ Routes (``openapi()`` documents the same, from the same msgspec types):
     GET    /metrics           Prometheus
     GET    /openapi.json      this API
 
-Bad input is a 4xx with ``{"error": ...}``; the body size is limited.
+Bad input is a 4xx with ``{"error": ...}``; the body size is limited. A body
+is strict JSON: UTF-8, and no name twice in one object (a proxy or a firewall
+in front that reads the first of two names, where a decoder here would read
+the last, would judge a different request than the one counted).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -233,12 +237,17 @@ class App:
     # -- handlers: each returns (status, headers, body) -------------------------
 
     async def _check(self, scope: Scope, receive: Receive) -> _Answer:
-        request = _parse(_decode_check, await self._body(scope, receive))
+        body = await self._body(scope, receive)
+        request: CheckRequest = _parse(_decode_check, body)
+        if body.count(b":") != _least_members(request):  # what _refuse_duplicates tries first
+            _refuse_duplicates(body, (request,), 0)
         result = await self.service.check(request)
         return 200, _JSON, _encode(result)
 
     async def _batch(self, scope: Scope, receive: Receive) -> _Answer:
-        batch = _parse(_decode_batch, await self._body(scope, receive))
+        body = await self._body(scope, receive)
+        batch: BatchRequest = _parse(_decode_batch, body)
+        _refuse_duplicates(body, batch.checks, 1)
         for n, request in enumerate(batch.checks):  # all valid, or nothing counts
             try:
                 self.service.validate(request)
@@ -328,9 +337,136 @@ def _parse(decode: Callable[[bytes], Any], body: bytes) -> Any:
     try:
         return decode(body)
     except msgspec.ValidationError as exc:
-        raise _HTTPError(422, f"invalid request: {exc}") from None
+        raise _HTTPError(422, f"invalid request: {_explain(exc, body)}") from None
     except msgspec.DecodeError as exc:
         raise _HTTPError(400, f"malformed JSON: {exc}") from None
+    except UnicodeDecodeError as exc:  # msgspec checks UTF-8 and raises this
+        raise _HTTPError(400, f"malformed JSON: not UTF-8 ({exc.reason})") from None
+    except RecursionError:  # the types stop at a few levels; this is the backstop
+        raise _HTTPError(400, "malformed JSON: nested too deeply") from None
+
+
+# msgspec names a dict's member `[...]`: the attribute is found again for the message
+_ATTRIBUTE_AT = re.compile(r"at `\$(?:\.checks\[(\d+)\])?\.attributes\[\.\.\.\]")
+
+
+def _explain(exc: msgspec.ValidationError, body: bytes) -> str:
+    message = str(exc)
+    where = _ATTRIBUTE_AT.search(message)
+    if where is None:
+        return message
+    try:  # the error path only: this body is refused whatever happens here
+        document = msgspec.json.decode(body)
+        check = document if where[1] is None else document["checks"][int(where[1])]
+        problem = _attribute_type(check["attributes"])
+    except (RecursionError, msgspec.DecodeError, LookupError, TypeError, ValueError):
+        return message
+    if problem is None:
+        return message
+    return problem if where[1] is None else f"checks[{where[1]}]: {problem}"
+
+
+def _attribute_type(attributes: dict[str, Any]) -> str | None:
+    for name, value in attributes.items():
+        if value is None or type(value) is str:
+            continue
+        if type(value) is dict and name == "headers":
+            for header, text in value.items():
+                if type(text) is not str:
+                    kind = _json_type(text)
+                    return f"attribute 'headers': {header!r} must be a string, got {kind}"
+            continue
+        return f"attribute {name!r} must be a string (or null), got {_json_type(value)}"
+    return None
+
+
+def _json_type(value: object) -> str:
+    kinds = {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+             list: "an array", dict: "an object"}  # fmt: skip
+    return kinds.get(type(value), "null")
+
+
+# -- duplicate names ------------------------------------------------------------
+#
+# msgspec keeps the last of two equal names in an object and says nothing. Each
+# name in a JSON text is followed by one colon outside strings, so a text with
+# no more colons than the decoded request has names cannot have had a name
+# twice; and with no backslash (no escapes) the colons inside strings are those
+# of the decoded strings. Counting them costs well under a microsecond; only a
+# body neither count settles (a repeated name, colons in escaped strings, an
+# explicit default such as "cost": 1) is scanned again by the standard
+# library's decoder, which reports every object's names in order.
+
+
+def _refuse_duplicates(body: bytes, checks: Sequence[CheckRequest], members: int) -> None:
+    colons = body.count(b":")
+    least = members
+    for check in checks:
+        least += _least_members(check)
+    if colons == least:
+        return
+    if b"\\" not in body and colons == least + sum(_colons(check) for check in checks):
+        return
+    try:
+        _scan(body.decode())
+    except _Duplicate as exc:
+        message = f"malformed JSON: the name {exc.args[0]!r} appears twice in one object"
+        raise _HTTPError(400, message) from None
+    except (ValueError, RecursionError) as exc:  # msgspec took it; should not happen
+        raise _HTTPError(400, f"malformed JSON: {exc}") from None
+
+
+def _least_members(check: CheckRequest) -> int:
+    """Names the request's JSON had at least: a field holding its default (cost
+    1, domain null) may have been sent or not, and is not counted."""
+    count = 0
+    attributes = check.attributes
+    if attributes is not None:
+        headers = attributes.get("headers")
+        count = 1 + len(attributes) + (len(headers) if type(headers) is dict else 0)
+    if check.domain is not None:
+        count += 1
+    if check.descriptors is not None:
+        count += 1
+        for descriptor in check.descriptors:
+            count += 1 + 2 * len(descriptor.entries)
+    if check.cost != 1:
+        count += 1
+    return count
+
+
+def _colons(check: CheckRequest) -> int:
+    count = 0
+    if check.attributes is not None:
+        for name, value in check.attributes.items():
+            count += name.count(":")
+            if type(value) is str:
+                count += value.count(":")
+            elif type(value) is dict:
+                for header, text in value.items():
+                    count += header.count(":") + text.count(":")
+    if check.domain is not None:
+        count += check.domain.count(":")
+    for descriptor in check.descriptors or ():
+        for entry in descriptor.entries:
+            count += entry.key.count(":") + entry.value.count(":")
+    return count
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> None:
+    if len(pairs) > 1:
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise _Duplicate(name)
+            seen.add(name)
+
+
+_scan = json.JSONDecoder(object_pairs_hook=_pairs).decode
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
@@ -358,6 +494,21 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
     # 3.0 passes as JSON Schema's integer does), and attributes, or a domain
     # with descriptors, not both
     components["CheckRequest"]["properties"]["cost"]["type"] = "integer"
+    # and that only "headers" holds an object: the other attributes are strings
+    strings = {"type": "object", "additionalProperties": {"type": "string"}}
+    components["CheckRequest"]["properties"]["attributes"] = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"headers": {"anyOf": [strings, {"type": "null"}]}},
+                "additionalProperties": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            },
+            {"type": "null"},
+        ],
+        "default": None,
+        "description": "Strings (a number too: '42'); null is the same as leaving one out;"
+        " headers: lower-case names to strings",
+    }
     components["CheckRequest"]["oneOf"] = [
         {"required": ["attributes"],
          "properties": {"attributes": {"type": "object"}, "domain": {"type": "null"},

@@ -2,7 +2,8 @@
 answer shapes, and the translations between them and the rule engine.
 
 A check is either **attributes** (``{"attributes": {"path": ..., "ip": ...}}``,
-matched by the YAML rules) or **descriptors** in envoy's shape (``{"domain": ...,
+matched by the YAML rules; every value a string, null for "not given", and
+``headers`` an object of strings) or **descriptors** in envoy's shape (``{"domain": ...,
 "descriptors": [{"entries": [{"key": ..., "value": ...}]}]}``). Descriptors of a
 domain configured with ``--envoy-config`` follow envoyproxy/ratelimit's
 semantics (`ratewarden.rules.EnvoyConfig`); descriptors of the rules' own domain
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hmac
 import math
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -34,6 +35,7 @@ __all__ = [
     "DescriptorStatus",
     "Entry",
     "Problem",
+    "attribute_problem",
     "descriptor_attributes",
     "envoy_result",
     "outcome_result",
@@ -54,6 +56,13 @@ ENVOY_ALIASES = {"remote_address": "ip", "source_cluster": "source", "destinatio
 Cost = Annotated[float, msgspec.Meta(ge=1, le=MAX_COST)]
 
 
+# What an attribute holds. Only strings go into counter keys: a number or a list
+# would be turned into text first, and then 42 and "42", or ["a"] and "['a']",
+# would share a counter. Null is the same as leaving the attribute out; an
+# object is allowed for ``headers`` alone (`attribute_problem` says so).
+AttributeValue = str | dict[str, str] | None
+
+
 class Entry(msgspec.Struct, forbid_unknown_fields=True):
     key: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
     value: Annotated[str, msgspec.Meta(max_length=8192)]
@@ -67,7 +76,7 @@ class CheckRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Either ``attributes`` or ``domain`` + ``descriptors``; ``cost`` is how many
     requests this one counts as (every rule's own cost is multiplied by it)."""
 
-    attributes: dict[str, Any] | None = None
+    attributes: dict[str, AttributeValue] | None = None
     domain: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
     descriptors: (
         Annotated[list[Descriptor], msgspec.Meta(min_length=1, max_length=MAX_DESCRIPTORS)] | None
@@ -128,6 +137,24 @@ class Problem(msgspec.Struct):
     """Every 4xx and 5xx answer: what was wrong, in words."""
 
     error: str
+
+
+def attribute_problem(attributes: dict[str, AttributeValue]) -> str | None:
+    """What the decoder's types cannot say: an object is ``headers``' value and
+    no other attribute's. None when the attributes are fine."""
+    for value in attributes.values():  # the usual case, all strings, in a few steps
+        if type(value) is not str:
+            break
+    else:
+        if "headers" not in attributes:
+            return None
+    for name, value in attributes.items():
+        if type(value) is dict:
+            if name != "headers":
+                return f"attribute {name!r} must be a string (or null), not an object"
+        elif name == "headers" and value is not None:
+            return "attribute 'headers' must be an object of strings (lower-case names)"
+    return None
 
 
 def whole_cost(cost: float) -> int:

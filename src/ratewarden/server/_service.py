@@ -18,6 +18,7 @@ from ..stores import AsyncStore
 from ._core import (
     CheckRequest,
     CheckResult,
+    attribute_problem,
     descriptor_attributes,
     entries_of,
     envoy_result,
@@ -27,7 +28,7 @@ from ._core import (
 )
 from ._metrics import Metrics
 
-__all__ = ["InvalidRequest", "NotFound", "Service"]
+__all__ = ["InvalidRequest", "NotFound", "Service", "Unprocessable"]
 
 log = logging.getLogger("ratewarden.server")
 
@@ -37,6 +38,13 @@ class InvalidRequest(RatewardenError, ValueError):
     HTTP answers ``status`` (400), gRPC INVALID_ARGUMENT, both with this message."""
 
     status = 400
+
+
+class Unprocessable(InvalidRequest):
+    """Well-formed JSON whose values the service does not take (an attribute
+    that is not a string): HTTP 422, as for the decoder's own type errors."""
+
+    status = 422
 
 
 class NotFound(InvalidRequest):
@@ -86,6 +94,9 @@ class Service:
         if request.attributes is not None:
             if request.domain is not None or request.descriptors is not None:
                 raise InvalidRequest("give either attributes or domain + descriptors, not both")
+            problem = attribute_problem(request.attributes)
+            if problem is not None:
+                raise Unprocessable(problem)
             return cost
         if request.domain is None or request.descriptors is None:
             raise InvalidRequest("give attributes, or a domain and at least one descriptor")
