@@ -532,3 +532,67 @@ def test_a_batch_with_a_bad_check_counts_nothing(rules_file: Path) -> None:
             assert first["remaining"] == first["limit"] - 1  # the batch counted nothing
 
     run(main())
+
+
+def test_auth_reads_identity_headers_as_utf8_as_json_is_read(rules_file: Path) -> None:
+    """One name is one counter, whether a gateway sends it to /auth or a client
+    to /v1/check (Latin-1 would make "José" two)."""
+
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            sent = await client.get("/auth", headers={"X-User": "José".encode()})
+            checked = await client.post("/v1/check", json={"attributes": {"user": "José"}})
+            reset = await client.delete("/v1/keys/Jos%C3%A9", params={"rule": "per-user"})
+            again = await client.post("/v1/check", json={"attributes": {"user": "José"}})
+        assert sent.status_code == 200
+        assert sent.headers["x-ratelimit-remaining"] == "9"
+        assert checked.json()["remaining"] == 8  # the same counter as /auth's
+        assert reset.json() == {"key": "José", "limits_reset": 1}
+        assert again.json()["remaining"] == 9
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("headers", "words"),
+    [
+        ([(b"x-user", b"\xe9")], "X-User is not valid UTF-8"),
+        ([(b"x-api-key", b"\xff\xfe")], "X-Api-Key is not valid UTF-8"),
+        ([(b"x-original-uri", b"/a\xc3")], "X-Original-Uri is not valid UTF-8"),
+        ([(b"x-user", b"a"), (b"x-user", b"b")], "X-User is given more than once"),
+    ],
+)
+def test_auth_refuses_identity_headers_it_cannot_read_one_way(
+    rules_file: Path, headers: list[tuple[bytes, bytes]], words: str
+) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            answer = await client.get("/auth", headers=headers)
+            other = await client.get(
+                "/auth", headers=[(b"x-something", b"\xe9"), (b"x-user", b"u")]
+            )
+        assert answer.status_code == 400
+        assert answer.json()["error"] == words
+        assert other.status_code == 200  # a header no attribute comes from: as it is
+
+    run(main())
+
+
+def test_auth_attributes_join_a_header_sent_on_several_lines() -> None:
+    headers = [(b"x-forwarded-for", b"203.0.113.1"), (b"x-forwarded-for", b"198.51.100.2"),
+               (b"x-other", b"\xe9t\xe9")]  # fmt: skip
+    attributes = auth_attributes(headers, "127.0.0.1")
+    assert attributes["headers"] == {
+        "x-forwarded-for": "203.0.113.1, 198.51.100.2",  # RFC 9110: one list, every hop
+        "x-other": "été",  # not UTF-8, and no attribute: kept as Latin-1
+    }
+
+
+def test_a_key_to_reset_is_utf8(rules_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file)) as client:
+            answer = await client.delete("/v1/keys/%FF")
+        assert answer.status_code == 400
+        assert "UTF-8" in answer.json()["error"]
+
+    run(main())

@@ -32,7 +32,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote_to_bytes
 
 import msgspec
 
@@ -89,15 +89,35 @@ def auth_attributes(headers: Headers, peer: str | None) -> dict[str, object]:
 
     ``ip`` is the peer (the gateway) and every header goes into ``headers``, so
     the rule file's ``client_ip.trusted_proxies`` decides whether X-Forwarded-For
-    is believed, as for any other front end."""
+    is believed, as for any other front end.
+
+    Values are UTF-8, as JSON sent to ``/v1/check`` is, so that one name counts
+    under one key whichever way it comes. A header that becomes an attribute
+    (X-User, X-Api-Key, ...) must be valid UTF-8 and come once: otherwise
+    `InvalidRequest`, since there is no telling which value the gateway meant.
+    Other headers keep their bytes as Latin-1 when they are not UTF-8, and a
+    header sent on several lines is one comma-separated value (RFC 9110 5.3),
+    so that X-Forwarded-For holds every hop."""
     attributes: dict[str, object] = {}
     header_map: dict[str, str] = {}
+    mapped: set[bytes] = set()
     for raw_name, raw_value in headers:
-        value = raw_value.decode("latin-1")
-        header_map[raw_name.decode("latin-1")] = value
         name = _AUTH_HEADERS.get(raw_name)
-        if name is not None and name not in attributes:
-            attributes[name] = value
+        try:
+            value = raw_value.decode()
+        except UnicodeDecodeError:
+            if name is not None:
+                raise InvalidRequest(f"{_title(raw_name)} is not valid UTF-8") from None
+            value = raw_value.decode("latin-1")
+        if name is not None:
+            if raw_name in mapped:
+                raise InvalidRequest(f"{_title(raw_name)} is given more than once")
+            mapped.add(raw_name)
+            if name not in attributes:  # X-Original-URI and X-Forwarded-Uri: the first
+                attributes[name] = value
+        key = raw_name.decode("latin-1")
+        previous = header_map.get(key)
+        header_map[key] = value if previous is None else f"{previous}, {value}"
     path = attributes.get("path")
     if isinstance(path, str) and "?" in path:
         attributes["path"] = path.partition("?")[0]
@@ -106,6 +126,10 @@ def auth_attributes(headers: Headers, peer: str | None) -> dict[str, object]:
         attributes["ip"] = peer
     attributes["headers"] = header_map
     return attributes
+
+
+def _title(raw_name: bytes) -> str:
+    return "-".join(part.capitalize() for part in raw_name.decode("latin-1").split("-"))
 
 
 class App:
@@ -274,12 +298,16 @@ class App:
         return 200, _JSON, _encode(answer)
 
     async def _reset(self, scope: Scope) -> _Answer:
-        # raw_path: scope["path"] is decoded already, and a key may hold %-escapes
+        # raw_path: scope["path"] is decoded already, and a key may hold %-escapes;
+        # a key is UTF-8, as the checks that made it were
         raw = scope.get("raw_path") or scope["path"].encode()
-        key = unquote(raw.decode("latin-1").partition("?")[0][len("/v1/keys/") :])
+        try:
+            key = unquote_to_bytes(raw.partition(b"?")[0][len(b"/v1/keys/") :]).decode()
+            query = parse_qs(scope.get("query_string", b"").decode(), errors="strict")
+        except UnicodeDecodeError:
+            raise _HTTPError(400, "the key and the rule must be UTF-8 once %-decoded") from None
         if not key:
             raise _HTTPError(400, "no key given: DELETE /v1/keys/{key}")
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         rule = query.get("rule", [None])[-1]
         count = await self.service.reset(key, rule)
         return 200, _JSON, _encode({"key": key, "limits_reset": count})
@@ -605,7 +633,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
                     "responses": {
                         "200": answer("Allowed"),
                         "429": answer("Over the limit", problem),
-                        **errs(401, 503),
+                        **errs(400, 401, 503),
                     },
                 }
                 for method in (m.lower() for m in AUTH_METHODS)
