@@ -154,3 +154,40 @@ def test_a_second_server_on_a_taken_grpc_port_fails(rules_file: Path, tmp_path: 
         )
         assert "Traceback" not in done.stderr
         served.terminate()
+
+
+PER_IP = textwrap.dedent("""
+    rules:
+      - name: per-ip
+        rate: 5/minute
+        algorithm: fixed_window
+        by: ip
+""")
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_auth_believes_x_forwarded_for_only_from_trusted_proxies(
+    tmp_path: Path, trusted: bool
+) -> None:
+    """The rule file decides whom to believe, not uvicorn: from a peer that is
+    no trusted proxy, a forged X-Forwarded-For counts against the peer and
+    leaves the named address's counter alone."""
+    rules = tmp_path / "rules.yaml"
+    proxies = "client_ip: {trusted_proxies: [127.0.0.0/8]}\n" if trusted else ""
+    rules.write_text(proxies + PER_IP)
+    with serving("--config", str(rules), "--grpc", "off", tmp=tmp_path) as served:
+        with httpx.Client(base_url=served.url) as client:
+            forged = [client.get("/auth", headers={"X-Forwarded-For": f"198.51.100.{n}"})
+                      for n in range(8)]  # fmt: skip
+            theirs = client.post("/v1/check", json={"attributes": {"ip": "198.51.100.0"}}).json()
+            peer = client.post("/v1/check", json={"attributes": {"ip": "127.0.0.1"}}).json()
+        served.terminate()
+    codes = [answer.status_code for answer in forged]
+    if trusted:  # eight clients behind the proxy, one request each
+        assert codes == [200] * 8
+        assert theirs["remaining"] == 3
+        assert peer["remaining"] == 4
+    else:  # the peer, eight times
+        assert codes == [200] * 5 + [429] * 3
+        assert theirs["remaining"] == 4
+        assert peer["allowed"] is False

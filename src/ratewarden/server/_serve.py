@@ -251,9 +251,13 @@ class _Servers:
                 self.http_socket = bind(options.http)
             app = App(service, token=options.token, open_checks=options.open_checks,
                       max_body=options.max_body)  # fmt: skip
+            # proxy_headers off: uvicorn would take X-Forwarded-For from any
+            # loopback peer as the client's address before the app sees it; the
+            # rule file's client_ip.trusted_proxies decides whom to believe.
             config = uvicorn.Config(
                 app, http="httptools", loop="none", lifespan="off", log_config=None,
-                access_log=False, timeout_graceful_shutdown=max(math.ceil(options.drain), 1),
+                access_log=False, proxy_headers=False,
+                timeout_graceful_shutdown=max(math.ceil(options.drain), 1),
                 server_header=False, date_header=False,
             )  # fmt: skip
             self.http = uvicorn.Server(config)
