@@ -4,6 +4,8 @@ SIGTERM, and refuses what it cannot do well."""
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import subprocess
 import textwrap
 import threading
@@ -124,7 +126,7 @@ def test_workers_share_a_redis_store(
         assert served.terminate() == 0
 
 
-def grpc_check(port: int, ip: str) -> int:
+def grpc_check(port: int, ip: str, token: str | None = None) -> int:
     """One ShouldRateLimit on a new connection (so the kernel picks a worker)."""
     import grpc  # noqa: PLC0415
 
@@ -137,7 +139,9 @@ def grpc_check(port: int, ip: str) -> int:
         entries.add(key=key, value=value)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
-        answer = m["RateLimitResponse"].FromString(call(request.SerializeToString(), timeout=10))
+        metadata = () if token is None else (("authorization", f"Bearer {token}"),)
+        payload = call(request.SerializeToString(), timeout=10, metadata=metadata)
+        answer = m["RateLimitResponse"].FromString(payload)
     return int(answer.overall_code)
 
 
@@ -191,3 +195,64 @@ def test_auth_believes_x_forwarded_for_only_from_trusted_proxies(
         assert codes == [200] * 5 + [429] * 3
         assert theirs["remaining"] == 4
         assert peer["allowed"] is False
+
+
+TOKEN = "tok-7f3a9c1e5d-bearer-marker"
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_debug_logs_never_hold_the_bearer_token(
+    rules_file: Path, tmp_path: Path, log_format: str
+) -> None:
+    """hpack logs every header block it decodes at debug: the token with it."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    args = ("--config", str(rules_file), "--token-file", str(token), "--log-level", "debug",
+            "--log-format", log_format)  # fmt: skip
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    with serving(*args, tmp=tmp_path) as served:
+        with httpx.Client(base_url=served.url, headers=good) as client:
+            assert client.post("/v1/check", json={"attributes": {"user": "u"}}).status_code == 200
+            assert client.get("/auth", headers={"X-User": "u"}).status_code == 200
+            assert client.get("/v1/check", headers={"X-Token": TOKEN}).status_code == 405
+            metrics = client.get("/metrics").text
+        with socket.create_connection(("127.0.0.1", served.http), timeout=5) as raw:
+            raw.sendall(f"NOT HTTP\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode())
+            assert raw.recv(100).startswith(b"HTTP/1.1 400")
+        assert grpc_check(served.grpc, "8.8.4.4", token=TOKEN) == 1
+        with pytest.raises(Exception, match="UNAUTHENTICATED"):
+            grpc_check(served.grpc, "8.8.4.4", token=TOKEN[::-1])
+        assert served.terminate() == 0
+    logs = served.stderr.read_text()
+    assert TOKEN not in logs
+    assert TOKEN not in metrics
+
+
+def test_setup_logging_keeps_libraries_that_log_headers_quiet(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ratewarden.server._serve import setup_logging  # noqa: PLC0415
+
+    names = ("", "ratewarden", "hpack", "h2")
+    saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in names]
+    handlers = logging.getLogger().handlers[:]
+    try:
+        setup_logging("text", "debug", secrets=(TOKEN, "short"))
+        logging.getLogger("hpack").debug("Decoded %s", (b"authorization", f"Bearer {TOKEN}"))
+        logging.getLogger("h2").debug("headers: %s", TOKEN)
+        logging.getLogger("some.library").debug("debug of a library: %s", TOKEN)
+        logging.getLogger("ratewarden.server").debug("ours at debug")
+        logging.getLogger("some.library").warning("a library logs it after all: %s", TOKEN)
+        logging.getLogger("some.library").warning("a short secret stays: short")
+    finally:
+        logging.getLogger().handlers[:] = handlers
+        for logger, level in saved:
+            logger.setLevel(level)
+    err = capsys.readouterr().err
+    assert "ours at debug" in err
+    assert "Decoded" not in err
+    assert "headers:" not in err
+    assert "debug of a library" not in err
+    assert "a library logs it after all: [redacted]" in err
+    assert "a short secret stays: short" in err  # blanking "short" would blank words
+    assert TOKEN not in err

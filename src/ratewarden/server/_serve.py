@@ -31,6 +31,9 @@ log = logging.getLogger("ratewarden.server")
 
 DEFAULT_HTTP = "127.0.0.1:8080"
 DEFAULT_GRPC = "127.0.0.1:8081"
+# Libraries that log header values at debug, bearer tokens included (hpack each
+# header block it decodes, h2 each event): never below warning.
+HEADER_LOGGERS = ("hpack", "h2")
 
 
 def default_rules() -> str:
@@ -92,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--drain", type=float, default=10.0, metavar="SECONDS",
         help="on SIGTERM, how long requests in flight may take to finish")  # fmt: skip
     add("--log-format", choices=("json", "text"), default="json")
-    add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+        help="debug is ratewarden's own; libraries stay at info, those that log "
+        "headers at warning")  # fmt: skip
     add("--grpc-cert", metavar="PEM", help="TLS for gRPC: certificate chain")
     add("--grpc-key", metavar="PEM", help="TLS for gRPC: private key")
     add("--grpc-client-ca", metavar="PEM",
@@ -145,15 +150,44 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def setup_logging(fmt: str, level: str) -> None:
+class Redacting(logging.Formatter):
+    """Another formatter's lines with the secrets (the bearer token) blanked out:
+    a second line of defence, should a library log a header after all."""
+
+    def __init__(self, inner: logging.Formatter, secrets: Sequence[str]) -> None:
+        super().__init__()
+        self.inner = inner
+        # as written, and as JSON escapes it
+        self.secrets = sorted({form for s in secrets for form in (s, json.dumps(s)[1:-1])},
+                              key=len, reverse=True)  # fmt: skip
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = self.inner.format(record)
+        for secret in self.secrets:
+            text = text.replace(secret, "[redacted]")
+        return text
+
+
+def setup_logging(fmt: str, level: str, secrets: Sequence[str] = ()) -> None:
+    """JSON or text lines on stderr. ``level`` is ratewarden's; the libraries log
+    at info or above, and those that log headers at warning or above, so that
+    ``--log-level debug`` never writes a bearer token. ``secrets`` (8 characters
+    or more: a shorter one would blank out words) are blanked out besides."""
     handler = logging.StreamHandler(sys.stderr)
+    formatter: logging.Formatter
     if fmt == "json":
-        handler.setFormatter(JSONFormatter())
+        formatter = JSONFormatter()
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    secrets = [s for s in secrets if len(s) >= 8]
+    handler.setFormatter(Redacting(formatter, secrets) if secrets else formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    ours = logging.getLevelName(level.upper())
+    root.setLevel(max(ours, logging.INFO))
+    logging.getLogger("ratewarden").setLevel(ours)
+    for name in HEADER_LOGGERS:
+        logging.getLogger(name).setLevel(max(ours, logging.WARNING))
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
@@ -350,8 +384,12 @@ def _redact(url: str) -> str:
 
 
 def _worker(options: ServeOptions, http_socket: socket.socket | None) -> None:
-    setup_logging(options.log_format, options.log_level)
+    setup_logging(options.log_format, options.log_level, _secrets(options))
     _run_loop(options, http_socket)
+
+
+def _secrets(options: ServeOptions) -> tuple[str, ...]:
+    return () if options.token is None else (options.token,)
 
 
 def _run_loop(options: ServeOptions, http_socket: socket.socket | None) -> None:
@@ -368,7 +406,7 @@ def run(options: ServeOptions) -> int:
     """Serve in this process, or in ``options.workers`` forked ones sharing the
     HTTP socket (and the gRPC port, through SO_REUSEPORT)."""
     check_options(options)
-    setup_logging(options.log_format, options.log_level)
+    setup_logging(options.log_format, options.log_level, _secrets(options))
     if options.workers == 1:
         _run_loop(options, None)
         return 0
