@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import subprocess
 import textwrap
@@ -85,6 +86,11 @@ def test_bad_options_are_errors_not_tracebacks(rules_file: Path, tmp_path: Path)
         (["--token-file", str(tmp_path / "no-token")], "--token-file"),
         (["--grpc-cert", str(tmp_path / "c"), "--grpc-key", str(tmp_path / "k")], "--grpc-cert"),
         (["--drain", "nan"], "--drain must be a finite number"),
+        (["--max-connections", "0"], "--max-connections must be an integer >= 1, got 0"),
+        (["--idle-timeout", "nan"], "--idle-timeout must be a number of seconds > 0"),
+        (["--header-timeout", "-1"], "--header-timeout must be a number of seconds > 0"),
+        (["--body-timeout", "inf"], "--body-timeout must be a number of seconds > 0"),
+        (["--max-header-bytes", "100"], "--max-header-bytes must be >= 1024, got 100"),
         (["--store", "memory://", "--workers", "2"], "with the memory store"),
     ]:
         done = subprocess.run(
@@ -224,6 +230,7 @@ def test_debug_logs_never_hold_the_bearer_token(
             grpc_check(served.grpc, "8.8.4.4", token=TOKEN[::-1])
         assert served.terminate() == 0
     logs = served.stderr.read_text()
+    assert "an invalid request from" in logs  # a debug record: debug is on
     assert TOKEN not in logs
     assert TOKEN not in metrics
 
@@ -256,3 +263,28 @@ def test_setup_logging_keeps_libraries_that_log_headers_quiet(
     assert "a library logs it after all: [redacted]" in err
     assert "a short secret stays: short" in err  # blanking "short" would blank words
     assert TOKEN not in err
+
+
+def test_the_connection_cap_fits_the_open_file_limit(rules_file: Path, tmp_path: Path) -> None:
+    """Raised to the hard limit at start; the cap lowered, with a log line, when
+    both listeners' connections would not fit under it even then."""
+
+    def under(soft: int, hard: int) -> list[str]:
+        return ["sh", "-c", f'ulimit -Sn {soft} && ulimit -Hn {hard} && exec "$0" "$@"',
+                str(RATEWARDEN), "serve", "--config", str(rules_file), "--http", "127.0.0.1:0",
+                "--grpc", "127.0.0.1:0"]  # fmt: skip
+
+    with subprocess.Popen(under(512, 1024), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:  # fmt: skip
+        assert process.stdout is not None
+        assert "HTTP on http://" in process.stdout.readline()
+        limits = Path(f"/proc/{process.pid}/limits").read_text()
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    assert re.search(r"Max open files\s+1024\s+1024", limits)  # soft raised to hard
+    assert "--max-connections lowered from 10000 to 384 a listener" in stderr
+    done = subprocess.run(under(200, 200), capture_output=True, text=True, timeout=30,
+                          check=False)  # fmt: skip
+    assert done.returncode == 1
+    assert "the process may open only 200 files (ulimit -n): too few to serve" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,5 +1,10 @@
 """``ratewarden serve``: the options, the store, uvicorn and our HTTP/2 gRPC server on one event
 loop, JSON logs, SIGTERM drains, SIGHUP reloads, ``--workers`` forks.
+
+Both listeners take one `ConnectionLimits` (``--max-connections``, the timeouts,
+``--max-header-bytes``), and the process's file-descriptor limit is raised to
+fit them: a listener that may hold ten thousand connections is no use to a
+process that may open a thousand files.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ import socket
 import sys
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError
 from ..stores import AsyncMemoryStore, AsyncStore
+from ._limits import ConnectionLimits
 
 __all__ = ["ServeOptions", "add_arguments", "options_from", "run"]
 
@@ -31,9 +37,13 @@ log = logging.getLogger("ratewarden.server")
 
 DEFAULT_HTTP = "127.0.0.1:8080"
 DEFAULT_GRPC = "127.0.0.1:8081"
+# Descriptors kept beside the listeners' connections: the store's sockets, the
+# listening sockets, the event loop's, logs, the rule file being reloaded.
+SPARE_DESCRIPTORS = 256
 # Libraries that log header values at debug, bearer tokens included (hpack each
 # header block it decodes, h2 each event): never below warning.
 HEADER_LOGGERS = ("hpack", "h2")
+DEFAULT_LIMITS = ConnectionLimits()
 
 
 def default_rules() -> str:
@@ -64,6 +74,10 @@ class ServeOptions:
     log_format: str = "json"
     log_level: str = "info"
     grpc_tls: tuple[str | None, str | None, str | None] = (None, None, None)
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+
+
+_LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(ConnectionLimits)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +101,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with a token: checks, /auth, rules and metrics need none "
         "(reload and key resets still do)")  # fmt: skip
     add("--max-body", type=int, default=64 * 1024, metavar="BYTES")
+    limits = DEFAULT_LIMITS
+    add("--max-connections", type=int, default=limits.max_connections, metavar="N",
+        help="open connections each listener keeps; one more is refused at once "
+        f"(default {limits.max_connections}, lowered to fit the open-file limit)")  # fmt: skip
+    add("--idle-timeout", type=float, default=limits.idle_timeout, metavar="SECONDS",
+        help="close a connection with nothing in flight after this long (default "
+        f"{limits.idle_timeout:g})")  # fmt: skip
+    add("--header-timeout", type=float, default=limits.header_timeout, metavar="SECONDS",
+        help="a request's headers must arrive within this (HTTP 408; default "
+        f"{limits.header_timeout:g})")  # fmt: skip
+    add("--body-timeout", type=float, default=limits.body_timeout, metavar="SECONDS",
+        help="a request's body must arrive within this once its headers are in (HTTP 408, "
+        f"HTTP/2 a reset stream; default {limits.body_timeout:g})")  # fmt: skip
+    add("--max-header-bytes", type=int, default=limits.max_header_bytes, metavar="BYTES",
+        help=f"a request's headers (HTTP 431; default {limits.max_header_bytes})")  # fmt: skip
     add("--max-keys", type=int, default=1_000_000,
         help="the memory store's bound (least recently used keys go first)")  # fmt: skip
     add("--store-timeout", type=float, default=0.05, metavar="SECONDS")
@@ -130,7 +159,20 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         log_format=args.log_format,
         log_level=args.log_level,
         grpc_tls=(args.grpc_cert, args.grpc_key, args.grpc_client_ca),
+        limits=limits_from(args),
     )
+
+
+def limits_from(args: argparse.Namespace) -> ConnectionLimits:
+    try:
+        return ConnectionLimits(**{name: getattr(args, name) for name in _LIMIT_FLAGS})
+    except ConfigurationError as exc:
+        message = str(exc)
+        for name, flag in _LIMIT_FLAGS.items():  # the flag's name, not the field's
+            if message.startswith(name + " "):
+                message = flag + message[len(name) :]
+                break
+        raise ConfigurationError(message) from None
 
 
 class JSONFormatter(logging.Formatter):
@@ -191,6 +233,47 @@ def setup_logging(fmt: str, level: str, secrets: Sequence[str] = ()) -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+
+
+def fit_descriptors(limits: ConnectionLimits, listeners: int) -> ConnectionLimits:
+    """Raise the soft limit on open files (RLIMIT_NOFILE) to the hard one, and
+    lower ``max_connections``, with a warning, if the listeners' connections
+    and `SPARE_DESCRIPTORS` do not fit under it even then: a listener that
+    runs out of descriptors refuses everyone, the other listener and the
+    store's sockets with it, where one at its cap refuses only the newcomers."""
+    try:
+        import resource  # noqa: PLC0415 - POSIX only
+    except ImportError:  # pragma: no cover - not POSIX
+        return limits
+    need = listeners * limits.max_connections + SPARE_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    if soft != infinite and (hard == infinite or soft < hard):
+        want = max(soft, need) if hard == infinite else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, want, exc)
+    if soft == infinite or need <= soft:
+        return limits
+    fitted = (soft - SPARE_DESCRIPTORS) // listeners
+    if fitted < 1:
+        raise ConfigurationError(
+            f"the process may open only {soft} files (ulimit -n): too few to serve; "
+            f"raise it to {need} or more"
+        )
+    # the default lowered is how the default works; a number asked for, a warning
+    level = logging.INFO if limits.max_connections == DEFAULT_LIMITS.max_connections else (
+        logging.WARNING)  # fmt: skip
+    log.log(
+        level,
+        "--max-connections lowered from %d to %d a listener: the process may open %d files "
+        "(ulimit -n; the hard limit is %s) and keeps %d for the store, logs and rules",
+        limits.max_connections, fitted, soft, "unlimited" if hard == infinite else hard,
+        SPARE_DESCRIPTORS,
+    )  # fmt: skip
+    return replace(limits, max_connections=fitted)
 
 
 def make_store(url: str, options: ServeOptions) -> AsyncStore:
@@ -273,24 +356,30 @@ class _Servers:
 
             self.grpc = GrpcServer(service, options.grpc, token=options.token,
                                    tls=parse_tls(*options.grpc_tls),
-                                   reuse_port=options.workers > 1)  # fmt: skip
+                                   reuse_port=options.workers > 1,
+                                   limits=options.limits)  # fmt: skip
             await self.grpc.start()
             self.where.append(f"gRPC on {options.grpc.rpartition(':')[0]}:{self.grpc.port}")
         if options.http is not None:
             import uvicorn  # noqa: PLC0415 - the server extra, only when serving
 
             from ._app import App  # noqa: PLC0415
+            from ._http import http_protocol  # noqa: PLC0415
 
             if self.http_socket is None:
                 self.http_socket = bind(options.http)
             app = App(service, token=options.token, open_checks=options.open_checks,
                       max_body=options.max_body)  # fmt: skip
+            limits = options.limits
             # proxy_headers off: uvicorn would take X-Forwarded-For from any
             # loopback peer as the client's address before the app sees it; the
             # rule file's client_ip.trusted_proxies decides whom to believe.
+            # ws none: an upgrade would hand the connection to a protocol
+            # without the limits. The keep-alive timeout is the protocol's own.
             config = uvicorn.Config(
-                app, http="httptools", loop="none", lifespan="off", log_config=None,
-                access_log=False, proxy_headers=False,
+                app, http=http_protocol(limits, options.max_body), ws="none", loop="none",
+                lifespan="off", log_config=None, access_log=False, proxy_headers=False,
+                timeout_keep_alive=max(1, math.ceil(limits.idle_timeout)),
                 timeout_graceful_shutdown=max(math.ceil(options.drain), 1),
                 server_header=False, date_header=False,
             )  # fmt: skip
@@ -407,6 +496,8 @@ def run(options: ServeOptions) -> int:
     HTTP socket (and the gRPC port, through SO_REUSEPORT)."""
     check_options(options)
     setup_logging(options.log_format, options.log_level, _secrets(options))
+    listeners = (options.http is not None) + (options.grpc is not None)
+    options = replace(options, limits=fit_descriptors(options.limits, listeners))
     if options.workers == 1:
         _run_loop(options, None)
         return 0
