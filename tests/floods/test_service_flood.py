@@ -24,7 +24,7 @@ from tests.server.process import Served, serving
 
 N = 10_000
 BATCH = 1000
-FLOOD = 20 * N
+FLOOD = 12 * N
 EVERY = N // 10  # flood keys between two asks of a legitimate client
 LIMIT = 5
 # see tests/floods/test_library_flood.py
