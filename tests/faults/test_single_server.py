@@ -46,9 +46,8 @@ def _through(px: Proxy, server: RedisServer, mode: str, delay: float = 0.0) -> F
     def heal() -> None:
         px.set("pass")
 
-    return Fault(
-        px.url, Target(redis_clients(server), lambda: int(px.stats()["open"])), inject, heal
-    )
+    target = Target(lambda: {px.port}, redis_clients(server), lambda: int(px.stats()["open"]))
+    return Fault(px.url, target, inject, heal)
 
 
 @contextlib.contextmanager
@@ -63,13 +62,14 @@ def fault(kind: str) -> Iterator[Fault]:
             px = stack.enter_context(proxy(server.port))
             yield _through(px, server, kind, LATENCY if kind == "latency" else 0.0)
         elif kind == "restart":  # SIGKILL, down for the fault's length, back on its port
-            yield Fault(server.url, Target(redis_clients(server)), server.kill, server.start,
-                        keys_lost=True)  # fmt: skip
+            target = Target(lambda: {server.port}, redis_clients(server))
+            yield Fault(server.url, target, server.kill, server.start, keys_lost=True)
         elif kind == "hang":  # SIGSTOP: connections accepted by the kernel, no answers
             stop = functools.partial(signal_server, signal.SIGSTOP)
             cont = functools.partial(signal_server, signal.SIGCONT)
             try:
-                yield Fault(server.url, Target(redis_clients(server)), stop, cont)
+                yield Fault(server.url, Target(lambda: {server.port}, redis_clients(server)),
+                            stop, cont)  # fmt: skip
             finally:
                 if server.process is not None and server.process.poll() is None:
                     cont()
