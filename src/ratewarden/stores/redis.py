@@ -27,7 +27,15 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import (
+    ClusterDownError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    SlotNotCoveredError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -579,6 +587,8 @@ class RedisStore:
 
 # a check for _Batcher: script, numkeys, arguments, its caller's future, when it came
 _Item: TypeAlias = tuple[str, int, list[Any], asyncio.Future[Any], float]
+# a cluster node's answer that says the client's map of the cluster may be wrong
+_MAP_FAILURES = (RedisConnectionError, RedisTimeoutError, ClusterDownError, SlotNotCoveredError)
 
 
 class _Batcher:
@@ -591,7 +601,15 @@ class _Batcher:
     With a ``timeout``, each check is answered or failed within it of its
     submission: a batch must be over by its oldest check's deadline, connecting
     and reloading scripts included, so a check that waited behind a hung batch
-    does not then wait a whole timeout more."""
+    does not then wait a whole timeout more. (The first batch on a cluster
+    client first waits for its map of the cluster, under the client's own
+    timeouts, as the sync store's constructor does.)
+
+    redis-py's cluster pipeline puts a node's connection error in its
+    commands' places and keeps its map of the cluster as it was: after a
+    failover it would send to the dead master for good. So after such an error,
+    or a batch that ran out of time, the next batch (the breaker's probe) first
+    asks the cluster for its map again."""
 
     def __init__(
         self,
@@ -604,6 +622,9 @@ class _Batcher:
         self.client, self.scripts, self.max_batch = client, scripts, max_batch
         self.wire = wire  # one server: its own connection, else redis-py's pipelines
         self.timeout = timeout
+        self.cluster = isinstance(client, AsyncRedisCluster)
+        self.mapped = False  # a cluster client has its first map of the cluster
+        self.remap = False  # and must ask for it again
         self.pending: list[_Item] = []
         self.draining = False
         self.drainer: asyncio.Task[None] | None = None
@@ -654,7 +675,13 @@ class _Batcher:
                 log.warning("redis: %s; the checks go through redis-py's pipelines", exc)
                 self.wire = None
         if results is None:
+            if self.cluster and not self.mapped:
+                await self.client.initialize()
+                self.mapped = True
             async with asyncio.timeout_at(deadline):
+                if self.remap:
+                    await self.client.nodes_manager.initialize()
+                    self.remap = False
                 for name in load:  # to every primary of a cluster, not one node
                     await self.client.script_load(scripts.source(name))
                 pipe = self.client.pipeline(transaction=False)
@@ -663,6 +690,8 @@ class _Batcher:
                     # routes EVALSHA by its keys all the same)
                     pipe.execute_command(*command)
                 results = await pipe.execute(raise_on_error=False)
+            if self.cluster and any(isinstance(r, _MAP_FAILURES) for r in results):
+                self.remap = True
         if not merged:
             return results
         together, spread, rest, at = results[-1], [], iter(results), 0
@@ -692,10 +721,12 @@ class _Batcher:
             error = StoreUnavailable(f"redis: no answer within the timeout ({self.timeout}s)")
             error.__cause__ = exc
             results = [error] * len(batch)
+            self.remap = self.cluster
         except (*_FAILURES, OSError) as exc:
             error = StoreUnavailable(f"redis: {exc}")
             error.__cause__ = exc
             results = [error] * len(batch)
+            self.remap = self.cluster
         except BaseException as exc:  # a bug, or the loop shutting down: no caller hangs
             for *_, future, _ in batch:
                 if not future.done():
