@@ -418,12 +418,13 @@ def _json_type(value: object) -> str:
 #
 # msgspec keeps the last of two equal names in an object and says nothing. Each
 # name in a JSON text is followed by one colon outside strings, so a text with
-# no more colons than the decoded request has names cannot have had a name
-# twice; and with no backslash (no escapes) the colons inside strings are those
-# of the decoded strings. Counting them costs well under a microsecond; only a
-# body neither count settles (a repeated name, colons in escaped strings, an
-# explicit default such as "cost": 1) is scanned again by the standard
-# library's decoder, which reports every object's names in order.
+# no more colons outside strings than the decoded request has names cannot have
+# had a name twice. Counting costs well under a microsecond: all the colons, or
+# when some are inside strings and no backslash escapes a quote, all of them
+# less those between quotes. Only a body neither count settles (a repeated
+# name, an escaped string with a colon, an explicit default such as "cost": 1)
+# is scanned again by the standard library's decoder, which reports every
+# object's names in order.
 
 
 def _refuse_duplicates(body: bytes, checks: Sequence[CheckRequest], members: int) -> None:
@@ -433,7 +434,8 @@ def _refuse_duplicates(body: bytes, checks: Sequence[CheckRequest], members: int
         least += _least_members(check)
     if colons == least:
         return
-    if b"\\" not in body and colons == least + sum(_colons(check) for check in checks):
+    # with no backslash, no quote is escaped: the split's odd parts are the strings
+    if b"\\" not in body and colons - b"".join(body.split(b'"')[1::2]).count(b":") == least:
         return
     try:
         _scan(body.decode())
@@ -460,24 +462,6 @@ def _least_members(check: CheckRequest) -> int:
             count += 1 + 2 * len(descriptor.entries)
     if check.cost != 1:
         count += 1
-    return count
-
-
-def _colons(check: CheckRequest) -> int:
-    count = 0
-    if check.attributes is not None:
-        for name, value in check.attributes.items():
-            count += name.count(":")
-            if type(value) is str:
-                count += value.count(":")
-            elif type(value) is dict:
-                for header, text in value.items():
-                    count += header.count(":") + text.count(":")
-    if check.domain is not None:
-        count += check.domain.count(":")
-    for descriptor in check.descriptors or ():
-        for entry in descriptor.entries:
-            count += entry.key.count(":") + entry.value.count(":")
     return count
 
 
