@@ -79,10 +79,6 @@ def test_memory_stops_growing_at_the_bound() -> None:
     assert len(store) <= N
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stores/memory.py _make_room: every limit with 2+ keys gives up at least one "
-    "(its share is rounded up per limit), so a small limit loses its recent keys to "
-    "a flood in another limit of the same store, which then start afresh"))  # fmt: skip
 def test_recent_keys_of_another_limit_stay_exact() -> None:
     """Three users of a login limit in the same store as the flooded one, each
     asking every N/40 flood keys: far more recent than nearly every flood key."""

@@ -133,10 +133,6 @@ def test_a_recent_user_stays_exact(flood: Flood) -> None:
     assert flood.user_admitted == LIMIT
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stores/memory.py _make_room: every limit with 2+ keys gives up at least one "
-    "per eviction round, so the login limit's three recent keys are evicted by a "
-    "flood in per-user and start afresh"))  # fmt: skip
 def test_recent_keys_of_another_rule_stay_exact(flood: Flood) -> None:
     assert flood.login_admitted == dict.fromkeys(LOGIN_IPS, LIMIT)
 

@@ -132,11 +132,12 @@ def test_limits_sharing_a_bounded_store_give_up_keys_in_proportion() -> None:
     assert big.peek("b0").remaining == 5  # least recently used: gone
     assert small.peek("s0").remaining == 5
     assert big.peek("b899").remaining == 4  # recent ones stay
-    # 1% of the bound is 10 of 1001 keys: ceil(900 * 10/1001) = 9 from big and
-    # ceil(101 * 10/1001) = 2 from small
-    assert store.evicted == 11
-    assert small.peek("s1").remaining == 5
-    assert small.peek("s2").remaining == 4
+    # 1% of the bound is 10 of 1001 keys: floor(900 * 10/1001) = 8 from big and
+    # floor(101 * 10/1001) = 1 from small, and the one left over from the larger
+    assert store.evicted == 10
+    assert big.peek("b8").remaining == 5
+    assert big.peek("b9").remaining == 4
+    assert small.peek("s1").remaining == 4
 
 
 @pytest.mark.slow

@@ -19,7 +19,6 @@ storing it. Memory stays bounded two ways:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -193,12 +192,18 @@ class MemoryStore:
         if self._size <= bound:
             return
         excess = max(self._size - bound, bound // 100)
-        share = excess / self._size
-        for data in self._tables.values():
-            # Each share rounded up covers the excess; each table keeps its most recent
-            # key (the one just hit), so only a store bound below its number of limits
-            # can stay over the bound, by at most one key per limit.
-            count = max(0, min(math.ceil(len(data) * share), len(data) - 1))
+        tables = list(self._tables.values())
+        # Each table gives its share of the excess rounded down, and what rounding
+        # left over comes from the largest tables, one key each: a small limit
+        # (three users) keeps its keys while a flood in another limit is evicted,
+        # instead of losing its least recent key every round. Each table keeps
+        # its most recent key (the one just hit).
+        counts = [len(data) * excess // self._size for data in tables]
+        left = excess - sum(counts)
+        for at in sorted(range(len(tables)), key=lambda i: -len(tables[i]))[:left]:
+            counts[at] += 1
+        for data, share in zip(tables, counts, strict=True):
+            count = max(0, min(share, len(data) - 1))
             for key in list(islice(data, count)):  # the front is least recently used
                 del data[key]
             self._size -= count
