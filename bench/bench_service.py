@@ -36,10 +36,12 @@ import platform
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,7 +207,9 @@ async def http_client(port: int, connections: int) -> tuple[Fire, Callable[[], N
 class _H2Connection(asyncio.Protocol):
     """Minimal HTTP/2 gRPC client: prior knowledge, one constant header block
     (literals, no dynamic table), windows opened wide so the server never waits,
-    a call is done at its END_STREAM HEADERS (ok if it says grpc-status 0)."""
+    a call is done at its END_STREAM HEADERS (ok if it says grpc-status 0).
+    Calls beyond the server's SETTINGS_MAX_CONCURRENT_STREAMS wait here for a
+    stream to end, as Envoy's and gRPC's clients queue them."""
 
     def __init__(self, path: bytes, authority: bytes) -> None:
         from ratewarden.server._h2frames import PREFACE, frame  # noqa: PLC0415
@@ -220,6 +224,8 @@ class _H2Connection(asyncio.Protocol):
         self.buffer = bytearray()
         self.next_id = 1
         self.waiting: dict[int, Callable[[bool], None]] = {}
+        self.queued: deque[tuple[bytes, Callable[[bool], None]]] = deque()
+        self.max_streams = 100  # until the server's SETTINGS say
         self.received = 0
         self.transport: Any = None
 
@@ -230,6 +236,9 @@ class _H2Connection(asyncio.Protocol):
                         + self.frame(8, 0, 0, (2**30).to_bytes(4, "big")))  # fmt: skip
 
     def call(self, payload: bytes, done: Callable[[bool], None]) -> None:
+        if len(self.waiting) >= self.max_streams:
+            self.queued.append((payload, done))
+            return
         sid = self.next_id
         self.next_id += 2
         self.waiting[sid] = done
@@ -250,9 +259,16 @@ class _H2Connection(asyncio.Protocol):
             if kind == 1 and flags & 0x1:  # the call's last HEADERS
                 block = bytes(buffer[at + 9 : end])
                 self.waiting.pop(sid)(block.endswith(self.ok))
+                if self.queued:
+                    self.call(*self.queued.popleft())
+            elif kind == 3 and sid in self.waiting:  # refused or reset: failed
+                self.waiting.pop(sid)(False)
             elif kind == 0:
                 self.received += length
             elif kind == 4 and not flags & 0x1:
+                for key, value in struct.iter_unpack(">HI", bytes(buffer[at + 9 : end])):
+                    if key == 0x3:
+                        self.max_streams = value
                 self.transport.write(self.frame(4, 0x1, 0, b""))
             elif kind == 6 and not flags & 0x1:
                 self.transport.write(self.frame(6, 0x1, 0, bytes(buffer[at + 9 : end])))
@@ -267,7 +283,10 @@ class _H2Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         for done in self.waiting.values():
             done(False)
+        for _, done in self.queued:
+            done(False)
         self.waiting.clear()
+        self.queued.clear()
 
 
 def grpc_payloads() -> list[bytes]:
