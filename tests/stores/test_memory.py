@@ -1,31 +1,8 @@
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from ratewarden import ConfigurationError, FakeClock, Limiter, MemoryStore
-
-
-def test_threads_on_one_key_admit_exactly_the_limit() -> None:
-    clock = FakeClock()  # frozen: nothing refills while the threads run
-    for algorithm in ("fixed_window", "sliding_window_counter", "token_bucket", "gcra"):
-        limiter = Limiter("1000/minute", algorithm=algorithm, store=MemoryStore(clock=clock))
-        allowed = [0] * 8
-        start = threading.Barrier(8)
-
-        def worker(i: int, limiter: Limiter, allowed: list[int], start: threading.Barrier) -> None:
-            start.wait()
-            allowed[i] = sum(limiter.hit("shared").allowed for _ in range(400))
-
-        threads = [
-            threading.Thread(target=worker, args=(i, limiter, allowed, start)) for i in range(8)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert sum(allowed) == 1000, algorithm
 
 
 def test_peek_counts_nothing_and_reset_forgets() -> None:
