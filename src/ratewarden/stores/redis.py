@@ -481,10 +481,14 @@ class RedisStore:
     ``clock``: only for tests.
 
     Built from a URL, the client connects and answers within ``timeout`` seconds
-    (default 50 ms), which bounds how long a decision can take while Redis is in
-    trouble; a client you pass keeps its own settings. A circuit breaker stops
-    calling Redis for a moment after repeated failures, so that a down server does
-    not cost the timeout on every call, and probes for its return.
+    (default 50 ms) per step, which bounds how long a decision can take while
+    Redis is in trouble: a check is one round trip; a new connection adds its
+    connect (and AUTH or SELECT if the URL has them), a server that lost its
+    scripts one round trip more. (redis-py's sockets time each step, not the
+    whole; `AsyncRedisStore` bounds the whole.) A client you pass keeps its own
+    settings. A circuit breaker stops calling Redis for a moment after repeated
+    failures, so that a down server does not cost the timeout on every call, and
+    probes for its return.
 
     ``hit_many`` runs every tier of a request in one script call, atomically, when
     their keys share a cluster slot (always on a single Redis; in a cluster, give
@@ -754,7 +758,9 @@ class AsyncRedisStore:
     ``hit_many`` works as `RedisStore`'s does, its script calls in the same
     pipelines. Built from a URL of one server, the store sends them over a
     connection of its own instead of redis-py's pipeline, for a fraction of its
-    CPU per round trip (see ``_wire``); `aclose` closes it."""
+    CPU per round trip (see ``_wire``); `aclose` closes it. Built from a URL, each
+    check is answered within ``timeout`` of its call, connecting and reloading
+    scripts included (see `_Batcher`)."""
 
     def __init__(
         self,
