@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ratewarden.server._h2frames import PREFACE, frame
+from ratewarden.server._h2frames import PREFACE, frame, header_int, literal
 from ratewarden.server._h2grpc import TRAILERS_OK
 
 RLS = b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -37,29 +37,17 @@ DATA, HEADERS, PRIORITY, RST, SETTINGS, PING, GOAWAY, WINDOW, CONT = 0, 1, 2, 3,
 END_STREAM, END_HEADERS = 0x1, 0x4
 
 
-def _lit(name: bytes, value: bytes) -> bytes:
-    """A literal without indexing, new name (names and values under 127 bytes)."""
-    return b"\x00" + bytes((len(name),)) + name + _len(value) + value
-
-
 def _len(value: bytes) -> bytes:
-    n = len(value)
-    if n < 127:
-        return bytes((n,))
-    out, n = bytearray((127,)), n - 127
-    while n >= 128:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    """A string's length as HPACK writes it (no Huffman)."""
+    return header_int(len(value), 7)
 
 
 def request_block(path: bytes, token: bytes | None = None) -> bytes:
     """:method POST, :scheme http, :path, content-type, te: literals, no table."""
     block = (b"\x83\x86" + b"\x04" + _len(path) + path
-             + b"\x0f\x10\x10application/grpc" + _lit(b"te", b"trailers"))  # fmt: skip
+             + b"\x0f\x10\x10application/grpc" + literal(b"te", b"trailers"))  # fmt: skip
     if token is not None:
-        block += _lit(b"authorization", b"Bearer " + token)
+        block += literal(b"authorization", b"Bearer " + token)
     return block
 
 
@@ -257,7 +245,7 @@ def indexed_headers(token: bytes) -> Attack:
 def big_header_values(token: bytes) -> Attack:
     """Streams whose header block carries a 60 KB value (HEADERS + CONTINUATIONs)."""
     value = b"v" * 60_000
-    block = request_block(RLS, token) + _lit(b"x-big", value)
+    block = request_block(RLS, token) + literal(b"x-big", value)
 
     def build(conn: _Conn, n: int) -> bytes:
         s = 1 + 2 * n

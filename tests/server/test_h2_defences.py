@@ -17,10 +17,10 @@ import h2.settings
 import pytest
 
 from ratewarden.server import _h2out
-from ratewarden.server._h2frames import PREFACE, frame
+from ratewarden.server._h2frames import PREFACE, frame, literal
 from ratewarden.server._h2grpc import MAX_STREAMING, Call, H2Server, Metadata, Method, Status
 from ratewarden.server._limits import ConnectionLimits
-from tests.server.h2_attacks import _lit, message, request_block
+from tests.server.h2_attacks import message, request_block
 from tests.server.test_h2 import client, frames_of, goaway_code
 
 CALM, NO_ERROR, COMPRESSION = 0xB, 0x0, 0x9
@@ -271,7 +271,7 @@ def test_an_encoded_block_over_the_limit_is_refused_before_decoding() -> None:
 
 
 def test_header_lists_held_by_a_connection_have_a_budget() -> None:
-    filler = _lit(b"x-pad", b"p" * 1700)  # 1,971 bytes decoded a stream
+    filler = literal(b"x-pad", b"p" * 1700)  # 1,971 bytes decoded a stream
     streams = b"".join(frame(HEADERS, 0x4, s, request_block(b"/t.T/Echo") + filler)
                        for s in range(1, 201, 2))  # fmt: skip
 
