@@ -39,8 +39,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--only", default="", help="comma-separated attack names")
-    parser.add_argument("--max-connections", type=int, default=1000,
-                        help="the server's cap (the idle-connections attack fills it)")  # fmt: skip
+    parser.add_argument("--max-connections", type=int, default=10_000,
+                        help="serve's cap (its default; idle-connections opens 3,000)")  # fmt: skip
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
     chosen = {k: v for k, v in h2_attacks.attacks(TOKEN).items() if not names or k in names}
@@ -52,7 +52,7 @@ def main() -> int:
         (Path(tmp) / "rules.yaml").write_text(RULES)
         command = [str(exe), "serve", "--http", "off", "--grpc", f"127.0.0.1:{port}",
                    "--config", f"{tmp}/rules.yaml", "--token-file", f"{tmp}/token",
-                   *os.environ.get("ATTACK_SERVE_ARGS", "").split()]  # fmt: skip
+                   "--max-connections", str(args.max_connections)]  # fmt: skip
         log = Path(tmp) / "serve.log"
         with log.open("w") as err:
             server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
