@@ -1,0 +1,41 @@
+"""Fleet quotas: one provider's limit shared by every instance of a service.
+
+    quota = FleetQuota("push-api", "redis://redis:6379/0", config="2000/second", pace=True)
+    with quota:
+        quota.acquire(max_wait=1.0)      # local: no network call, ever
+        call_the_provider()
+
+Each member spends its own share locally; every refresh (default 1 s) it tells
+the coordinator, a Lua script in Redis, what it wanted and what it holds, and
+gets its grant back. The coordinator splits the total ``equal``-ly or by demand
+(``proportional_share``, ``fair_share``: max-min fair, or ``static`` caps) and
+never grants a member more than the total minus what the others hold. See
+docs/fleet.md.
+
+Install with ``pip install ratewarden[redis]``.
+"""
+
+from ._admin import alist_quotas, ashow_quota, list_quotas, set_quota, show_quota
+from ._alloc import ALLOCATORS, allocate
+from ._config import QuotaConfig
+from ._coord import AsyncCoordinator, Coordinator, MemberStatus, QuotaStatus
+from ._quota import AsyncFleetQuota, AsyncQuotaSlot, FleetQuota, QuotaSlot
+
+__all__ = [
+    "ALLOCATORS",
+    "AsyncCoordinator",
+    "AsyncFleetQuota",
+    "AsyncQuotaSlot",
+    "Coordinator",
+    "FleetQuota",
+    "MemberStatus",
+    "QuotaConfig",
+    "QuotaSlot",
+    "QuotaStatus",
+    "alist_quotas",
+    "allocate",
+    "ashow_quota",
+    "list_quotas",
+    "set_quota",
+    "show_quota",
+]

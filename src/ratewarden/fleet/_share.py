@@ -1,0 +1,178 @@
+"""One member's share of a fleet quota, spent locally: no I/O, no locks, no clock.
+
+The coordinator grants a member ``grant`` millipermits per window, and tells it
+where its grant sits among everybody's: ``held`` (all members' grants summed) and
+``before`` (the grants of the members that joined before it). Windows align to
+the epoch, so every member agrees on their edges. In window ``w`` the member may
+spend the whole permits that fall in its stretch of a line on which each window
+lays out ``held`` millipermits, the members' stretches one after another:
+
+    permits(w) = floor((w*held + before + grant) / 1000) - floor((w*held + before) / 1000)
+
+Summed over the members this telescopes to ``floor((w+1)*held/1000) -
+floor(w*held/1000)``: every window's permits add up to the total (``held`` never
+exceeds it) and the fractional remainders rotate among the members window by
+window, deterministically. 10 permits a second over 96 members: each member gets
+a permit in roughly one window of every 9.6, and no window has more than 10.
+
+A grant that shrinks applies at once; one that grows applies from the next window
+edge, so that the capacity another member gave up (at its own refresh, before
+this one) is no longer spent in a window the two could share.
+
+``pace``: the window's permits are spread evenly across it (GCRA, one permit per
+``window / permits``), not spent at its start, so that members whose clocks
+disagree by a fraction of the window cannot stack their bursts in one second of
+the provider's clock: any stretch of one window holds at most one permit more
+than the share.
+
+What the member reports back: ``used``, the permits it spent a window, and
+``wants``, the permits a window its callers asked for (each call counted once,
+whether it got a permit, waited or gave up). Callers that give up show demand
+beyond the grant by asking more than was spent; a pool of workers that block on
+``acquire`` does not: it asks only as fast as it is served. So when callers had
+to wait, the whole grant was spent and nobody gave up, the member asks for a
+quarter more than it holds, and keeps asking while that is spent too.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Share"]
+
+MILLI = 1000
+
+
+class Share:
+    """The local state of one member's grant (see the module docstring).
+
+    Times are integer nanoseconds of the member's clock (epoch). `take` is the
+    hot path: a window index, one comparison, an increment.
+    """
+
+    __slots__ = (
+        "_count",
+        "_interval",
+        "_pending",
+        "_used",
+        "_w",
+        "asked",
+        "before",
+        "grant",
+        "held",
+        "pace",
+        "period_start",
+        "spent",
+        "waited",
+        "tat",
+        "window_ns",
+    )
+
+    def __init__(self, window_ns: int, *, pace: bool = False, now: int = 0) -> None:
+        if window_ns <= 0:
+            raise ValueError("window must be > 0")
+        self.window_ns = window_ns
+        self.pace = pace
+        self.grant = self.held = self.before = 0
+        self._pending: tuple[int, int, int, int] | None = None  # grant, held, before, from window
+        self._w = -1
+        self._count = 0
+        self._used = 0
+        self._interval = window_ns
+        self.tat = 0
+        self.asked = 0  # permits asked for since the last report
+        self.spent = 0  # permits spent since the last report
+        self.waited = False  # a caller waited for a permit since the last report
+        self.period_start = now
+
+    # -- the coordinator's word --------------------------------------------------
+
+    def apply(self, grant: int, held: int, before: int, now: int) -> None:
+        """A grant from the coordinator (millipermits per window)."""
+        if grant < 0 or held < grant or before < 0:
+            raise ValueError(f"incoherent grant {grant}/{held}/{before}")
+        w = now // self.window_ns
+        if grant > self.grant and self._w >= 0:
+            self._pending = (grant, held, before, w + 1)
+            return
+        self._pending = None
+        self.grant, self.held, self.before = grant, held, before
+        if self._w == w:  # a smaller share: this window may spend no more than it allows
+            self._count = min(self._count, self.permits(w))
+            self._interval = self.window_ns // self._count if self._count else self.window_ns
+
+    def scale(self, new_total: int, old_total: int) -> None:
+        """The total was cut from ``old_total`` to ``new_total``: every member's
+        grant shrinks in proportion, at once (the coordinator scales what it
+        counts as held in the same step)."""
+        if old_total <= 0 or new_total >= old_total:
+            return
+        self._pending = None
+        self.grant = self.grant * new_total // old_total
+        self.held = self.held * new_total // old_total
+        self.before = min(self.before * new_total // old_total, self.held - self.grant)
+        if self._w >= 0:
+            self._count = min(self._count, self.permits(self._w))
+            self._interval = self.window_ns // self._count if self._count else self.window_ns
+
+    def permits(self, w: int) -> int:
+        """Whole permits this member may spend in window ``w``."""
+        start = w * self.held + self.before
+        return (start + self.grant) // MILLI - start // MILLI
+
+    @property
+    def pending(self) -> int | None:
+        """A larger grant that applies from the next window edge, if any."""
+        return None if self._pending is None else self._pending[0]
+
+    # -- spending ---------------------------------------------------------------
+
+    def _roll(self, w: int) -> None:
+        pending = self._pending
+        if pending is not None and w >= pending[3]:
+            self.grant, self.held, self.before = pending[0], pending[1], pending[2]
+            self._pending = None
+        self._w = w
+        self._used = 0
+        count = self._count = self.permits(w)
+        self._interval = self.window_ns // count if count else self.window_ns
+
+    def take(self, now: int, cost: int = 1) -> int:
+        """Spend ``cost`` permits at ``now``: 0 when granted, else the nanoseconds
+        to wait before it is worth trying again."""
+        window = self.window_ns
+        w = now // window
+        if w != self._w:
+            self._roll(w)
+        if self._used + cost > self._count:
+            return (w + 1) * window - now
+        if self.pace:
+            tat = self.tat
+            if now < tat:
+                return tat - now
+            self.tat = (tat if tat > now else now) + self._interval * cost
+        self._used += cost
+        self.spent += cost
+        return 0
+
+    def window_state(self, now: int) -> tuple[int, int]:
+        """Permits of the current window, and how many are spent."""
+        w = now // self.window_ns
+        if w != self._w:
+            self._roll(w)
+        return self._count, self._used
+
+    # -- what the member reports ------------------------------------------------
+
+    def report(self, now: int) -> tuple[int, int, int]:
+        """``(wants, has, used)`` in millipermits per window since the last report;
+        starts the next period."""
+        elapsed = max(1, now - self.period_start)
+        per_window = MILLI * self.window_ns / elapsed
+        has = self.grant if self._pending is None else self._pending[0]
+        wants = round(self.asked * per_window)
+        used = round(self.spent * per_window)
+        if self.waited and used * 20 >= has * 19 and self.asked * 20 <= self.spent * 21:
+            wants = max(wants, has + has // 4 + MILLI)  # blocked callers: ask for more
+        self.asked = self.spent = 0
+        self.waited = False
+        self.period_start = now
+        return wants, has, used
