@@ -194,6 +194,7 @@ for _, m in ipairs(members) do
 end
 if not me then
   local seq = redis.call('HINCRBY', CFG, 'seq', 1)
+  cfg.seq = tostring(seq)
   me = {id = id, seq = seq, has = 0}
   members[#members + 1] = me
   table.sort(members, function(a, b) return a.seq < b.seq end)
