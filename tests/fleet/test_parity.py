@@ -104,7 +104,7 @@ def test_lua_and_model_agree(client: redis.Redis, sequence: list[tuple[Any, ...]
     clock = Clock()
     lua = Coordinator(client, name, clock=clock)
     model = Model()
-    pubsub = client.pubsub()
+    pubsub = client.pubsub()  # type: ignore[no-untyped-call]
     pubsub.subscribe(lua.channel)
     assert pubsub.get_message(timeout=1.0) is not None  # the subscription's confirmation
     published: list[str] = []

@@ -42,7 +42,7 @@ def _seconds(what: str, value: object, *, least: float) -> int:
     return ms
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class QuotaConfig:
     """How one resource's limit is shared.
 
@@ -69,9 +69,33 @@ class QuotaConfig:
     adaptive: bool = False
     floor: int = 1
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.rate, Rate):
-            object.__setattr__(self, "rate", parse_rate(self.rate))  # type: ignore[unreachable]
+    def __init__(
+        self,
+        rate: str | Rate,
+        algorithm: str = "fair_share",
+        *,
+        refresh: float = 1.0,
+        lease: float = 5.0,
+        safe: str | int = "equal",
+        cap: int = 0,
+        adaptive: bool = False,
+        floor: int = 1,
+    ) -> None:
+        values = {
+            "rate": parse_rate(rate),
+            "algorithm": algorithm,
+            "refresh": refresh,
+            "lease": lease,
+            "safe": safe,
+            "cap": cap,
+            "adaptive": adaptive,
+            "floor": floor,
+        }
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        self._check()
+
+    def _check(self) -> None:
         if self.rate.limit > MAX_TOTAL:
             raise ConfigurationError(f"a quota's total is at most {MAX_TOTAL} a window")
         if self.rate.period_ns < 10_000_000 or self.rate.period_ns % 1_000_000:

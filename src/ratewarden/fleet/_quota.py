@@ -34,7 +34,7 @@ POLL = 0.1  # seconds the refresh loop waits on the channel at most, so close() 
 def _config(config: QuotaConfig | str | None) -> QuotaConfig | None:
     if config is None or isinstance(config, QuotaConfig):
         return config
-    return QuotaConfig(config)  # type: ignore[arg-type]
+    return QuotaConfig(config)
 
 
 def _check_cost(cost: int) -> None:

@@ -61,8 +61,8 @@ class Share:
         "pace",
         "period_start",
         "spent",
-        "waited",
         "tat",
+        "waited",
         "window_ns",
     )
 
