@@ -3,17 +3,19 @@
 The coordinator grants a member ``grant`` millipermits per window, and tells it
 where its grant sits among everybody's: ``held`` (all members' grants summed) and
 ``before`` (the grants of the members that joined before it). Windows align to
-the epoch, so every member agrees on their edges. In window ``w`` the member may
-spend the whole permits that fall in its stretch of a line on which each window
-lays out ``held`` millipermits, the members' stretches one after another:
+the epoch, so every member agrees on their edges. Lay the members' grants end to
+end on a line ``[0, held)``; in window ``w`` the permits are the marks
+``off(w) + 1000*k`` on that line, and a member may spend the marks that fall in
+its own stretch ``(before, before + grant]``:
 
-    permits(w) = floor((w*held + before + grant) / 1000) - floor((w*held + before) / 1000)
+    permits(w) = floor((before + grant - off) / 1000) - floor((before - off) / 1000)
 
-Summed over the members this telescopes to ``floor((w+1)*held/1000) -
-floor(w*held/1000)``: every window's permits add up to the total (``held`` never
-exceeds it) and the fractional remainders rotate among the members window by
-window, deterministically. 10 permits a second over 96 members: each member gets
-a permit in roughly one window of every 9.6, and no window has more than 10.
+The marks number at most ``ceil(held / 1000)``, never more than the total, and
+exactly the total when the grants add up to it. ``off(w)`` moves by 0.618 of a
+permit each window (the golden ratio's low-discrepancy walk), so the fractional
+remainders rotate among the members window by window, deterministically: 10
+permits a second over 96 members gives each member a permit in about one window
+of every 9.6, and no window has more than 10.
 
 A grant that shrinks applies at once; one that grows applies from the next window
 edge, so that the capacity another member gave up (at its own refresh, before
@@ -39,6 +41,7 @@ from __future__ import annotations
 __all__ = ["Share"]
 
 MILLI = 1000
+STEP = 618  # how far the marks move each window, in millipermits: 1000 / golden ratio
 
 
 class Share:
@@ -115,7 +118,7 @@ class Share:
 
     def permits(self, w: int) -> int:
         """Whole permits this member may spend in window ``w``."""
-        start = w * self.held + self.before
+        start = self.before - (w * STEP) % MILLI
         return (start + self.grant) // MILLI - start // MILLI
 
     @property

@@ -1,0 +1,132 @@
+"""One member's share: whole permits per window, rotation, pacing, grant changes."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ratewarden.fleet._alloc import allocate
+from ratewarden.fleet._share import Share
+
+S = 1_000_000_000
+W0 = 1_763_900_000  # a window index of today's magnitude (1 s windows)
+
+
+def shares_for(grants: list[int], *, pace: bool = False) -> list[Share]:
+    """Members laid out as the coordinator lays them: in join order."""
+    held = sum(grants)
+    out, before = [], 0
+    for g in grants:
+        share = Share(S, pace=pace)
+        share.apply(g, held, before, W0 * S)
+        out.append(share)
+        before += g
+    return out
+
+
+@given(st.integers(1, 2_000), st.integers(1, 120), st.integers(0, 10**6))
+def test_equal_split_sums_to_the_total_every_window(total: int, members: int, w: int) -> None:
+    grants = allocate("equal", total * 1000, [0] * members)
+    shares = shares_for(grants)
+    counts = [s.permits(W0 + w) for s in shares]
+    assert sum(counts) == total
+    assert max(counts) - min(counts) <= 1
+
+
+@given(
+    st.integers(1, 500),
+    st.lists(st.integers(0, 400_000), min_size=1, max_size=50),
+    st.integers(0, 10**6),
+)
+def test_any_grants_never_exceed_the_total_in_a_window(
+    total: int, wants: list[int], w: int
+) -> None:
+    grants = allocate("fair_share", total * 1000, wants)
+    shares = shares_for(grants)
+    assert sum(s.permits(W0 + w) for s in shares) <= total
+
+
+def test_ten_a_second_over_96_rotates_and_never_exceeds_ten() -> None:
+    shares = shares_for(allocate("equal", 10_000, [0] * 96))
+    got = [0] * 96
+    for w in range(960):
+        counts = [s.permits(W0 + w) for s in shares]
+        assert sum(counts) == 10
+        got = [a + b for a, b in zip(got, counts, strict=True)]
+    assert min(got) >= 97  # every member gets its turn: ~100 each over 960 windows
+    assert max(got) <= 103
+
+
+def test_take_spends_a_window_then_waits_for_the_next() -> None:
+    share = Share(S)
+    now = W0 * S + 100
+    share.apply(3000, 3000, 0, now)
+    assert [share.take(now) for _ in range(3)] == [0, 0, 0]
+    wait = share.take(now)
+    assert wait == S - 100  # until the next window edge
+    assert share.take(now + wait) == 0
+    assert share.take(now, 4) > 0  # a cost beyond the window's permits waits
+
+
+def test_pacing_spreads_the_window() -> None:
+    share = Share(S, pace=True)
+    start = W0 * S
+    share.apply(4000, 4000, 0, start)
+    times, now = [], start
+    while len(times) < 8:
+        wait = share.take(now)
+        if wait == 0:
+            times.append(now - start)
+        else:
+            now += wait
+    assert times == [0, S // 4, S // 2, 3 * S // 4, S, S + S // 4, S + S // 2, S + 3 * S // 4]
+
+
+def test_a_smaller_grant_applies_at_once_a_larger_from_the_next_window() -> None:
+    share = Share(S)
+    now = W0 * S
+    share.apply(10_000, 10_000, 0, now)
+    for _ in range(4):
+        assert share.take(now) == 0
+    share.apply(5_000, 5_000, 0, now + 1)  # cut: 4 spent, 1 left in this window
+    assert share.take(now + 2) == 0
+    assert share.take(now + 3) > 0
+    share.apply(20_000, 20_000, 0, now + 4)  # raised: not before the next window
+    assert share.pending == 20_000
+    assert share.take(now + 5) > 0
+    assert share.window_state(now + S) == (20, 0)
+    assert share.pending is None
+
+
+def test_a_cut_scales_the_grant_at_once() -> None:
+    share = Share(S)
+    now = W0 * S
+    share.apply(10_000, 40_000, 30_000, now)
+    share.scale(20_000, 40_000)
+    assert (share.grant, share.held, share.before) == (5_000, 20_000, 15_000)
+    assert share.window_state(now) == (5, 0)
+
+
+def test_report_measures_asked_and_used_per_window() -> None:
+    share = Share(S, now=0)
+    share.apply(10_000, 10_000, 0, 0)
+    share.asked = 30
+    for _ in range(10):
+        share.take(S // 2)
+    assert share.report(2 * S) == (15_000, 10_000, 5_000)  # over two windows
+
+
+def test_blocked_callers_ask_for_more_than_they_hold() -> None:
+    """Callers that wait on acquire ask only as fast as they are served: when they
+    waited and spent the whole grant, the member asks for a quarter more."""
+    share = Share(S, now=0)
+    share.apply(10_000, 10_000, 0, 0)
+    for _ in range(10):
+        share.asked += 1
+        share.take(0)
+    share.waited = True
+    assert share.report(S)[0] == 10_000 + 2_500 + 1_000
+    for _ in range(10):  # the same without waiting: no more than what was asked
+        share.asked += 1
+        share.take(S)
+    assert share.report(2 * S)[0] == 10_000
