@@ -72,7 +72,8 @@ def test_pacing_spreads_the_window() -> None:
     share = Share(S, pace=True)
     start = W0 * S
     share.apply(4000, 4000, 0, start)
-    times, now = [], start
+    times: list[int] = []
+    now = start
     while len(times) < 8:
         wait = share.take(now)
         if wait == 0:
