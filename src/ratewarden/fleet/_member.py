@@ -149,8 +149,10 @@ class Member:
 
     @property
     def grant(self) -> float:
-        """Permits a window this member holds now."""
-        return self.share.grant / MILLI
+        """Permits a window the coordinator granted this member last (a larger
+        grant is spent from the next window edge on)."""
+        pending = self.share.pending
+        return (self.share.grant if pending is None else pending) / MILLI
 
 
 # the coordinator's own bookkeeping: not restored after Redis lost the resource

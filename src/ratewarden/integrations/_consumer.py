@@ -10,15 +10,51 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from email.utils import parsedate_to_datetime
+from typing import Protocol
 
 from .._clock import Clock
 from .._errors import ConfigurationError, RateLimitTimeout
 from .._limiter import AsyncLimiter, Limiter
 from .._waiting import check_max_wait
 
-__all__ = ["Pauses", "retry_after_seconds"]
+__all__ = ["AsyncQuota", "Pauses", "Quota", "clock_of", "observe", "retry_after_seconds"]
+
+
+class Quota(Protocol):
+    """A fleet quota (`ratewarden.fleet.FleetQuota`) as the integrations use it:
+    one resource, no key. Named by shape so that these modules import no Redis."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def acquire(self, max_wait: float, cost: int = 1) -> None: ...
+
+    def observe(self, status: int) -> None: ...
+
+
+class AsyncQuota(Protocol):
+    """The asyncio twin of `Quota` (`ratewarden.fleet.AsyncFleetQuota`)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def acquire(self, max_wait: float, cost: int = 1) -> Awaitable[None]: ...
+
+    def observe(self, status: int) -> None: ...
+
+
+def observe(limiter: Limiter | AsyncLimiter | Quota | AsyncQuota, status: int) -> None:
+    """Tell a fleet quota what the provider answered (a 429 lowers an adaptive total)."""
+    if not isinstance(limiter, Limiter | AsyncLimiter):
+        limiter.observe(status)
+
+
+def clock_of(limiter: Limiter | AsyncLimiter | Quota | AsyncQuota) -> Clock:
+    if isinstance(limiter, Limiter | AsyncLimiter):
+        return limiter.store.clock
+    return limiter.clock
 
 
 # A provider's Retry-After is capped at a day: a bogus 99999999999 would pause a key
@@ -90,19 +126,26 @@ class Pauses:
             )
         return left, self.max_wait - left
 
-    def permit(self, limiter: Limiter, key: str) -> None:
-        """Sit out a pause on ``key``, then take a permit: all within ``max_wait``."""
+    def permit(self, limiter: Limiter | Quota, key: str) -> None:
+        """Sit out a pause on ``key``, then take a permit: all within ``max_wait``.
+        A fleet quota has one permit pool for every key."""
         pause, left = self.before(key)
         if pause:
-            limiter.store.clock.sleep(pause)
-        limiter.acquire(key, left)
+            self.clock.sleep(pause)
+        if isinstance(limiter, Limiter):
+            limiter.acquire(key, left)
+        else:
+            limiter.acquire(left)
 
-    async def apermit(self, limiter: AsyncLimiter, key: str) -> None:
+    async def apermit(self, limiter: AsyncLimiter | AsyncQuota, key: str) -> None:
         """`permit` without blocking the event loop."""
         pause, left = self.before(key)
         if pause:
-            await limiter.store.clock.asleep(pause)
-        await limiter.acquire(key, left)
+            await self.clock.asleep(pause)
+        if isinstance(limiter, AsyncLimiter):
+            await limiter.acquire(key, left)
+        else:
+            await limiter.acquire(left)
 
     def after(self, key: str, status: int, retry_after: str | None) -> float | None:
         """Note a response; the pause it starts on ``key`` in seconds, if any."""

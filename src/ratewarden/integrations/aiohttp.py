@@ -9,7 +9,8 @@
 A client middleware (aiohttp >= 3.12): each request first awaits a permit for
 its key (the host, or ``key(request)``) within ``max_wait``, else
 `RateLimitTimeout`; a 429 or 503 with ``Retry-After`` pauses that key, as the
-httpx transports do. Waiting never blocks the event loop.
+httpx transports do. Waiting never blocks the event loop. An
+`AsyncFleetQuota` (``ratewarden.fleet``) may take the limiter's place.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable, Collection
 from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
 
 from .._limiter import AsyncLimiter
-from ._consumer import Pauses
+from ._consumer import AsyncQuota, Pauses, clock_of, observe
 
 __all__ = ["RateLimitMiddleware", "host_key"]
 
@@ -37,7 +38,7 @@ class RateLimitMiddleware:
 
     def __init__(
         self,
-        limiter: AsyncLimiter,
+        limiter: AsyncLimiter | AsyncQuota,
         *,
         max_wait: float,
         key: KeyFn = host_key,
@@ -47,12 +48,13 @@ class RateLimitMiddleware:
         self.limiter = limiter
         self.key = key
         self.pauses = Pauses(
-            limiter.store.clock, max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
+            clock_of(limiter), max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
         )
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         key = self.key(request)
         await self.pauses.apermit(self.limiter, key)
         response = await handler(request)
+        observe(self.limiter, response.status)
         self.pauses.after(key, response.status, response.headers.get("Retry-After"))
         return response

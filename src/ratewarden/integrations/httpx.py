@@ -12,6 +12,11 @@ with ``acquire``: waiting up to ``max_wait`` (``math.inf``: as long as it takes,
 seconds), so later requests wait instead of piling up more refusals; the
 response itself is returned as it came. `AsyncRateLimitTransport` is the asyncio
 twin, for an `AsyncLimiter`.
+
+A fleet quota (`ratewarden.fleet.FleetQuota`, `AsyncFleetQuota`) takes the
+limiter's place to share one provider's limit across every instance: one
+permit pool for every key, and a 429 reported to it (``observe``) lowers an
+adaptive total.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable, Collection
 import httpx
 
 from .._limiter import AsyncLimiter, Limiter
-from ._consumer import Pauses
+from ._consumer import AsyncQuota, Pauses, Quota, clock_of, observe
 
 __all__ = ["AsyncRateLimitTransport", "RateLimitTransport", "host_key"]
 
@@ -39,7 +44,7 @@ class RateLimitTransport(httpx.BaseTransport):
 
     def __init__(
         self,
-        limiter: Limiter,
+        limiter: Limiter | Quota,
         transport: httpx.BaseTransport | None = None,
         *,
         max_wait: float,
@@ -51,13 +56,14 @@ class RateLimitTransport(httpx.BaseTransport):
         self.transport = httpx.HTTPTransport() if transport is None else transport
         self.key = key
         self.pauses = Pauses(
-            limiter.store.clock, max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
+            clock_of(limiter), max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
         self.pauses.permit(self.limiter, key)
         response = self.transport.handle_request(request)
+        observe(self.limiter, response.status_code)
         self.pauses.after(key, response.status_code, response.headers.get("retry-after"))
         return response
 
@@ -71,7 +77,7 @@ class AsyncRateLimitTransport(httpx.AsyncBaseTransport):
 
     def __init__(
         self,
-        limiter: AsyncLimiter,
+        limiter: AsyncLimiter | AsyncQuota,
         transport: httpx.AsyncBaseTransport | None = None,
         *,
         max_wait: float,
@@ -83,13 +89,14 @@ class AsyncRateLimitTransport(httpx.AsyncBaseTransport):
         self.transport = httpx.AsyncHTTPTransport() if transport is None else transport
         self.key = key
         self.pauses = Pauses(
-            limiter.store.clock, max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
+            clock_of(limiter), max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
         await self.pauses.apermit(self.limiter, key)
         response = await self.transport.handle_async_request(request)
+        observe(self.limiter, response.status_code)
         self.pauses.after(key, response.status_code, response.headers.get("retry-after"))
         return response
 

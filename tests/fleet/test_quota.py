@@ -1,0 +1,234 @@
+"""FleetQuota and AsyncFleetQuota on a real Redis: joining, sharing, leaving,
+dying, changes of the total, Redis losing the resource or going away."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+import redis
+from ratewarden import ConfigurationError, FakeClock, RateLimitTimeout
+from ratewarden.fleet import AsyncFleetQuota, FleetQuota, QuotaConfig, set_quota
+from ratewarden.fleet._member import Member
+from ratewarden.integrations.httpx import RateLimitTransport
+from ratewarden.stores.redis import connect
+from tests.redis_server import RedisServer, free_port
+
+START = 1_763_900_000.0
+
+
+@pytest.fixture
+def client(redis_single: RedisServer) -> Iterator[redis.Redis]:
+    with redis_single.client() as c:
+        yield c
+
+
+@pytest.fixture
+def name() -> str:
+    return f"q-{uuid.uuid4().hex[:10]}"
+
+
+def member(
+    name: str, client: redis.Redis, clock: FakeClock, member_id: str, **options: object
+) -> FleetQuota:
+    """A member on a fake clock (its own and the coordinator's), refreshed by hand."""
+    return FleetQuota(
+        name,
+        client,
+        member_id=member_id,
+        clock=clock,
+        coordinator_clock=clock,
+        background=False,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_members_split_the_total_and_spend_locally(client: redis.Redis, name: str) -> None:
+    clock = FakeClock(START)
+    config = QuotaConfig("10/second", "equal")
+    a = member(name, client, clock, "a", config=config).start()
+    b = member(name, client, clock, "b").start()
+    assert b.grant == 0.0  # a holds the whole total until it hears of b
+    a.refresh()
+    b.refresh()
+    assert (a.grant, b.grant) == (5.0, 5.0)
+    clock.advance(1.0)  # the windows the grants apply from
+    assert sum(a.try_acquire() for _ in range(10)) == 5
+    assert sum(b.try_acquire() for _ in range(10)) == 5
+    with pytest.raises(RateLimitTimeout):
+        a.acquire(0)
+    a.acquire(1.0)  # waits (on the fake clock) for the next window
+    b.close()
+    status = a.status()  # on the fake clock: show_quota would read Redis's own
+    assert status is not None
+    assert [m.id for m in status.members] == ["a"]  # b left: its share is free at once
+    a.refresh()
+    assert a.grant == 10.0
+
+
+def test_a_quota_that_does_not_exist_is_a_clear_error(client: redis.Redis, name: str) -> None:
+    with pytest.raises(ConfigurationError, match="ratewarden quota set"):
+        member(name, client, FakeClock(START), "a").start()
+
+
+def test_fair_share_follows_demand(client: redis.Redis, name: str) -> None:
+    clock = FakeClock(START)
+    config = QuotaConfig("100/second", "fair_share", refresh=1.0)
+    busy = member(name, client, clock, "busy", config=config).start()
+    quiet = member(name, client, clock, "quiet").start()
+    for _ in range(4):  # busy asks 300 a second, quiet 10
+        for _ in range(300):
+            busy.try_acquire()
+        for _ in range(10):
+            quiet.try_acquire()
+        clock.advance(1.0)
+        busy.refresh()
+        quiet.refresh()
+    assert quiet.grant == pytest.approx(10, abs=0.5)
+    assert busy.grant == pytest.approx(90, abs=0.5)
+
+
+def test_a_dead_members_share_is_reclaimed_after_its_lease(client: redis.Redis, name: str) -> None:
+    clock = FakeClock(START)
+    config = QuotaConfig("10/second", "equal", refresh=1.0, lease=3.0)
+    a = member(name, client, clock, "a", config=config).start()
+    member(name, client, clock, "dies").start()  # never refreshes again, never leaves
+    a.refresh()
+    assert a.grant == 5.0
+    clock.advance(2.9)
+    a.refresh()
+    assert a.grant == 5.0
+    clock.advance(0.2)  # the dead member's lease is over
+    a.refresh()
+    assert a.grant == 10.0
+
+
+def test_a_cut_reaches_a_running_member_by_pubsub(client: redis.Redis, name: str) -> None:
+    config = QuotaConfig("1000/second", "equal", refresh=5.0, lease=15.0)
+    with FleetQuota(name, client, config=config, member_id="a") as a:
+        assert a.grant == 1000.0
+        time.sleep(0.2)  # the refresh thread subscribes
+        started = time.monotonic()
+        set_quota(client, name, config.but(rate="400/second"))
+        while a.grant != 400.0 and time.monotonic() - started < 2.0:
+            time.sleep(0.005)
+        took = time.monotonic() - started
+        assert a.grant == 400.0
+        assert took < 1.0  # long before the 5 s refresh
+
+
+def test_a_cut_never_leaves_more_held_than_the_total(client: redis.Redis, name: str) -> None:
+    clock = FakeClock(START)
+    config = QuotaConfig("90/second", "equal")
+    members = [member(name, client, clock, f"m{i}", config=config).start() for i in range(3)]
+    for m in members:
+        m.refresh()
+    assert sum(m.grant for m in members) == 90
+    members[0].coordinator.set(config.but(rate="30/second"))  # on the fake clock
+    status = members[0].status()
+    assert status is not None
+    assert status.granted <= 30
+    assert len(status.members) == 3
+
+
+def test_redis_restarted_empty_is_rebuilt_without_exceeding(client: redis.Redis, name: str) -> None:
+    clock = FakeClock(START)
+    config = QuotaConfig("10/second", "equal", refresh=1.0, lease=3.0)
+    a = member(name, client, clock, "a", config=config).start()
+    b = member(name, client, clock, "b").start()
+    a.refresh()
+    client.delete(f"{{rw:quota:{name}}}:cfg", f"{{rw:quota:{name}}}:members")
+    clock.advance(1.0)
+    a.refresh()  # the resource comes back from what a knew; a alone asks for no more
+    assert a.grant == 5.0
+    b.refresh()
+    assert a.grant + b.grant <= 10
+    for _ in range(4):  # a lease later, the rebuild is over
+        clock.advance(1.0)
+        a.refresh()
+        b.refresh()
+        assert a.grant + b.grant <= 10
+    assert (a.grant, b.grant) == (5.0, 5.0)
+
+
+def test_redis_gone_keeps_the_grant_for_a_lease_then_the_safe_share(
+    client: redis.Redis, name: str
+) -> None:
+    clock = FakeClock(START)
+    config = QuotaConfig("12/second", "fair_share", refresh=1.0, lease=3.0, safe=2)
+    a = member(name, client, clock, "a", config=config).start()
+    for _ in range(12):
+        a.try_acquire()
+    clock.advance(1.0)
+    a.refresh()
+    assert a.grant == 12.0
+    a.coordinator.client = connect(f"redis://127.0.0.1:{free_port()}/0", 0.05)
+    for _ in range(2):
+        clock.advance(1.0)
+        with pytest.raises(Exception, match="coordination failed"):
+            a.refresh()
+        assert a.grant == 12.0  # within its lease
+    clock.advance(1.5)
+    with pytest.raises(Exception, match="coordination failed"):
+        a.refresh()
+    assert a.grant == 2.0  # the safe share
+
+
+def test_httpx_transport_takes_permits_from_a_fleet_quota(client: redis.Redis, name: str) -> None:
+    clock = FakeClock(START)
+    quota = member(name, client, clock, "a", config=QuotaConfig("3/second", "equal")).start()
+    sent: list[str] = []
+
+    def provider(request: httpx.Request) -> httpx.Response:
+        sent.append(str(request.url))
+        return httpx.Response(429 if len(sent) == 3 else 200)
+
+    transport = RateLimitTransport(quota, httpx.MockTransport(provider), max_wait=0)
+    with httpx.Client(transport=transport) as http:
+        statuses = [http.get(f"https://a{i}.example/").status_code for i in range(3)]
+        with pytest.raises(RateLimitTimeout):
+            http.get("https://other.example/")  # one pool for every host
+    assert statuses == [200, 200, 429]
+    assert quota._member.throttled == 1  # the 429 was reported to the quota
+
+
+def test_async_twin(redis_single: RedisServer, name: str) -> None:
+    async def main() -> None:
+        async with aioredis.Redis(port=redis_single.port) as c:
+            clock = FakeClock(START)
+            options = {"clock": clock, "coordinator_clock": clock, "background": False}
+            config = QuotaConfig("4/second", "equal")
+            a = await AsyncFleetQuota(name, c, config=config, member_id="a", **options).start()  # type: ignore[arg-type]
+            b = await AsyncFleetQuota(name, c, member_id="b", **options).start()  # type: ignore[arg-type]
+            await a.refresh()
+            await b.refresh()
+            assert (a.grant, b.grant) == (2.0, 2.0)
+            clock.advance(1.0)
+            await a.acquire(0)
+            await a.acquire(0)
+            with pytest.raises(RateLimitTimeout):
+                await a.acquire(0)
+            async with a.slot(max_wait=2.0):
+                pass
+            await b.aclose()
+            status = await a.status()
+            assert status is not None
+            assert [m.id for m in status.members] == ["a"]
+            await a.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_message_of_a_cut_shrinks_the_grant_before_any_refresh() -> None:
+    clock = FakeClock(START)
+    m = Member("push-api", clock, member_id="a")
+    m.share.apply(600_000, 1_000_000, 0, clock.time_ns())
+    assert m.on_message(b"2 400000 1000000")
+    assert m.grant == 240.0
+    assert not m.on_message(b"garbage")
