@@ -18,7 +18,7 @@ from ratewarden.fleet import AsyncFleetQuota, FleetQuota, QuotaConfig, set_quota
 from ratewarden.fleet._member import Member
 from ratewarden.integrations.httpx import RateLimitTransport
 from ratewarden.stores.redis import connect
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisCluster, RedisServer, free_port
 
 START = 1_763_900_000.0
 
@@ -232,3 +232,22 @@ def test_a_message_of_a_cut_shrinks_the_grant_before_any_refresh() -> None:
     assert m.on_message(b"2 400000 1000000")
     assert m.grant == 240.0
     assert not m.on_message(b"garbage")
+
+
+def test_on_a_redis_cluster(redis_6_nodes: RedisCluster, name: str) -> None:
+    """The resource's keys share a hash tag: one node holds it, and a cut made
+    there reaches members subscribed through any node."""
+    config = QuotaConfig("100/second", "equal", refresh=5.0, lease=15.0)
+    with (
+        FleetQuota(name, redis_6_nodes.url, config=config, member_id="a") as a,
+        FleetQuota(name, redis_6_nodes.url, member_id="b") as b,
+    ):
+        a.refresh()
+        b.refresh()
+        assert (a.grant, b.grant) == (50.0, 50.0)
+        time.sleep(0.2)  # the refresh threads subscribe
+        set_quota(a.client, name, config.but(rate="40/second"))
+        started = time.monotonic()
+        while (a.grant, b.grant) != (20.0, 20.0) and time.monotonic() - started < 2.0:
+            time.sleep(0.005)
+        assert (a.grant, b.grant) == (20.0, 20.0)

@@ -1,0 +1,103 @@
+"""The coordinator's safety invariant, on its Python model (which the parity suite
+holds to the Lua script): whatever members report, whenever they refresh, however
+the total moves, what the coordinator counts as held never exceeds the total."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ratewarden.fleet import QuotaConfig
+from ratewarden.fleet._alloc import ALLOCATORS
+from ratewarden.fleet._model import Model
+
+START_MS = 1_763_900_000_000
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("refresh"),
+            st.integers(0, 9),  # member
+            st.integers(0, 5_000_000),  # wants
+            st.integers(0, 5_000_000),  # what it claims to hold
+            st.integers(0, 1),  # throttled by the provider
+        ),
+        st.tuples(st.just("total"), st.integers(1, 5_000)),
+        st.tuples(st.just("algorithm"), st.sampled_from(ALLOCATORS)),
+        st.tuples(st.just("wait"), st.integers(0, 7_000)),
+        st.tuples(st.just("leave"), st.integers(0, 9)),
+    ),
+    max_size=80,
+)
+
+
+def held(model: Model, now: int) -> int:
+    return sum(int(r.split()[3]) for r in model.members.values() if int(r.split()[1]) > now)
+
+
+@given(st.sampled_from(ALLOCATORS), st.booleans(), steps)
+def test_sum_of_grants_never_exceeds_the_total(
+    algorithm: str, adaptive: bool, sequence: list[tuple[object, ...]]
+) -> None:
+    now = START_MS
+    config = QuotaConfig("1000/second", algorithm, cap=300, adaptive=adaptive)
+    model = Model()
+    model.set(now, config.fields())
+    for step in sequence:
+        kind = step[0]
+        if kind == "refresh":
+            _, member, wants, claims, throttled = step
+            reply = model.refresh(
+                now,
+                f"m{member}",
+                wants=int(wants),  # type: ignore[call-overload]
+                reported=int(claims),  # type: ignore[call-overload]
+                used=0,
+                throttled=int(throttled),  # type: ignore[call-overload]
+            )
+            assert reply[1] >= 0  # never a negative grant
+        elif kind == "total":
+            config = config.but(rate=f"{step[1]}/second")
+            model.set(now, config.fields())
+        elif kind == "algorithm":
+            config = config.but(algorithm=step[1])
+            model.set(now, config.fields())
+        elif kind == "wait":
+            now += int(step[1])  # type: ignore[call-overload]
+        else:
+            model.leave(f"m{step[1]}")
+        assert held(model, now) <= int(model.cfg["eff_m"]) <= config.rate.limit * 1000
+
+
+def test_a_new_member_converges_within_two_refreshes() -> None:
+    model = Model()
+    now = START_MS
+    model.set(now, QuotaConfig("100/second", "fair_share").fields())
+    for m in ("a", "b", "c"):
+        model.refresh(now, m, wants=100_000, reported=0, used=0, throttled=0)
+    for m in ("a", "b", "c"):  # settled: a third each
+        model.refresh(now, m, wants=100_000, reported=0, used=0, throttled=0)
+    grants = {}
+    for _ in range(2):  # d joins; everybody refreshes twice
+        for m in ("d", "a", "b", "c"):
+            now += 250
+            grants[m] = model.refresh(now, m, wants=100_000, reported=0, used=0, throttled=0)[1]
+    assert grants == {"a": 25_000, "b": 25_000, "c": 25_000, "d": 25_000}
+
+
+def test_adaptive_total_cuts_multiplicatively_and_recovers_additively() -> None:
+    model = Model()
+    now = START_MS
+    model.set(now, QuotaConfig("1000/second", "equal", adaptive=True, floor=100).fields())
+    model.refresh(now, "a", wants=0, reported=0, used=0, throttled=1)
+    assert model.cfg["eff_m"] == "750000"
+    model.refresh(now + 500, "a", wants=0, reported=0, used=0, throttled=1)
+    assert model.cfg["eff_m"] == "750000"  # one cut per two refresh intervals
+    now += 2_000
+    effective = []
+    for _ in range(20):
+        model.refresh(now, "a", wants=0, reported=0, used=0, throttled=0)
+        effective.append(int(model.cfg["eff_m"]))
+        now += 1_000
+    assert effective[:3] == [770_000, 790_000, 810_000]  # +2% of the ceiling a refresh
+    assert effective[-1] == 1_000_000  # back to the ceiling, never above
