@@ -38,3 +38,13 @@ def test_the_redis_example_runs_against_our_own_server(redis_single: RedisServer
     store = namespace["store"]
     assert namespace["api"].hit("{user-42}").remaining == 998  # type: ignore[attr-defined]
     store.close()  # type: ignore[attr-defined]
+
+
+def test_the_fleet_example_runs_against_our_own_server(redis_single: RedisServer) -> None:
+    (block,) = [b for b in SHOWN if "FleetQuota(" in b]
+    assert "redis://localhost:6379/0" in block
+    code = block.replace("redis://localhost:6379/0", redis_single.url)
+    code = code.replace('"push-api"', '"readme-push-api"')
+    namespace: dict[str, object] = {"__name__": "readme"}
+    exec(compile(code, "README.md fleet block", "exec"), namespace)
+    assert namespace["granted"] == 2000.0
