@@ -131,3 +131,14 @@ def test_blocked_callers_ask_for_more_than_they_hold() -> None:
         share.asked += 1
         share.take(S)
     assert share.report(2 * S)[0] == 10_000
+
+
+def test_a_period_too_short_to_measure_repeats_the_last_figures() -> None:
+    share = Share(S, now=0)
+    share.apply(10_000, 10_000, 0, 0)
+    share.asked = 8
+    assert share.report(S, S // 2)[0] == 8_000
+    share.asked = 1  # one call a millisecond after: not a rate of 1000 a second
+    assert share.report(S + 1_000_000, S // 2)[0] == 8_000
+    share.asked += 3
+    assert share.report(2 * S, S // 2)[0] == 4_000  # the period went on

@@ -80,11 +80,18 @@ class Member:
     def report(self) -> tuple[int, int, int, int, dict[str, str] | None]:
         """What the next refresh sends: wants, has, used, throttled, and the
         configuration to restore if the coordinator lost it."""
-        wants, has, used = self.share.report(self.clock.time_ns())
-        throttled, self.throttled = self.throttled, 0
+        least = 0
         restore = None
         if self.known is not None:
+            least = int(self.known.get("refresh_ms", "1000")) * 500_000  # half, in ns
             restore = {k: v for k, v in self.known.items() if k not in _TRANSIENT}
+        wants, has, used = self.share.report(self.clock.time_ns(), least)
+        if self.refreshes == 1 and self.known is not None:
+            # just joined, demand not measured yet: ask for an equal share rather
+            # than nothing, so that the first callers need not wait a refresh
+            equal = int(self.known.get("eff_m", "0")) // max(1, self.members)
+            wants = max(wants, equal)
+        throttled, self.throttled = self.throttled, 0
         return wants, has, used, throttled, restore
 
     def on_reply(self, reply: Reply, sent_at: int) -> None:

@@ -165,6 +165,8 @@ class FleetQuota(_Shell):
             if not self.refresh() and self._member.config is not None:
                 self.coordinator.set(self._member.config)
                 self.refresh()
+            if self._member.known is not None:
+                self.refresh()  # with an equal share's demand, until it is measured
         except StoreUnavailable as exc:  # keep trying in the background
             log.warning("quota %r: cannot reach the coordinator yet: %s", self.name, exc)
         else:
@@ -203,7 +205,7 @@ class FleetQuota(_Shell):
 
     def _run(self) -> None:
         pubsub = None
-        due = 0.0
+        due = time.monotonic() + self._member.next_delay()  # start() refreshed already
         while not self._stop.is_set():
             if pubsub is None:
                 pubsub = self._subscribe()
@@ -345,6 +347,8 @@ class AsyncFleetQuota(_Shell):
             if not await self.refresh() and self._member.config is not None:
                 await self.coordinator.set(self._member.config)
                 await self.refresh()
+            if self._member.known is not None:
+                await self.refresh()
         except StoreUnavailable as exc:
             log.warning("quota %r: cannot reach the coordinator yet: %s", self.name, exc)
         else:
@@ -379,7 +383,7 @@ class AsyncFleetQuota(_Shell):
     async def _run(self) -> None:
         pubsub = None
         loop = asyncio.get_running_loop()
-        due = 0.0
+        due = loop.time() + self._member.next_delay()
         while True:
             if pubsub is None:
                 pubsub = await self._subscribe()

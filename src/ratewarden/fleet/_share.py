@@ -61,6 +61,7 @@ class Share:
         "before",
         "grant",
         "held",
+        "last",
         "pace",
         "period_start",
         "spent",
@@ -84,6 +85,7 @@ class Share:
         self.asked = 0  # permits asked for since the last report
         self.spent = 0  # permits spent since the last report
         self.waited = False  # a caller waited for a permit since the last report
+        self.last: tuple[int, int] | None = None  # wants and used, last reported
         self.period_start = now
 
     # -- the coordinator's word --------------------------------------------------
@@ -165,12 +167,16 @@ class Share:
 
     # -- what the member reports ------------------------------------------------
 
-    def report(self, now: int) -> tuple[int, int, int]:
+    def report(self, now: int, least_ns: int = 0) -> tuple[int, int, int]:
         """``(wants, has, used)`` in millipermits per window since the last report;
-        starts the next period."""
+        starts the next period. A period shorter than ``least_ns`` (a refresh
+        soon after another, on a change of the total) is too short to measure a
+        rate: the last figures are sent again and the period goes on."""
         elapsed = max(1, now - self.period_start)
-        per_window = MILLI * self.window_ns / elapsed
         has = self.grant if self._pending is None else self._pending[0]
+        if elapsed < least_ns and self.last is not None:
+            return self.last[0], has, self.last[1]
+        per_window = MILLI * self.window_ns / elapsed
         wants = round(self.asked * per_window)
         used = round(self.spent * per_window)
         if self.waited and used * 20 >= has * 19 and self.asked * 20 <= self.spent * 21:
@@ -178,4 +184,5 @@ class Share:
         self.asked = self.spent = 0
         self.waited = False
         self.period_start = now
+        self.last = (wants, used)
         return wants, has, used
