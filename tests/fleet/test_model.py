@@ -4,6 +4,8 @@ the total moves, what the coordinator counts as held never exceeds the total."""
 
 from __future__ import annotations
 
+import struct
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,7 +34,8 @@ steps = st.lists(
 
 
 def held(model: Model, now: int) -> int:
-    return sum(int(r.split()[3]) for r in model.members.values() if int(r.split()[1]) > now)
+    records = [struct.unpack(">5d", r) for r in model.members.values()]
+    return sum(int(r[3]) for r in records if r[1] > now)
 
 
 @given(st.sampled_from(ALLOCATORS), st.booleans(), steps)

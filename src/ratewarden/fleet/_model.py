@@ -2,13 +2,15 @@
 
 It runs simulations without a Redis (``ratewarden simulate --model``), and the
 parity suite drives it and the Lua script with one clock and demands identical
-replies. It keeps the script's data layout (the configuration and the member
-records as the same strings) and its order of operations, so that the two read
-side by side; every call takes an explicit time in milliseconds.
+replies. It keeps the script's data layout (the configuration as the same
+strings, the member records as the same packed doubles) and its order of
+operations, so that the two read side by side; every call takes an explicit time
+in milliseconds.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +29,11 @@ class _Member:
     used: int = 0
 
 
-def _record(m: _Member) -> str:
-    return f"{m.seq} {m.expires} {m.wants} {m.has} {m.used}"
+_RECORD = struct.Struct(">5d")  # as fleet.lua packs a member: five big-endian doubles
+
+
+def _record(m: _Member) -> bytes:
+    return _RECORD.pack(m.seq, m.expires, m.wants, m.has, m.used)
 
 
 @dataclass
@@ -36,7 +41,7 @@ class Model:
     """One resource's coordination state, and what it published."""
 
     cfg: dict[str, str] = field(default_factory=dict)
-    members: dict[str, str] = field(default_factory=dict)
+    members: dict[str, bytes] = field(default_factory=dict)
     published: list[str] = field(default_factory=list)
 
     def _num(self, name: str) -> int:
@@ -48,7 +53,11 @@ class Model:
     def _live(self, now: int) -> list[_Member]:
         live = []
         for member_id, record in list(self.members.items()):
-            seq, expires, wants, has, used = (int(part) for part in record.split())
+            try:
+                seq, expires, wants, has, used = (int(x) for x in _RECORD.unpack(record))
+            except struct.error:  # unreadable: dropped, as the script drops it
+                del self.members[member_id]
+                continue
             if expires > now:
                 live.append(_Member(member_id, seq, expires, wants, has, used))
             else:
