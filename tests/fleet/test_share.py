@@ -118,19 +118,21 @@ def test_report_measures_asked_and_used_per_window() -> None:
 
 
 def test_blocked_callers_ask_for_more_than_they_hold() -> None:
-    """Callers that wait on acquire ask only as fast as they are served: when they
-    waited and spent the whole grant, the member asks for a quarter more."""
+    """Callers that block on acquire ask only as fast as they are served: when one
+    was waiting nine tenths of the time and the grant was all spent, the member
+    asks for a quarter more."""
     share = Share(S, now=0)
     share.apply(10_000, 10_000, 0, 0)
     for _ in range(10):
         share.asked += 1
         share.take(0)
-    share.waited = True
+    share.begin_wait(S // 20)  # a caller waits from 0.05 s to the end
     assert share.report(S)[0] == 10_000 + 2_500 + 1_000
-    for _ in range(10):  # the same without waiting: no more than what was asked
+    share.end_wait(S + S // 2)  # ...and on to 1.5 s: half of the next period
+    for _ in range(10):
         share.asked += 1
         share.take(S)
-    assert share.report(2 * S)[0] == 10_000
+    assert share.report(2 * S)[0] == 10_000  # waiting half the time is no sign
 
 
 def test_a_period_too_short_to_measure_repeats_the_last_figures() -> None:

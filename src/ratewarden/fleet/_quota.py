@@ -281,18 +281,26 @@ class FleetQuota(_Shell):
             wait = share.take(now, cost)
         if not wait:
             return
-        share.waited = True
         deadline = math.inf if math.isinf(max_wait) else now + round(max_wait * 1e9)
-        while True:
-            if now + wait > deadline:
-                raise _timeout(self.name, max_wait, wait)
-            clock.sleep(wait / 1e9)
-            now = clock.time_ns()
-            share = self._member.share  # a new window length replaces it
+        if now + wait > deadline:
+            raise _timeout(self.name, max_wait, wait)
+        waiting = share
+        with lock:
+            waiting.begin_wait(now)
+        try:
+            while True:
+                clock.sleep(wait / 1e9)
+                now = clock.time_ns()
+                share = self._member.share  # a new window length replaces it
+                with lock:
+                    wait = share.take(now, cost)
+                if not wait:
+                    return
+                if now + wait > deadline:
+                    raise _timeout(self.name, max_wait, wait)
+        finally:
             with lock:
-                wait = share.take(now, cost)
-            if not wait:
-                return
+                waiting.end_wait(clock.time_ns())
 
     def slot(self, max_wait: float, cost: int = 1) -> QuotaSlot:
         """`acquire` as a context manager or decorator."""
@@ -458,18 +466,26 @@ class AsyncFleetQuota(_Shell):
             wait = share.take(now, cost)
         if not wait:
             return
-        share.waited = True
         deadline = math.inf if math.isinf(max_wait) else now + round(max_wait * 1e9)
-        while True:
-            if now + wait > deadline:
-                raise _timeout(self.name, max_wait, wait)
-            await clock.asleep(wait / 1e9)
-            now = clock.time_ns()
-            share = self._member.share
+        if now + wait > deadline:
+            raise _timeout(self.name, max_wait, wait)
+        waiting = share
+        with lock:
+            waiting.begin_wait(now)
+        try:
+            while True:
+                await clock.asleep(wait / 1e9)
+                now = clock.time_ns()
+                share = self._member.share
+                with lock:
+                    wait = share.take(now, cost)
+                if not wait:
+                    return
+                if now + wait > deadline:
+                    raise _timeout(self.name, max_wait, wait)
+        finally:
             with lock:
-                wait = share.take(now, cost)
-            if not wait:
-                return
+                waiting.end_wait(clock.time_ns())
 
     def slot(self, max_wait: float, cost: int = 1) -> AsyncQuotaSlot:
         check_max_wait(max_wait)

@@ -30,10 +30,12 @@ than the share.
 What the member reports back: ``used``, the permits it spent a window, and
 ``wants``, the permits a window its callers asked for (each call counted once,
 whether it got a permit, waited or gave up). Callers that give up show demand
-beyond the grant by asking more than was spent; a pool of workers that block on
-``acquire`` does not: it asks only as fast as it is served. So when callers had
-to wait, the whole grant was spent and nobody gave up, the member asks for a
-quarter more than it holds, and keeps asking while that is spent too.
+beyond the grant by asking more than was spent. A pool of workers that block on
+``acquire`` does not: it asks only as fast as it is served, and it shows itself
+by always having a caller waiting. So when callers were waiting nine tenths of
+the time, the whole grant was spent and nobody gave up, the member asks for a
+quarter more than it holds. (Open-loop callers at the rate of the grant, paced,
+wait about half the time: each for part of the spacing.)
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class Share:
         "_pending",
         "_used",
         "_w",
+        "_waiters",
+        "_waiting_since",
         "asked",
         "before",
         "grant",
@@ -66,7 +70,7 @@ class Share:
         "period_start",
         "spent",
         "tat",
-        "waited",
+        "waiting_ns",
         "window_ns",
     )
 
@@ -84,7 +88,9 @@ class Share:
         self.tat = 0
         self.asked = 0  # permits asked for since the last report
         self.spent = 0  # permits spent since the last report
-        self.waited = False  # a caller waited for a permit since the last report
+        self._waiters = 0  # callers waiting for a permit now
+        self._waiting_since = 0
+        self.waiting_ns = 0  # time with a caller waiting, since the last report
         self.last: tuple[int, int] | None = None  # wants and used, last reported
         self.period_start = now
 
@@ -165,6 +171,18 @@ class Share:
             self._roll(w)
         return self._count, self._used
 
+    def begin_wait(self, now: int) -> None:
+        """A caller starts waiting for a permit."""
+        if self._waiters == 0:
+            self._waiting_since = now
+        self._waiters += 1
+
+    def end_wait(self, now: int) -> None:
+        """A caller stops waiting (it got its permit or gave up)."""
+        self._waiters -= 1
+        if self._waiters == 0:
+            self.waiting_ns += max(0, now - max(self._waiting_since, self.period_start))
+
     # -- what the member reports ------------------------------------------------
 
     def report(self, now: int, least_ns: int = 0) -> tuple[int, int, int]:
@@ -179,10 +197,14 @@ class Share:
         per_window = MILLI * self.window_ns / elapsed
         wants = round(self.asked * per_window)
         used = round(self.spent * per_window)
-        if self.waited and used * 20 >= has * 19 and self.asked * 20 <= self.spent * 21:
+        waiting = self.waiting_ns
+        if self._waiters:
+            waiting += now - max(self._waiting_since, self.period_start)
+        blocked = waiting * 10 >= elapsed * 9
+        if blocked and used * 20 >= has * 19 and self.asked * 20 <= self.spent * 21:
             wants = max(wants, has + has // 4 + MILLI)  # blocked callers: ask for more
         self.asked = self.spent = 0
-        self.waited = False
+        self.waiting_ns = 0
         self.period_start = now
         self.last = (wants, used)
         return wants, has, used
