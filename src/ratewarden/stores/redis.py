@@ -28,11 +28,14 @@ from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import (
+    AskError,
     ClusterDownError,
+    MovedError,
     NoScriptError,
     RedisClusterException,
     RedisError,
     SlotNotCoveredError,
+    TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -593,6 +596,23 @@ class RedisStore:
 _Item: TypeAlias = tuple[str, int, list[Any], asyncio.Future[Any], float]
 # a cluster node's answer that says the client's map of the cluster may be wrong
 _MAP_FAILURES = (RedisConnectionError, RedisTimeoutError, ClusterDownError, SlotNotCoveredError)
+# a cluster node's answer that says where to send a command instead (MovedError is an
+# AskError), or to send it again
+_REDIRECTS = (AskError, TryAgainError)
+REDIRECT_ROUNDS = 3  # a stale map's MOVED, then the new owner's ASK, and one spare
+
+
+async def _move_slot(manager: Any, error: MovedError) -> None:
+    """Points ``error``'s slot at its new owner in a cluster client's map, as
+    redis-py does on a MOVED: redis-py 8 awaits ``move_slot``, 7.2 to 7.4 call it,
+    older ones apply the error at their next lookup of a slot."""
+    move = getattr(manager, "move_slot", None)
+    if move is None:
+        manager._moved_exception = error
+        return
+    done = move(error)
+    if inspect.isawaitable(done):
+        await done
 
 
 class _Batcher:
@@ -613,7 +633,11 @@ class _Batcher:
     commands' places and keeps its map of the cluster as it was: after a
     failover it would send to the dead master for good. So after such an error,
     or a batch that ran out of time, the next batch (the breaker's probe) first
-    asks the cluster for its map again."""
+    asks the cluster for its map again.
+
+    A cluster node's redirections (a slot migrating: ASK; moved: MOVED) are
+    followed here, all of a batch's in one more pipeline (see `_redirect`), not
+    by redis-py's pipeline, which follows each alone, one after the other."""
 
     def __init__(
         self,
@@ -693,7 +717,11 @@ class _Batcher:
                     # not pipe.evalsha, which redis-py's cluster pipeline refuses (it
                     # routes EVALSHA by its keys all the same)
                     pipe.execute_command(*command)
-                results = await pipe.execute(raise_on_error=False)
+                if self.cluster:
+                    results = await pipe.execute(raise_on_error=False, allow_redirections=False)
+                    await self._redirect(commands[len(load) :], results)
+                else:
+                    results = await pipe.execute(raise_on_error=False)
             if self.cluster and any(isinstance(r, _MAP_FAILURES) for r in results):
                 self.remap = True
         if not merged:
@@ -708,6 +736,52 @@ class _Batcher:
                 spread.append(together[at : at + 4])
                 at += 4
         return spread
+
+    async def _redirect(self, commands: list[list[Any]], results: list[Any]) -> None:
+        """Sends ``commands`` that a cluster node redirected again, their answers
+        put in ``results`` in place: an ASK's (its slot is migrating and the key
+        has left) to the node it names, each after an ASKING on the same
+        connection; a MOVED's (the slot has moved) to the new owner, once the
+        client's map says so; a TRYAGAIN's as it was. A round is one pipeline, to
+        every node at once, and a batch has at most `REDIRECT_ROUNDS`; redis-py's
+        pipeline would send each alone, one after the other, an ASK's to the old
+        owner first: three round trips a check in a row, for as long as the
+        migration lasts, which under load outlasted the timeout. An ASK to a node
+        the map does not know stays a failure and asks for a new map."""
+        client = self.client
+        for _ in range(REDIRECT_ROUNDS):
+            again = [i for i, result in enumerate(results) if isinstance(result, _REDIRECTS)]
+            if not again:
+                return
+            pipe = client.pipeline(transaction=False)
+            sent: list[tuple[int, bool]] = []  # a command's index, and whether ASKING leads it
+            moved: set[int] = set()
+            for i in again:
+                error = results[i]
+                if isinstance(error, MovedError):
+                    if error.slot_id not in moved:
+                        moved.add(error.slot_id)
+                        await _move_slot(client.nodes_manager, error)
+                    pipe.execute_command(*commands[i])
+                    sent.append((i, False))
+                elif isinstance(error, AskError):
+                    node = client.get_node(host=error.host, port=error.port)
+                    if node is None:
+                        self.remap = True
+                        continue
+                    pipe.execute_command("ASKING", target_nodes=node)
+                    pipe.execute_command(*commands[i], target_nodes=node)
+                    sent.append((i, True))
+                else:
+                    pipe.execute_command(*commands[i])
+                    sent.append((i, False))
+            if not sent:
+                return
+            answers = iter(await pipe.execute(raise_on_error=False, allow_redirections=False))
+            for i, asking in sent:
+                if asking:
+                    next(answers)  # ASKING's OK; had it failed, so did the command
+                results[i] = next(answers)
 
     async def _send(self, batch: list[_Item]) -> None:
         deadline = None if self.timeout is None else batch[0][4] + self.timeout
