@@ -17,9 +17,10 @@ Install with ``pip install ratewarden[redis]``.
 
 from ._admin import alist_quotas, ashow_quota, list_quotas, set_quota, show_quota
 from ._alloc import ALLOCATORS, allocate
+from ._aquota import AsyncFleetQuota, AsyncQuotaSlot
 from ._config import QuotaConfig
 from ._coord import AsyncCoordinator, Coordinator, MemberStatus, QuotaStatus
-from ._quota import AsyncFleetQuota, AsyncQuotaSlot, FleetQuota, QuotaSlot
+from ._quota import FleetQuota, QuotaSlot
 
 __all__ = [
     "ALLOCATORS",
