@@ -1,0 +1,219 @@
+"""`ratewarden simulate`: small runs on the coordinator's model that must show the
+fleet's invariants and key figures, one run on a real Redis that must match the
+model's run event for event, and the command itself.
+
+Two figures the fleet misses today are strict xfails (see docs/fleet-simulation.md):
+when the fleet logic is fixed they pass, and the marks must go."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from ratewarden.fleet._scenarios import Result, Scenario, check, documented
+from ratewarden.fleet._simulate import (
+    ModelBackend,
+    RedisBackend,
+    TrueClock,
+    _Progress,
+    add_arguments,
+    main,
+    simulate,
+)
+from tests.redis_server import RedisServer
+
+
+def invariant(r: Result) -> None:
+    """The sum of grants never exceeds the total, as the coordinator and as the
+    members count it (but in the moments after a cut that some have not heard of)."""
+    assert r.coord_max <= 1.0
+    assert r.coord_violations == 0
+    assert r.local_max <= 1.0
+    assert r.local_violations == 0
+
+
+def test_a_saturated_uniform_fleet_spends_the_total_and_no_more() -> None:
+    r = simulate(Scenario(members=8, rate="400/second", seconds=12, demand=1.5))
+    invariant(r)
+    assert r.over == []
+    assert r.utilisation >= 0.99
+    assert max(r.admitted) == 400
+    assert r.arrivals == sum(r.admitted) + r.gave_up + r.waiting_at_end
+
+
+def test_pacing_spreads_each_second_unpaced_spends_it_at_the_start() -> None:
+    paced = simulate(Scenario(members=8, seconds=8, demand=1.5))
+    unpaced = simulate(Scenario(members=8, seconds=8, demand=1.5, pace=False))
+    assert paced.bin_peak <= 1.5
+    assert unpaced.bin_peak >= 50  # the whole second in its first 10 ms
+    assert paced.over == unpaced.over == []
+
+
+def test_demand_following_beats_equal_under_skewed_demand() -> None:
+    runs = {
+        algorithm: simulate(Scenario("skewed", 8, algorithm=algorithm, seconds=15, skew_ms=100.0))
+        for algorithm in ("equal", "fair_share", "proportional_share")
+    }
+    for r in runs.values():
+        invariant(r)
+        assert r.max_excess <= 1.0  # clocks 100 ms apart, paced: at most a permit each
+    assert runs["fair_share"].utilisation > runs["equal"].utilisation + 0.1
+    assert runs["proportional_share"].utilisation > runs["equal"].utilisation + 0.1
+
+
+def test_a_cut_of_the_total_reaches_everyone_and_the_invariant_holds() -> None:
+    scenario = Scenario("total-change", 24, seconds=15, skew_ms=100.0)
+    heard = simulate(scenario)
+    invariant(heard)
+    assert heard.local_max_cut == pytest.approx(2.0, abs=0.01)  # before the message
+    assert heard.cut_unheard_ms <= scenario.pubsub_ms
+    assert [r["total"] for r in heard.reaches] == [1000, 2000]
+    assert all(r["seconds"] * 1000 <= scenario.pubsub_ms for r in heard.reaches)
+    assert (heard.limits[4], heard.limits[5], heard.limits[10]) == (2000, 1000, 2000)
+    assert heard.max_excess <= 1.0
+
+    deaf = simulate(scenario.but(pubsub=False))  # members learn at their next refresh
+    invariant(deaf)
+    assert all(r["refreshes"] <= 1 for r in deaf.reaches)
+    assert all(0.5 < r["seconds"] <= 1.1 * scenario.refresh for r in deaf.reaches)
+    assert deaf.max_excess > 10  # what the channel is for
+
+
+def test_joiners_converge_and_the_dead_are_reclaimed_within_a_lease() -> None:
+    scenario = Scenario("churn", 16, seconds=24, skew_ms=100.0)
+    r = simulate(scenario)
+    invariant(r)
+    assert len(r.convergence) == 4
+    assert r.convergence_max is not None
+    assert 0 <= r.convergence_max <= 2
+    assert len(r.reclaims) == 2
+    for reclaim in r.reclaims:
+        assert 0 < reclaim["after_death"] <= scenario.lease
+        assert reclaim["after_last_refresh"] >= scenario.lease  # not before it ended
+    assert r.roles["member-015"] == "joins late"
+    assert sorted(r.roles.values()).count("dies") == 2
+
+
+def test_bursts_keep_the_invariant() -> None:
+    r = simulate(Scenario("bursts", 24, seconds=12, demand=1.0))
+    invariant(r)
+    assert r.over == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="members' `before` go stale when an earlier member's grant grows: their"
+    " stretches overlap and a window can hold total+1 permits (docs/fleet-simulation.md)",
+)
+def test_ten_a_second_over_96_members_never_admits_eleven() -> None:
+    r = simulate(documented(10, seed=2)["a/fair_share"])
+    assert max(r.admitted) <= 10
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="demand measured over one refresh is noisy and the blocked-caller boost"
+    " holds capacity the callers cannot use (docs/fleet-simulation.md)",
+)
+def test_skewed_demand_is_served_to_97_percent() -> None:
+    r = simulate(documented(20)["b/fair_share"])
+    assert r.utilisation >= 0.97
+
+
+def test_the_real_script_runs_the_same_simulation_as_the_model(
+    redis_single: RedisServer,
+) -> None:
+    scenario = Scenario("total-change", 12, seconds=9, skew_ms=100.0)
+    model = simulate(scenario)
+    with redis_single.client() as client:
+
+        def backend(clock: TrueClock) -> RedisBackend:
+            return RedisBackend(client, clock, "test-simulate")
+
+        real = simulate(scenario, backend)
+        assert client.keys("*test-simulate*") == []  # cleaned up
+    assert real.backend == "redis"
+    assert model.backend == "model"
+    assert real.admitted == model.admitted
+    assert real.grants == model.grants
+    assert real.reaches == model.reaches
+    invariant(real)
+
+
+def test_documented_checks_read_the_figures() -> None:
+    runs = documented(6)
+    results = {key: simulate(runs[key]) for key in ("c/paced", "c/unpaced")}
+    checks = {c.what.split(":")[0]: c for c in check(results)}
+    assert checks["paced"].ok is True
+    assert checks["unpaced"].ok is None  # shown, no target
+    assert checks["every run (2)"].ok is True
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_the_command_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(parse("--members", "4", "--total", "100", "--seconds", "4", "--json")) == 0
+    out = json.loads(capsys.readouterr().out)
+    run = out["runs"]["uniform/fair_share"]
+    assert run["scenario"]["rate"] == "100/second"
+    assert run["grants_coordinator_max_ratio"] <= 1
+    assert len(run["admitted_per_window"]) == 4
+
+
+def test_the_command_compares_algorithms(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(parse("--algorithm", "all", "--seconds", "3", "--members", "3")) == 0
+    out = capsys.readouterr().out
+    for algorithm in ("equal", "proportional_share", "fair_share", "static"):
+        assert f"uniform/{algorithm}" in out
+
+
+def test_the_command_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(parse("--members", "500")) == 1
+    assert "members must be 1-200" in capsys.readouterr().err
+
+
+def test_the_command_draws_its_plots(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    args = parse("--pattern", "churn", "--seconds", "12", "--plots", str(tmp_path))
+    assert main(args) == 0
+    for name in ("pacing", "grants", "admitted", "utilisation"):
+        png = tmp_path / f"fleet-{name}.png"
+        assert png.read_bytes()[:4] == b"\x89PNG"
+        assert png.stat().st_size < 150_000
+
+
+def test_the_progress_bar_draws_on_a_terminal_only() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, pipe = Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        bar = _Progress(10, stream)
+        bar.label = "run"
+        bar.advance(5)
+        bar.close()
+    assert "50%" in terminal.getvalue()
+    assert pipe.getvalue() == ""
+
+
+def test_the_model_backend_reports_what_is_held() -> None:
+    clock = TrueClock(1_763_900_000 * 10**9)
+    backend = ModelBackend(clock)
+    scenario = Scenario(members=2, rate="10/second")
+    assert backend.set(scenario.config()) == []
+    reply = backend.refresh("a", wants=4000, has=0, used=0, throttled=0, restore=None)
+    assert reply is not None
+    assert reply.grant == 4000
+    assert backend.held() == (4000, 10_000)
+    assert backend.holds("a")
+    assert backend.set(scenario.config(total=5)) == ["2 5000 10000"]
+    assert backend.held() == (2000, 5000)
