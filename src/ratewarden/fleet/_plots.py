@@ -79,8 +79,10 @@ def grants(r: Result, path: Path) -> Path:
     end = r.scenario.seconds
     for member, points in sorted(r.grants.items()):
         role = r.roles.get(member, "member")
-        xs = [t for t, _ in points] + [end]
-        ys = [g for _, g in points] + [points[-1][1]]
+        gone = r.departed.get(member, end)  # a line ends where its member left or died
+        kept = [(t, g) for t, g in points if t <= gone]
+        xs = [t for t, _ in kept] + [gone]
+        ys = [g for _, g in kept] + [kept[-1][1]]
         ax.step(xs, ys, where="post", color=ROLES.get(role, "tab:blue"), linewidth=0.7,
                 alpha=0.6, label=None if role in seen else role)  # fmt: skip
         seen.add(role)

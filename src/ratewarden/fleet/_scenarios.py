@@ -297,6 +297,7 @@ class Result:
     reaches: list[dict[str, Any]] = field(default_factory=list)
     grants: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)
+    departed: dict[str, float] = field(default_factory=dict)  # member: left or died, seconds
     held: list[tuple[float, float]] = field(default_factory=list)  # per window: coord, local
     member_admitted: list[int] = field(default_factory=list)  # after the warm-up
     events: int = 0

@@ -632,6 +632,7 @@ class _Run:
         if self.reach is not None:
             self.reach.pop(node.index, None)
             self._reach_done()
+        self.r.departed[node.id] = (self.clock.now - self.start) / 1e9
         if clean:
             self.backend.leave(member.id)
         else:
