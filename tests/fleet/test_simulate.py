@@ -217,3 +217,8 @@ def test_the_model_backend_reports_what_is_held() -> None:
     assert backend.holds("a")
     assert backend.set(scenario.config(total=5)) == ["2 5000 10000"]
     assert backend.held() == (2000, 5000)
+
+
+def test_an_unreachable_redis_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(parse("--redis", "redis://127.0.0.1:1/0", "--seconds", "3")) == 1
+    assert "ratewarden simulate: " in capsys.readouterr().err

@@ -57,6 +57,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from redis.exceptions import RedisError
+
 from .._errors import ConfigurationError, RatewardenError, StoreUnavailable
 from ._alloc import ALLOCATORS, MILLI, allocate
 from ._config import QuotaConfig
@@ -1060,7 +1062,7 @@ def main(args: argparse.Namespace) -> int:
     option was wrong."""
     try:
         return _main(args, sys.stdout, sys.stderr)
-    except RatewardenError as exc:
+    except (RatewardenError, RedisError, OSError) as exc:
         print(f"ratewarden simulate: {exc}", file=sys.stderr)
         return 1
 
