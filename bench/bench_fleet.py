@@ -1,8 +1,8 @@
 """Fleet quotas judged at the provider: 8 processes share 2,000/s under skewed demand.
 
-    .venv/bin/python bench/bench_fleet.py                 # paced, the three algorithms, ~75 s
-    .venv/bin/python bench/bench_fleet.py --no-pace       # the same unpaced, for comparison
-    .venv/bin/python bench/bench_fleet.py --section micro # the local acquire cost alone, ~1 min
+    .venv/bin/python bench/bench_fleet.py                 # fleet (~75 s) then micro (~5 min)
+    .venv/bin/python bench/bench_fleet.py --section fleet --no-pace  # unpaced, to compare
+    .venv/bin/python bench/bench_fleet.py --section micro # the local acquire cost alone
     .venv/bin/python bench/bench_fleet.py --json out.json
 
 Starts a redis-server of its own on a free loopback port, and per run a fresh
