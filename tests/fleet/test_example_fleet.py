@@ -58,9 +58,9 @@ def test_no_provider_second_goes_over_the_limit(shared: dict[str, Any]) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="fleet: a member whose callers block on acquire loses its grant and does not"
-    " get it back (the blocked-caller probe misses small and just-changed grants, and"
-    " pacing loses each late wake-up); the workers drain at 10-130/s, not 200/s",
+    reason="fleet: workers that block on acquire ask only as fast as they are served;"
+    " with wants below the total nobody is handed the spare capacity, and the"
+    " blocked-caller probe grows a grant a quarter a refresh: the queue drains late",
 )
 def test_the_queue_drains_at_the_providers_limit(shared: dict[str, Any]) -> None:
     assert shared["drained"], f"{shared['done']} of {JOBS} jobs done in {TIMEOUT} s"

@@ -143,4 +143,42 @@ def test_a_period_too_short_to_measure_repeats_the_last_figures() -> None:
     share.asked = 1  # one call a millisecond after: not a rate of 1000 a second
     assert share.report(S + 1_000_000, S // 2)[0] == 8_000
     share.asked += 3
-    assert share.report(2 * S, S // 2)[0] == 4_000  # the period went on
+    # the period went on (4 calls), and too few calls bring the period before in: 12 in 2 s
+    assert share.report(2 * S, S // 2)[0] == 6_000
+
+
+def test_a_late_wake_up_keeps_the_pacing_schedule() -> None:
+    share = Share(S, pace=True)
+    start = W0 * S
+    share.apply(4000, 4000, 0, start)
+    i = S // 4
+    assert share.take(start) == 0
+    assert share.take(start + i + i // 2) == 0  # half an interval late
+    assert share.take(start + 2 * i) == 0  # the next slot has not moved
+    assert share.take(start + 2 * i + 1) > 0  # and no burst beyond it
+
+
+def test_after_an_idle_spell_the_schedule_starts_again() -> None:
+    share = Share(S, pace=True)
+    start = W0 * S
+    share.apply(4000, 4000, 0, start)
+    assert share.take(start + S // 2) == 0
+    assert share.take(start + S // 2) == S // 4  # no catching up on the idle slots
+
+
+def test_an_unused_boost_is_not_asked_for_again_for_a_while() -> None:
+    share = Share(S, now=0)
+    share.apply(20_000, 20_000, 0, 0)
+
+    def period(start: int, asked: int) -> int:
+        share.begin_wait(start)
+        for _ in range(asked):
+            share.asked += 1
+            share.take(start)
+        share.end_wait(start + S)
+        return share.report(start + S)[0]
+
+    assert period(0, 20) == 20_000 + 5_000 + 1_000  # looked like a blocked pool
+    share.apply(26_000, 26_000, 0, S)  # applies from the next window
+    assert period(S, 20) == 20_000  # the boost went unused: open-loop callers after all
+    assert [period(k * S, 26) for k in range(2, 6)] == [26_000] * 4  # no boost meanwhile

@@ -32,17 +32,21 @@ What the member reports back: ``used``, the permits it spent a window, and
 whether it got a permit, waited or gave up). Callers that give up show demand
 beyond the grant by asking more than was spent. A pool of workers that block on
 ``acquire`` does not: it asks only as fast as it is served, and it shows itself
-by always having a caller waiting. So when callers were waiting nine tenths of
-the time, the whole grant was spent and nobody gave up, the member asks for a
-quarter more than it holds. (Open-loop callers at the rate of the grant, paced,
-wait about half the time: each for part of the spacing.)
+by always having a caller waiting. So when a caller was waiting nine tenths of
+the time, most of the grant was spent and nobody gave up, the member asks for a
+quarter more than it holds. Open-loop callers arriving a little faster than the
+grant look the same for a while; when a quarter more went unused, the member
+does not ask again for eight reports.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 __all__ = ["Share"]
 
 MILLI = 1000
+SAMPLE = 20  # calls a demand estimate wants at least (else earlier periods join in)
 STEP = 618  # how far the marks move each window, in millipermits: 1000 / golden ratio
 
 
@@ -63,8 +67,11 @@ class Share:
         "_waiting_since",
         "asked",
         "before",
+        "boosted",
+        "cooldown",
         "grant",
         "held",
+        "history",
         "last",
         "pace",
         "period_start",
@@ -92,6 +99,9 @@ class Share:
         self._waiting_since = 0
         self.waiting_ns = 0  # time with a caller waiting, since the last report
         self.last: tuple[int, int] | None = None  # wants and used, last reported
+        self.boosted = 0  # the grant when the last report asked for more, else 0
+        self.history: deque[tuple[int, int]] = deque(maxlen=4)  # earlier (asked, ns)
+        self.cooldown = 0  # reports left without asking for more
         self.period_start = now
 
     # -- the coordinator's word --------------------------------------------------
@@ -159,7 +169,11 @@ class Share:
             tat = self.tat
             if now < tat:
                 return tat - now
-            self.tat = (tat if tat > now else now) + self._interval * cost
+            # a caller that wakes late (by less than an interval) keeps the
+            # schedule: the next slot stays where it was, so lateness costs no
+            # permit; after an idle spell the schedule starts again from now
+            interval = self._interval
+            self.tat = (tat if tat >= now - interval else now) + interval * cost
         self._used += cost
         self.spent += cost
         return 0
@@ -195,14 +209,31 @@ class Share:
         if elapsed < least_ns and self.last is not None:
             return self.last[0], has, self.last[1]
         per_window = MILLI * self.window_ns / elapsed
-        wants = round(self.asked * per_window)
         used = round(self.spent * per_window)
+        # a rate from a handful of calls is noise (3 a second counts 0 to 7 in
+        # a second): earlier periods join in until the calls number 20
+        asked, span = self.asked, elapsed
+        for earlier_asked, earlier_span in reversed(self.history):
+            if asked >= SAMPLE:
+                break
+            asked += earlier_asked
+            span += earlier_span
+        self.history.append((self.asked, elapsed))
+        wants = round(asked * MILLI * self.window_ns / span)
         waiting = self.waiting_ns
         if self._waiters:
             waiting += now - max(self._waiting_since, self.period_start)
         blocked = waiting * 10 >= elapsed * 9
-        if blocked and used * 20 >= has * 19 and self.asked * 20 <= self.spent * 21:
+        served = self.asked * 20 <= self.spent * 21 + 20 * self._waiters  # nobody gave up
+        boosted = False
+        if self.cooldown:
+            self.cooldown -= 1
+        elif self.boosted and used * 50 <= self.boosted * 51:
+            self.cooldown = 8  # the last boost went unused: these callers were no pool
+        elif blocked and served and used * 5 >= has * 4:
             wants = max(wants, has + has // 4 + MILLI)  # blocked callers: ask for more
+            boosted = True
+        self.boosted = has if boosted else 0
         self.asked = self.spent = 0
         self.waiting_ns = 0
         self.period_start = now
