@@ -181,7 +181,6 @@ def test_the_command_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_the_command_draws_its_plots(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     args = parse("--pattern", "churn", "--seconds", "12", "--plots", str(tmp_path))
     assert main(args) == 0
     for name in ("pacing", "grants", "admitted", "utilisation"):
