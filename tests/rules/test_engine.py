@@ -280,6 +280,7 @@ def test_sighup_reloads(tmp_path: Path, store: MemoryStore) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text("rules: [{name: a, rate: 1/minute}]\n")
     engine = RuleEngine(path, store)
+    before = signal.getsignal(signal.SIGHUP)  # SIG_IGN under nohup, else SIG_DFL
     restore = engine.reload_on_sighup()
     try:
         path.write_text("rules: [{name: a, rate: 1/minute}, {name: b, rate: 9/minute}]\n")
@@ -294,7 +295,7 @@ def test_sighup_reloads(tmp_path: Path, store: MemoryStore) -> None:
         assert len(engine.ruleset) == 2
     finally:
         restore()
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGHUP) is before
 
 
 def test_the_async_engine_is_the_same(clock: FakeClock) -> None:
