@@ -11,6 +11,8 @@ Routes (``openapi()`` documents the same, from the same msgspec types):
     POST   /v1/check          one check -> CheckResult
     POST   /v1/check/batch    up to 1000 checks -> {"results": [...]}
     GET    /v1/rules          the rules in force
+    GET    /v1/quotas         the fleet quotas in the Redis store, summed up
+    GET    /v1/quotas/{name}  one fleet quota and its members
     POST   /v1/reload         load the rule file again (admin)
     DELETE /v1/keys/{key}     forget a key, in every limit or one rule's (admin)
     ANY    /auth              for gateways: 200, or 429 + Retry-After + X-RateLimit-*
@@ -31,7 +33,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
 import msgspec
@@ -39,7 +41,11 @@ import msgspec
 from .._errors import ConfigurationError, StoreError
 from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
 from ._metrics import CONTENT_TYPE_LATEST
+from ._quotas import MAX_LISTED, Quota, QuotaList, summary
 from ._service import InvalidRequest, Service
+
+if TYPE_CHECKING:
+    from ._quotaread import QuotaReader
 
 __all__ = ["App", "auth_attributes"]
 
@@ -163,12 +169,18 @@ class App:
             ("POST", "/v1/check"): (self._check, "check", "check"),
             ("POST", "/v1/check/batch"): (self._batch, "batch", "check"),
             ("GET", "/v1/rules"): (self._rules, "rules", "check"),
+            ("GET", "/v1/quotas"): (self._quotas, "quotas", "check"),
             ("POST", "/v1/reload"): (self._reload, "reload", "admin"),
             ("GET", "/healthz"): (self._health, "healthz", "public"),
             ("GET", "/readyz"): (self._ready, "readyz", "public"),
             ("GET", "/metrics"): (self._metrics, "metrics", "check"),
             ("GET", "/openapi.json"): (self._openapi_doc, "openapi", "check"),
         }
+        # paths under a prefix: (prefix, method, handler, endpoint name, who)
+        self._prefixed: tuple[tuple[str, str, _Handler, str, str], ...] = (
+            ("/v1/keys/", "DELETE", self._reset, "keys", "admin"),
+            ("/v1/quotas/", "GET", self._quota, "quota", "check"),
+        )
         self._paths = {path for _, path in self._routes} | {"/auth"}
         self._allowed = {
             path: ", ".join(sorted(m for m, p in self._routes if p == path)) for path in self._paths
@@ -198,20 +210,10 @@ class App:
             else:
                 route = self._routes.get((method, path))
                 if route is None:
-                    if path.startswith("/v1/keys/") and method == "DELETE":
-                        endpoint = "keys"
-                        self._authorize(scope, "admin")
-                        status, headers, body = await self._reset(scope)
-                    elif path in self._paths or path.startswith("/v1/keys/"):
-                        allow = self._allowed.get(path, "DELETE")
-                        raise _HTTPError(405, f"{method} is not allowed on {path}",
-                                         [(b"allow", allow.encode())])  # fmt: skip
-                    else:
-                        raise _HTTPError(404, f"no such endpoint: {path}")
-                else:
-                    handler, endpoint, who = route
-                    self._authorize(scope, who)
-                    status, headers, body = await handler(scope, receive)
+                    route = self._prefixed_route(method, path)
+                handler, endpoint, who = route
+                self._authorize(scope, who)
+                status, headers, body = await handler(scope, receive)
         except _HTTPError as exc:
             status, headers, body = exc.status, _JSON + exc.headers, _encode(Problem(exc.message))
         except InvalidRequest as exc:
@@ -224,6 +226,19 @@ class App:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         self._observe(endpoint, time.perf_counter() - started)
+
+    def _prefixed_route(self, method: str, path: str) -> tuple[_Handler, str, str]:
+        for prefix, allowed, handler, endpoint, who in self._prefixed:
+            if path.startswith(prefix):
+                if method != allowed:
+                    raise _HTTPError(405, f"{method} is not allowed on {path}",
+                                     [(b"allow", allowed.encode())])  # fmt: skip
+                return handler, endpoint, who
+        allow = self._allowed.get(path)
+        if allow is not None:
+            raise _HTTPError(405, f"{method} is not allowed on {path}",
+                             [(b"allow", allow.encode())])  # fmt: skip
+        raise _HTTPError(404, f"no such endpoint: {path}")
 
     def _authorize(self, scope: Scope, who: str) -> None:
         if self._token is None or who == "public" or (who == "check" and self.open_checks):
@@ -297,12 +312,9 @@ class App:
             return 422, _JSON, _encode(Problem(message))
         return 200, _JSON, _encode(answer)
 
-    async def _reset(self, scope: Scope) -> _Answer:
-        # raw_path: scope["path"] is decoded already, and a key may hold %-escapes;
-        # a key is UTF-8, as the checks that made it were
-        raw = scope.get("raw_path") or scope["path"].encode()
+    async def _reset(self, scope: Scope, receive: Receive) -> _Answer:
         try:
-            key = unquote_to_bytes(raw.partition(b"?")[0][len(b"/v1/keys/") :]).decode()
+            key = _tail(scope, b"/v1/keys/")
             query = parse_qs(scope.get("query_string", b"").decode(), errors="strict")
         except UnicodeDecodeError:
             raise _HTTPError(400, "the key and the rule must be UTF-8 once %-decoded") from None
@@ -311,6 +323,38 @@ class App:
         rule = query.get("rule", [None])[-1]
         count = await self.service.reset(key, rule)
         return 200, _JSON, _encode({"key": key, "limits_reset": count})
+
+    def _quota_reader(self) -> QuotaReader:
+        reader = self.service.quotas
+        if reader is None:
+            raise _HTTPError(404, "no fleet quotas: they live in Redis, and this service's "
+                             "store is memory (ratewarden serve --store redis://...)")  # fmt: skip
+        return reader
+
+    async def _quotas(self, scope: Scope, receive: Receive) -> _Answer:
+        reader = self._quota_reader()
+        try:
+            statuses, truncated = await reader.read(MAX_LISTED)
+        except StoreError as exc:
+            raise _HTTPError(503, f"store unavailable: {exc}") from None
+        listed = {"quotas": [summary(status) for status in statuses], "truncated": truncated}
+        return 200, _JSON, _encode(listed)
+
+    async def _quota(self, scope: Scope, receive: Receive) -> _Answer:
+        reader = self._quota_reader()
+        try:
+            name = _tail(scope, b"/v1/quotas/")
+        except UnicodeDecodeError:
+            raise _HTTPError(400, "a quota name must be UTF-8 once %-decoded") from None
+        try:
+            status = await reader.show(name)
+        except ConfigurationError as exc:
+            raise _HTTPError(400, str(exc)) from None
+        except StoreError as exc:
+            raise _HTTPError(503, f"store unavailable: {exc}") from None
+        if status is None:
+            raise _HTTPError(404, f"no fleet quota named {name!r}")
+        return 200, _JSON, _encode(status.as_dict())
 
     async def _health(self, scope: Scope, receive: Receive) -> _Answer:
         if self.service.draining:
@@ -326,7 +370,8 @@ class App:
         return 200, _JSON, b'{"status":"ready"}'
 
     async def _metrics(self, scope: Scope, receive: Receive) -> _Answer:
-        body = self.service.metrics.exposition()
+        quotas = await self.service.quota_gauges()
+        body = self.service.metrics.exposition(quotas)
         return 200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], body
 
     async def _openapi_doc(self, scope: Scope, receive: Receive) -> _Answer:
@@ -353,6 +398,17 @@ class App:
 
 _Answer = tuple[int, Headers, bytes]
 _Handler = Callable[[Scope, Receive], Awaitable[_Answer]]
+
+
+def _tail(scope: Scope, prefix: bytes) -> str:
+    """The rest of the path after ``prefix``, %-decoded, as UTF-8 (raw_path:
+    scope["path"] is decoded already, and a key may hold %-escapes; a key is
+    UTF-8, as the checks that made it were). UnicodeDecodeError if it is not."""
+    raw = scope.get("raw_path")
+    if raw is None or not raw.startswith(prefix):  # no raw path, or its prefix %-escaped
+        path: str = scope["path"]
+        return path[len(prefix) :]
+    return unquote_to_bytes(raw.partition(b"?")[0][len(prefix) :]).decode()
 
 
 def _rule_name(outcome: Any) -> str:
@@ -495,9 +551,9 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
     """The OpenAPI 3.1 document, its schemas made by msgspec from the types the
     app decodes and encodes, so that it cannot drift from what the app does;
     ``secured``: a bearer token is required, as `App` requires it."""
-    (check_req, batch_req, check_res, batch_res, problem), components = (
+    (check_req, batch_req, check_res, batch_res, problem, quota, quota_list), components = (
         msgspec.json.schema_components(
-            [CheckRequest, BatchRequest, CheckResult, BatchResult, Problem],
+            [CheckRequest, BatchRequest, CheckResult, BatchResult, Problem, Quota, QuotaList],
             ref_template="#/components/schemas/{name}",
         )
     )
@@ -582,6 +638,40 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
                     "responses": {"200": answer("The rules in force", obj), **errs(401)},
                 }
             },
+            "/v1/quotas": {
+                "get": {
+                    "operationId": "quotas",
+                    "summary": "The fleet quotas in the Redis store (up to 1000), by name",
+                    "responses": {
+                        "200": answer(
+                            "Each quota's configuration and its members' sums", quota_list
+                        ),
+                        **errs(401),
+                        "404": {"description": "The store is memory: no fleet quotas", **errors},
+                        **errs(503),
+                    },
+                }
+            },
+            "/v1/quotas/{name}": {
+                "get": {
+                    "operationId": "quota",
+                    "summary": "One fleet quota: configuration, effective total, live members",
+                    "parameters": [
+                        {
+                            "name": "name",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:/-]{1,200}$"},
+                        }
+                    ],
+                    "responses": {
+                        "200": answer("The quota", quota),
+                        **errs(400, 401),
+                        "404": {"description": "No such quota, or the store is memory", **errors},
+                        **errs(503),
+                    },
+                }
+            },
             "/v1/reload": {
                 "post": {
                     "operationId": "reload",
@@ -661,8 +751,8 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
         for operation in _operations(document):
             operation.pop("security", None)
     elif open_checks:
-        for path in ("/v1/check", "/v1/check/batch", "/v1/rules", "/auth", "/metrics",
-                     "/openapi.json"):  # fmt: skip
+        for path in ("/v1/check", "/v1/check/batch", "/v1/rules", "/v1/quotas",
+                     "/v1/quotas/{name}", "/auth", "/metrics", "/openapi.json"):  # fmt: skip
             for operation in document["paths"][path].values():
                 operation["security"] = []
     return document

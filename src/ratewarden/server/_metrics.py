@@ -3,17 +3,23 @@ tests and embedded apps never share counters).
 
 Labels are bounded: ``rule`` takes rule names (or envoy config node paths), which
 the rule files fix; ``endpoint`` takes route names; never a raw key or path.
+``resource`` takes fleet quota names, at most `MAX_SCRAPED` of them; ``member``
+(member ids, which come and go with the fleet's instances) only when asked for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .._decision import Decision
+
+if TYPE_CHECKING:
+    from ..fleet import QuotaStatus
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -47,12 +53,62 @@ class _RuleCounters:
             yield family
 
 
+class _QuotaGauges:
+    """Fleet quotas' figures (permits a window), made into gauges when scraped
+    from the resources the scrape has just read (`Metrics.exposition`): one
+    series a resource, and one a member only with ``members``."""
+
+    _FAMILIES = (
+        ("ratewarden_quota_total", "A fleet quota's effective total, permits a window",
+         "effective_total"),
+        ("ratewarden_quota_wants", "Permits a window a fleet quota's members want", "wants"),
+        ("ratewarden_quota_granted", "Permits a window a fleet quota's members hold", "granted"),
+        ("ratewarden_quota_used", "Permits a fleet quota's members used in their last window",
+         "used"),
+    )  # fmt: skip
+    _MEMBER_FAMILIES = (
+        ("ratewarden_quota_member_wants", "Permits a window a member wants", "wants"),
+        ("ratewarden_quota_member_granted", "Permits a window a member holds", "has"),
+        ("ratewarden_quota_member_used", "Permits a member used in its last window", "used"),
+    )
+
+    def __init__(self, *, members: bool) -> None:
+        self.members = members
+        self.statuses: Sequence[QuotaStatus] = ()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        statuses = self.statuses
+        if not statuses:  # no Redis, no quotas, or Redis failed: no quota series at all
+            return
+        for name, text, attribute in self._FAMILIES:
+            family = GaugeMetricFamily(name, text, labels=["resource"])
+            for status in statuses:
+                family.add_metric([status.name], getattr(status, attribute))
+            yield family
+        members = GaugeMetricFamily("ratewarden_quota_members", "A fleet quota's live members",
+                                    labels=["resource"])  # fmt: skip
+        for status in statuses:
+            members.add_metric([status.name], len(status.members))
+        yield members
+        if self.members:
+            for name, text, attribute in self._MEMBER_FAMILIES:
+                family = GaugeMetricFamily(name, text, labels=["resource", "member"])
+                for status in statuses:
+                    for member in status.members:
+                        family.add_metric([status.name, member.id], getattr(member, attribute))
+                yield family
+
+
 class Metrics:
-    def __init__(self) -> None:
+    """``quota_members``: the fleet quotas' gauges per member too."""
+
+    def __init__(self, *, quota_members: bool = False) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._rules = _RuleCounters()
         r.register(self._rules)
+        self._quotas = _QuotaGauges(members=quota_members)
+        r.register(self._quotas)
         self._checks, self._over, self._near, self._shadow = self._rules.counts
         self.latency = Histogram(
             "ratewarden_request_duration_seconds",
@@ -103,5 +159,11 @@ class Metrics:
         if shadow_denied_by is not None:
             self._shadow[shadow_denied_by] = self._shadow.get(shadow_denied_by, 0) + 1
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, quotas: Sequence[QuotaStatus] = ()) -> bytes:
+        """The text format; ``quotas``: the fleet quotas the scrape read."""
+        # no await between setting and reading: one scrape's quotas are its own
+        self._quotas.statuses = quotas
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._quotas.statuses = ()

@@ -75,6 +75,7 @@ class ServeOptions:
     log_level: str = "info"
     grpc_tls: tuple[str | None, str | None, str | None] = (None, None, None)
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    quota_member_metrics: bool = False
 
 
 _LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(ConnectionLimits)}
@@ -131,6 +132,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--grpc-key", metavar="PEM", help="TLS for gRPC: private key")
     add("--grpc-client-ca", metavar="PEM",
         help="mTLS for gRPC: clients must show a certificate from this CA")  # fmt: skip
+    add("--quota-member-metrics", action="store_true",
+        help="with a Redis store: the fleet quota gauges on /metrics per member too "
+        "(a series per resource and member id)")  # fmt: skip
 
 
 def options_from(args: argparse.Namespace) -> ServeOptions:
@@ -160,6 +164,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         log_level=args.log_level,
         grpc_tls=(args.grpc_cert, args.grpc_key, args.grpc_client_ca),
         limits=limits_from(args),
+        quota_member_metrics=args.quota_member_metrics,
     )
 
 
@@ -424,7 +429,8 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
     disable_created_metrics()  # type: ignore[no-untyped-call]  # a *_created series per rule doubles /metrics for nothing
     store = make_store(options.store, options)
     service = Service(options.config, store, envoy_files=options.envoy_config,
-                      domain=options.domain)  # fmt: skip
+                      domain=options.domain,
+                      quota_member_metrics=options.quota_member_metrics)  # fmt: skip
     servers = _Servers(options, http_socket)
     # The compiled rules and the imported modules live as long as the process:
     # moved out of the collector's reach, they no longer lengthen every full

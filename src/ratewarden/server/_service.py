@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, RatewardenError, StoreError
 from .._limiter import AsyncLimiter
@@ -27,6 +27,11 @@ from ._core import (
     whole_cost,
 )
 from ._metrics import Metrics
+from ._quotas import MAX_SCRAPED
+
+if TYPE_CHECKING:
+    from ..fleet import QuotaStatus
+    from ._quotaread import QuotaReader
 
 __all__ = ["InvalidRequest", "NotFound", "Service", "Unprocessable"]
 
@@ -58,6 +63,8 @@ class Service:
 
     ``domain`` is the envoy domain whose descriptors the YAML rules decide; the
     domains of ``envoy_files`` follow envoyproxy/ratelimit's configuration.
+    With a Redis store, ``quotas`` reads the fleet quotas in it (None with the
+    memory store); ``quota_member_metrics``: their gauges per member too.
     """
 
     def __init__(
@@ -67,6 +74,7 @@ class Service:
         *,
         envoy_files: Sequence[str | os.PathLike[str]] = (),
         domain: str = "ratewarden",
+        quota_member_metrics: bool = False,
     ) -> None:
         self.store = store
         self.engine = AsyncRuleEngine(rules, store)
@@ -78,9 +86,15 @@ class Service:
                 " pick another --domain"
             )
         self.domain = domain
-        self.metrics = Metrics()
+        self.metrics = Metrics(quota_members=quota_member_metrics)
         self.metrics.rules.set(len(self.engine.ruleset))
         self.draining = False
+        self.quotas: QuotaReader | None = None
+        client = getattr(store, "client", None)  # a Redis store's (the memory store has none)
+        if client is not None:
+            from ._quotaread import QuotaReader  # noqa: PLC0415 - the redis extra
+
+            self.quotas = QuotaReader(client)
 
     # -- checks ---------------------------------------------------------------
 
@@ -238,6 +252,18 @@ class Service:
         if self.envoy is None:
             return {}
         return {lim.name or "": lim for lim in self.envoy.limiters}
+
+    async def quota_gauges(self) -> Sequence[QuotaStatus]:
+        """The fleet quotas a /metrics scrape exports: none without Redis, and
+        none when Redis fails, rather than a failed scrape."""
+        if self.quotas is None:
+            return ()
+        try:
+            statuses, _ = await self.quotas.read(MAX_SCRAPED)
+        except StoreError as exc:
+            log.warning("fleet quota gauges left out of /metrics: %s", exc)
+            return ()
+        return statuses
 
     async def ready(self) -> str | None:
         """None when the store answers; else why not."""
