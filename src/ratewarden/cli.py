@@ -1,5 +1,5 @@
 """The ``ratewarden`` command: ``serve``, ``demo``, ``check-config FILE``,
-``explain FILE --attr k=v``, ``quota set|show|list``.
+``explain FILE --attr k=v``, ``quota set|show|list``, ``simulate``.
 
 The rule commands import ``ratewarden.rules`` (and so PyYAML) only when they run,
 ``serve`` the server packages only when it runs, ``quota`` the fleet quotas (and
@@ -428,10 +428,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     why.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
                      help="a request header")  # fmt: skip
     _add_quota(sub)
+    simulate = sub.add_parser(
+        "simulate", help="a fleet quota's members on a virtual clock: figures and plots"
+    )
+    try:
+        from .fleet import _simulate  # noqa: PLC0415 - the Redis client, if installed
+    except ImportError:
+        simulate_missing = True
+    else:
+        simulate_missing = False
+        _simulate.add_arguments(simulate)
     args = parser.parse_args(argv)
     try:
         if args.command == "quota":
             return quota(args)
+        if args.command == "simulate":
+            if simulate_missing:
+                print("ratewarden simulate needs: pip install 'ratewarden[simulate]'",
+                      file=sys.stderr)  # fmt: skip
+                return 1
+            return _simulate.main(args)
         if args.command == "serve":
             if serve_missing:
                 print("ratewarden serve needs: pip install 'ratewarden[server,grpc]'",

@@ -221,3 +221,11 @@ def test_the_model_backend_reports_what_is_held() -> None:
 def test_an_unreachable_redis_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(parse("--redis", "redis://127.0.0.1:1/0", "--seconds", "3")) == 1
     assert "ratewarden simulate: " in capsys.readouterr().err
+
+
+def test_ratewarden_simulate_is_a_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from ratewarden.cli import main as ratewarden
+
+    assert ratewarden(["simulate", "--members", "4", "--seconds", "6"]) == 0
+    assert "uniform/fair_share" in capsys.readouterr().out
+    assert ratewarden(["simulate", "--members", "500"]) == 1
