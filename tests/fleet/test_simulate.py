@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ratewarden.cli import main as ratewarden
 from ratewarden.fleet._scenarios import Result, Scenario, check, documented
 from ratewarden.fleet._simulate import (
     ModelBackend,
@@ -224,8 +225,6 @@ def test_an_unreachable_redis_is_a_clear_error(capsys: pytest.CaptureFixture[str
 
 
 def test_ratewarden_simulate_is_a_command(capsys: pytest.CaptureFixture[str]) -> None:
-    from ratewarden.cli import main as ratewarden
-
     assert ratewarden(["simulate", "--members", "4", "--seconds", "6"]) == 0
     assert "uniform/fair_share" in capsys.readouterr().out
     assert ratewarden(["simulate", "--members", "500"]) == 1
