@@ -431,13 +431,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     simulate = sub.add_parser(
         "simulate", help="a fleet quota's members on a virtual clock: figures and plots"
     )
-    try:
-        from .fleet import _simulate  # noqa: PLC0415 - the Redis client, if installed
-    except ImportError:
-        simulate_missing = True
-    else:
-        simulate_missing = False
-        _simulate.add_arguments(simulate)
+    # its options need the fleet package (and so the Redis client): imported only
+    # when the command is simulate, as quota's and serve's packages are
+    words = sys.argv[1:] if argv is None else list(argv)
+    simulate_missing = True
+    if words[:1] == ["simulate"]:
+        try:
+            from .fleet import _simulate  # noqa: PLC0415 - the Redis client, if installed
+        except ImportError:
+            pass
+        else:
+            simulate_missing = False
+            _simulate.add_arguments(simulate)
     args = parser.parse_args(argv)
     try:
         if args.command == "quota":

@@ -458,6 +458,7 @@ def test_openapi_lists_every_route(rules_file: Path) -> None:
             document = (await client.get("/openapi.json")).json()
         assert set(document["paths"]) == {
             "/v1/check", "/v1/check/batch", "/v1/rules", "/v1/reload", "/v1/keys/{key}",
+            "/v1/quotas", "/v1/quotas/{name}",
             "/auth", "/healthz", "/readyz", "/metrics", "/openapi.json",
         }  # fmt: skip
         json.dumps(document)
