@@ -43,9 +43,11 @@ FAULT_SECONDS = 0.6
 WARM_SECONDS = 0.25  # load before the fault, and after Redis decides again
 LIMIT = 1_000_000  # per year: the counted keys never run out (one token per 31.5 s)
 EXACT = 20  # the fresh key after recovery: this many of EXACT + 10 pass
-# fresh keys tried: a stall of the machine can time a check out (see Stalls); a
-# store that does not count exactly again fails every try
+# fresh keys tried, the breaker closed again before each: a stall of the machine
+# can time a check out (see Stalls); a store that does not count exactly again
+# fails every try
 EXACT_TRIES = 3
+RECLOSE_SECONDS = 5.0  # between tries, the breaker closes again within this
 MEMORY_BOUND = 64 * 1024  # bytes more held after the fault than before, the samples aside
 OBJECTS_BOUND = 150  # more objects after the fault than before (a new limiter, caches)
 
@@ -531,6 +533,8 @@ def run_fault(
         for limiter, policy in zip(limiters, POLICIES, strict=True):
             report.counted[policy] = LIMITS[policy] - limiter.peek(report.key).remaining
         while report.exact != (EXACT, 0) and report.exact_tries < EXACT_TRIES:
+            if report.exact_tries:
+                _closed(store, report.key)
             report.exact_tries += 1
             fresh = Limiter(f"{EXACT}/year", algorithm="gcra", store=store, name=name(),
                             on_failure="fail_open")  # fmt: skip
@@ -540,6 +544,29 @@ def run_fault(
         tracemalloc.stop()  # a no-op when not tracing
         report.stalls.stop()
     return report
+
+
+def _closed(store: Any, key: str) -> None:
+    """Waits until ``store``'s breaker is closed, probing it with a throwaway limit:
+    a try that failed (a stall timed a check out) opened it, and while it is
+    open, or while its probe is out, every check of the next try would be
+    degraded without reaching Redis, so the tries would not be tries."""
+    probe = Limiter(f"{LIMIT}/year", algorithm="gcra", store=store, name=name(),
+                    on_failure="fail_open")  # fmt: skip
+    deadline = time.monotonic() + RECLOSE_SECONDS
+    while store.breaker.failures and time.monotonic() < deadline:
+        time.sleep(store.breaker.retry_after() + 0.001)
+        probe.hit(key)
+
+
+async def _aclosed(store: Any, key: str) -> None:
+    """`_closed` for an async store."""
+    probe = AsyncLimiter(f"{LIMIT}/year", algorithm="gcra", store=store, name=name(),
+                         on_failure="fail_open")  # fmt: skip
+    deadline = time.monotonic() + RECLOSE_SECONDS
+    while store.breaker.failures and time.monotonic() < deadline:
+        await asyncio.sleep(store.breaker.retry_after() + 0.001)
+        await probe.hit(key)
 
 
 def _exact(decisions: list[Decision]) -> tuple[int, int]:
@@ -630,6 +657,8 @@ async def arun_fault(
         for limiter, policy in zip(limiters, POLICIES, strict=True):
             report.counted[policy] = LIMITS[policy] - (await limiter.peek(report.key)).remaining
         while report.exact != (EXACT, 0) and report.exact_tries < EXACT_TRIES:
+            if report.exact_tries:
+                await _aclosed(store, report.key)
             report.exact_tries += 1
             fresh = AsyncLimiter(f"{EXACT}/year", algorithm="gcra", store=store, name=name(),
                                  on_failure="fail_open")  # fmt: skip
