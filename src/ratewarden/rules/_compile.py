@@ -25,8 +25,6 @@ with a fallback (``by: ip``, or no ``by`` for one counter shared by all), and
 
 from __future__ import annotations
 
-import functools
-import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -35,11 +33,12 @@ from dataclasses import dataclass
 import msgspec
 
 from .._rate import Rate, parse_rate
+from ._clientip import client_ip_function, peer_ip
 from ._errors import Problem
 from ._paths import PathIndex, Pattern, normalize_path, parse_pattern, walk
+from ._reach import unreachable
 from ._schema import (
     Action,
-    ClientIP,
     FailurePolicy,
     Refill,
     Response,
@@ -141,7 +140,7 @@ class CompiledRule:
                 for name, values in sorted(match.attributes.items())
             )
         self.by = tuple(as_list(rule.by))
-        self.key: KeyFn = _key_function(self.by, _client_ip_function(file.client_ip))
+        self.key: KeyFn = _key_function(self.by, client_ip_function(file.client_ip))
         if isinstance(rule.cost, int):
             self.cost, self.cost_attribute = rule.cost, None
         else:
@@ -235,7 +234,7 @@ def _key_function(
         return lambda attributes: ""
     if len(getters) == 1:
         get = getters[0]
-        plain_ip = by[0] == "ip" and client_ip is _peer_ip
+        plain_ip = by[0] == "ip" and client_ip is peer_ip
         if plain_ip or (by[0] != "ip" and not by[0].startswith("header:")):
             name = by[0]
 
@@ -281,72 +280,6 @@ def _getter(
 
         return get_header
     return lambda attributes: attributes.get(name)
-
-
-def _peer_ip(attributes: Mapping[str, object]) -> object:
-    return attributes.get("ip")
-
-
-def _client_ip_function(config: ClientIP) -> Callable[[Mapping[str, object]], object]:
-    """``ip``, unless the peer is a trusted proxy: then the right-most address in
-    the forwarding header that is not a trusted proxy (the left-most entries are
-    whatever the client chose to send and prove nothing)."""
-    proxies = config.trusted_proxies
-    networks = tuple(ipaddress.ip_network(n, strict=False) for n in proxies if n != "unix")
-    # "unix": a peer without an address (a proxy on a unix socket) is trusted
-    unix = "unix" in proxies
-    if not networks and not unix:
-        return _peer_ip
-    header = config.header.lower()
-
-    @functools.lru_cache(maxsize=4096)
-    def trusted(address: str) -> bool:
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        return any(ip in network for network in networks)
-
-    def client_ip(attributes: Mapping[str, object]) -> object:
-        peer = attributes.get("ip")
-        if peer is None:
-            if not unix:
-                return None
-        elif not isinstance(peer, str) or not trusted(peer):
-            return peer
-        headers = attributes.get("headers")
-        forwarded = headers.get(header) if isinstance(headers, Mapping) else None
-        if not isinstance(forwarded, str) or not forwarded.strip():
-            return peer
-        hops = [hop.strip() for hop in forwarded.split(",")]
-        if header == "forwarded":
-            hops = [_forwarded_for(hop) for hop in hops]
-        else:  # some proxies add the port: "203.0.113.9:1111", "[2001:db8::1]:4711"
-            hops = [_without_port(hop) for hop in hops]
-        for hop in reversed(hops):
-            if hop and not trusted(hop):
-                return hop
-        return hops[0] or peer  # every hop is ours: the first is as close as we get
-
-    return client_ip
-
-
-def _without_port(address: str) -> str:
-    """An address without a port or IPv6 brackets, so one client is one key."""
-    if address.startswith("["):
-        return address[1:].partition("]")[0]
-    return address.partition(":")[0] if address.count(":") == 1 else address
-
-
-def _forwarded_for(element: str) -> str:
-    """The address in one element of an RFC 7239 ``Forwarded`` header (``for=``,
-    unquoted, without port or IPv6 brackets); "" when it names none."""
-    for pair in element.split(";"):
-        name, _, value = pair.strip().partition("=")
-        if name.strip().lower() != "for":
-            continue
-        return _without_port(value.strip().strip('"'))  # "[2001:db8::1]:4711"
-    return ""
 
 
 _METHODS = {m: m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")}
@@ -412,7 +345,7 @@ class RuleSet:
         self._attribute_tables = tuple(self._by_attribute.items())
         self._exact_paths = self._paths.exact
         self._trie = self._paths.root if self._paths.trie_used else None
-        self.warnings: tuple[Problem, ...] = tuple(_unreachable(rules, self.source or "<rules>"))
+        self.warnings: tuple[Problem, ...] = tuple(unreachable(rules, self.source or "<rules>"))
 
     def __len__(self) -> int:
         return len(self.rules)
@@ -551,81 +484,6 @@ def _mismatch(
             wanted = ", ".join(sorted(values))
             return f"{name} is {attributes.get(name)!r}, not {wanted}"
     return None
-
-
-def _covers(a: CompiledRule, b: CompiledRule) -> bool:
-    """Whether every request ``b`` applies to, ``a`` applies to (conservatively:
-    False when unsure)."""
-    if not set(a.by) <= set(b.by):
-        return False
-    if a.methods is not None and (b.methods is None or not b.methods <= a.methods):
-        return False
-    b_attributes = dict(b.attributes)
-    for name, values in a.attributes:
-        if name not in b_attributes or not b_attributes[name] <= values:
-            return False
-    if not a.paths:
-        return True
-    if not b.paths:
-        return False
-    return all(any(_pattern_covers(p, q) for p in a.paths) for q in b.paths)
-
-
-def _pattern_covers(p: Pattern, q: Pattern) -> bool:
-    if p.text == q.text:
-        return True
-    # A prefix pattern's stem and tail are literal, so a pattern whose text starts
-    # with the same characters only matches paths that start with them too.
-    return p.kind == "prefix" and None not in p.stem and q.text.startswith(p.text[:-1])
-
-
-def _unreachable(rules: list[CompiledRule], filename: str) -> list[Problem]:
-    """Warnings for rules that an earlier-ranked rule of their group always beats.
-
-    Comparing every pair would take minutes at 10,000 rules, so each group files
-    the rules seen so far where a rule they could cover would look: rules without
-    paths under their first attribute condition (or in ``broad`` without one), and
-    rules with paths under each pattern's text and, for literal prefix patterns,
-    under the prefix. A rule is then compared only with the rules found there."""
-    warnings = []
-    groups: dict[str, list[CompiledRule]] = {}
-    for rule in sorted(rules, key=lambda r: r.rank):
-        if rule.group is not None:
-            groups.setdefault(rule.group, []).append(rule)
-    for members in groups.values():
-        broad: list[CompiledRule] = []
-        by_attribute: dict[tuple[str, str], list[CompiledRule]] = {}
-        by_text: dict[str, list[CompiledRule]] = {}
-        by_prefix: dict[str, list[CompiledRule]] = {}
-        for rule in members:
-            candidates = list(broad)
-            for name, values in rule.attributes:
-                for value in values:
-                    candidates += by_attribute.get((name, value), ())
-            for q in rule.paths:
-                candidates += by_text.get(q.text, ())
-                for end in range(len(q.text) + 1):
-                    candidates += by_prefix.get(q.text[:end], ())
-            for earlier in candidates:
-                if _covers(earlier, rule):
-                    reason = (
-                        f"never applies: {earlier.name!r} (line {earlier.line}) ranks before it"
-                        f" in group {rule.group!r} and matches every request it matches"
-                    )
-                    warnings.append(Problem(filename, rule.line, rule.name, None, reason))
-                    break
-            if not rule.paths:
-                if not rule.attributes:
-                    broad.append(rule)
-                else:
-                    name, values = rule.attributes[0]
-                    for value in values:
-                        by_attribute.setdefault((name, value), []).append(rule)
-            for p in rule.paths:
-                by_text.setdefault(p.text, []).append(rule)
-                if p.kind == "prefix" and None not in p.stem:
-                    by_prefix.setdefault(p.text[:-1], []).append(rule)
-    return sorted(warnings, key=lambda w: w.line or 0)
 
 
 def compile_rules(rule_file: RuleFile, document: Document | None = None) -> RuleSet:
