@@ -1,17 +1,18 @@
 """The coordinator's safety invariant, on its Python model (which the parity suite
 holds to the Lua script): whatever members report, whenever they refresh, however
-the total moves, what the coordinator counts as held never exceeds the total."""
+the total moves, what the coordinator counts as held never exceeds the total, and
+the live members' pieces of the line lie inside it and never overlap."""
 
 from __future__ import annotations
 
-import struct
+import itertools
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ratewarden.fleet import QuotaConfig
 from ratewarden.fleet._alloc import ALLOCATORS
-from ratewarden.fleet._model import Model
+from ratewarden.fleet._model import Model, _unpack
 
 START_MS = 1_763_900_000_000
 
@@ -34,8 +35,20 @@ steps = st.lists(
 
 
 def held(model: Model, now: int) -> int:
-    records = [struct.unpack(">5d", r) for r in model.members.values()]
-    return sum(int(r[3]) for r in records if r[1] > now)
+    """What the live members hold; checks that their pieces tile without overlap."""
+    total = int(model.cfg["eff_m"])
+    records = [_unpack(r) for r in model.members.values()]
+    live = [(head, pieces) for head, pieces in records if head[1] > now]
+    spans = sorted(piece for _, pieces in live for piece in pieces)
+    for (start, length), (after, _) in itertools.pairwise(spans):
+        assert start + length <= after, spans
+    for start, length in spans:
+        assert length > 0, spans
+        assert start >= 0, spans
+        assert start + length <= total, spans
+    for head, pieces in live:
+        assert sum(length for _, length in pieces) == head[3]
+    return sum(head[3] for head, _ in live)
 
 
 @given(st.sampled_from(ALLOCATORS), st.booleans(), steps)
@@ -68,7 +81,7 @@ def test_sum_of_grants_never_exceeds_the_total(
         elif kind == "wait":
             now += int(step[1])  # type: ignore[call-overload]
         else:
-            model.leave(f"m{step[1]}")
+            model.leave(now, f"m{step[1]}")
         assert held(model, now) <= int(model.cfg["eff_m"]) <= config.rate.limit * 1000
 
 

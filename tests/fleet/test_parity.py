@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import redis
 from ratewarden.fleet import Coordinator, QuotaConfig
-from ratewarden.fleet._alloc import ALLOCATORS
+from ratewarden.fleet._alloc import ALLOCATORS, MAX_PIECES
 from ratewarden.fleet._coord import keys
 from ratewarden.fleet._model import Model
 from tests.redis_server import RedisServer
@@ -51,14 +51,14 @@ def _text(value: Any) -> Any:
 def _normal(reply: Any) -> Any:
     """Replies with their configuration lists as dicts (hash order differs)."""
     reply = _text(reply)
-    if isinstance(reply, list) and len(reply) >= 7 and isinstance(reply[6], list):
-        reply = [*reply[:6], dict(zip(reply[6][::2], reply[6][1::2], strict=True))]
-    if isinstance(reply, list) and len(reply) >= 3 and isinstance(reply[2], list):
-        reply = [
+    if isinstance(reply, list) and len(reply) >= 3 and isinstance(reply[2], list):  # show
+        return [
             *reply[:2],
             dict(zip(reply[2][::2], reply[2][1::2], strict=True)),
             sorted(reply[3:]),
         ]
+    if isinstance(reply, list) and len(reply) >= 7 and isinstance(reply[6], list):  # refresh
+        return [*reply[:6], dict(zip(reply[6][::2], reply[6][1::2], strict=True))]
     return reply
 
 
@@ -83,6 +83,10 @@ ops = st.one_of(
         st.integers(0, 3_000_000),  # used
         st.integers(0, 2),  # throttled
         st.booleans(),  # send a configuration to restore
+        st.one_of(  # where it says its grant lies: as it was told, or anything
+            st.none(),
+            st.lists(st.tuples(st.integers(0, 3_000_000), st.integers(1, 1_000_000)), max_size=3),
+        ),
     ),
     st.tuples(st.just("leave"), members),
     st.tuples(st.just("wait"), st.integers(0, 6_000)),  # ms
@@ -109,6 +113,7 @@ def test_lua_and_model_agree(client: redis.Redis, sequence: list[tuple[Any, ...]
     assert pubsub.get_message(timeout=1.0) is not None  # the subscription's confirmation
     published: list[str] = []
     restore: dict[str, str] | None = None
+    told: dict[str, list[tuple[int, int]]] = {}  # each member's pieces, last replied
     try:
         for op in sequence:
             kind = op[0]
@@ -117,25 +122,9 @@ def test_lua_and_model_agree(client: redis.Redis, sequence: list[tuple[Any, ...]
                 got = lua._call("set", [p for pair in fields.items() for p in pair])
                 want = model.set(clock.ms, fields)
             elif kind == "refresh":
-                _, member, wants, has, used, throttled, with_restore = op
-                if not model.cfg and not restore:
-                    with_restore = False
-                args = [member, wants, has, used, throttled]
-                extra = restore if with_restore and restore else None
-                if extra:
-                    args += [p for pair in extra.items() for p in pair]
-                got = lua._call("refresh", args)
-                want = model.refresh(
-                    clock.ms,
-                    member,
-                    wants=wants,
-                    reported=has,
-                    used=used,
-                    throttled=throttled,
-                    restore=extra,
-                )
+                got, want = _refresh(lua, model, clock, op, restore=restore, told=told)
             elif kind == "leave":
-                got, want = lua._call("leave", [op[1]]), model.leave(op[1])
+                got, want = lua._call("leave", [op[1]]), model.leave(clock.ms, op[1])
             elif kind == "wait":
                 clock.ms += op[1]
                 continue
@@ -160,6 +149,40 @@ def test_lua_and_model_agree(client: redis.Redis, sequence: list[tuple[Any, ...]
         client.delete(*keys(name))
 
 
+def _refresh(
+    lua: Coordinator,
+    model: Model,
+    clock: Clock,
+    op: tuple[Any, ...],
+    *,
+    restore: dict[str, str] | None,
+    told: dict[str, list[tuple[int, int]]],
+) -> tuple[Any, Any]:
+    """One refresh on both sides; ``told`` keeps each member's pieces."""
+    _, member, wants, has, used, throttled, with_restore, claim = op
+    if not model.cfg and not restore:
+        with_restore = False
+    pieces = told.get(member, []) if claim is None else claim
+    args = [member, wants, has, used, throttled, spans(pieces)]
+    extra = restore if with_restore and restore else None
+    if extra:
+        args += [p for pair in extra.items() for p in pair]
+    got = lua._call("refresh", args)
+    want = model.refresh(
+        clock.ms,
+        member,
+        wants=wants,
+        reported=has,
+        used=used,
+        throttled=throttled,
+        pieces=pieces,
+        restore=extra,
+    )
+    if want[0]:
+        told[member] = list(zip(want[3][::2], want[3][1::2], strict=True))
+    return got, want
+
+
 def _text_dict(raw: dict[Any, Any]) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in raw.items()}
 
@@ -169,15 +192,16 @@ def _text_dict(raw: dict[Any, Any]) -> dict[str, str]:
     st.sampled_from(ALLOCATORS),
     st.sampled_from(["10/second", "7/second", "2000/second", "90/minute"]),
     st.lists(
-        st.tuples(members, st.integers(0, 3_000_000), st.integers(0, 400)),
+        st.tuples(members, st.integers(-1, 3_000_000), st.integers(0, 400)),
         min_size=4,
-        max_size=40,
+        max_size=150,
     ),
 )
 def test_busy_resource_agrees(
     client: redis.Redis, algorithm: str, rate: str, refreshes: list[tuple[str, int, int]]
 ) -> None:
-    """Many members refreshing often under overload: every allocation path runs."""
+    """Many members refreshing often, some leaving (wants -1), under overload:
+    every allocation path runs, and the free space of the line breaks into gaps."""
     name = f"parity-{uuid.uuid4().hex[:12]}"
     clock = Clock()
     lua = Coordinator(client, name, clock=clock)
@@ -189,8 +213,109 @@ def test_busy_resource_agrees(
         )
         for member, wants, gap in refreshes:
             clock.ms += gap
-            got = lua._call("refresh", [member, wants, 0, 0, 0])
+            if wants < 0:
+                assert lua._call("leave", [member]) == model.leave(clock.ms, member)
+                continue
+            got = lua._call("refresh", [member, wants, 0, 0, 0, ""])
             want = model.refresh(clock.ms, member, wants=wants, reported=0, used=0, throttled=0)
             assert _normal(got) == _normal(want)
+    finally:
+        client.delete(*keys(name))
+
+
+@settings(max_examples=60)
+@given(
+    st.sampled_from(ALLOCATORS),
+    st.lists(st.tuples(members, st.integers(0, 3_000_000)), min_size=2, max_size=30),
+    st.lists(st.tuples(members, st.booleans()), min_size=1, max_size=12),
+)
+def test_rebuild_agrees(
+    client: redis.Redis,
+    algorithm: str,
+    before: list[tuple[str, int]],
+    after: list[tuple[str, bool]],
+) -> None:
+    """Redis loses the resource; the members come back saying what they hold and
+    where (as they were told, or shifted onto another's), with the configuration."""
+    name = f"parity-{uuid.uuid4().hex[:12]}"
+    clock = Clock()
+    lua = Coordinator(client, name, clock=clock)
+    model = Model()
+    fields = QuotaConfig("2000/second", algorithm=algorithm, cap=300).fields()
+    told: dict[str, tuple[int, list[tuple[int, int]]]] = {}
+    try:
+        lua._call("set", [p for pair in fields.items() for p in pair])
+        model.set(clock.ms, fields)
+        for member, wants in before:
+            clock.ms += 100
+            lua._call("refresh", [member, wants, 0, 0, 0, ""])
+            want = model.refresh(clock.ms, member, wants=wants, reported=0, used=0, throttled=0)
+            told[member] = (want[1], list(zip(want[3][::2], want[3][1::2], strict=True)))
+        restore = {k: v for k, v in model.cfg.items() if k not in ("seq", "rebuild_ms")}
+        client.delete(*keys(name))
+        model.cfg.clear()
+        model.members.clear()
+        for member, shifted in after:
+            clock.ms += 100
+            has, pieces = told.get(member, (0, []))
+            if shifted:
+                pieces = [(start + 500, length) for start, length in pieces]
+            args = [member, 3_000_000, has, 0, 0, spans(pieces)]
+            args += [p for pair in restore.items() for p in pair]
+            got = lua._call("refresh", args)
+            want = model.refresh(
+                clock.ms,
+                member,
+                wants=3_000_000,
+                reported=has,
+                used=0,
+                throttled=0,
+                pieces=pieces,
+                restore=restore,
+            )
+            assert _normal(got) == _normal(want)
+            members_key = keys(name)[1]
+            assert {_text(k): v for k, v in client.hgetall(members_key).items()} == model.members
+    finally:
+        client.delete(*keys(name))
+
+
+def spans(pieces: list[tuple[int, int]]) -> str:
+    """Pieces as a refresh sends them."""
+    return " ".join(f"{start} {length}" for start, length in pieces)
+
+
+def test_a_grant_gathers_the_free_gaps(client: redis.Redis) -> None:
+    """Members leave holes in the line; a member that grows takes the hole next
+    to it, then the largest others, one piece each, up to MAX_PIECES: on both
+    sides, with the pieces spelled out."""
+    name = f"parity-{uuid.uuid4().hex[:12]}"
+    clock = Clock()
+    lua = Coordinator(client, name, clock=clock)
+    model = Model()
+    fields = QuotaConfig("10/second", algorithm="static", cap=5).fields()
+
+    def both(op: str, args: list[Any], **kwargs: Any) -> Any:
+        got = lua._call(op, args)
+        if op == "refresh":
+            want = model.refresh(clock.ms, args[0], **kwargs)
+        else:
+            want = model.leave(clock.ms, args[0])
+        assert _normal(got) == _normal(want)
+        return want
+
+    try:
+        lua._call("set", [p for pair in fields.items() for p in pair])
+        model.set(clock.ms, fields)
+        for member in "abcdefghij":  # a permit each, end to end
+            both("refresh", [member, 1000, 0, 0, 0, ""], wants=1000, reported=0, used=0,
+                 throttled=0)  # fmt: skip
+        for member in "bdfh":
+            both("leave", [member])
+        reply = both("refresh", ["a", 5000, 1000, 0, 0, ""], wants=5000, reported=1000, used=0,
+                     throttled=0)  # fmt: skip
+        assert reply[1] == 5000
+        assert reply[3] == [0, 2000, 3000, 1000, 5000, 1000, 7000, 1000]
+        assert MAX_PIECES == 4
     finally:
         client.delete(*keys(name))

@@ -228,7 +228,7 @@ def test_async_twin(redis_single: RedisServer, name: str) -> None:
 def test_a_message_of_a_cut_shrinks_the_grant_before_any_refresh() -> None:
     clock = FakeClock(START)
     m = Member("push-api", clock, member_id="a")
-    m.share.apply(600_000, 1_000_000, 0, clock.time_ns())
+    m.share.apply(600_000, 1_000_000, ((0, 600_000),), clock.time_ns(), settled=True)
     assert m.on_message(b"2 400000 1000000")
     assert m.grant == 240.0
     assert not m.on_message(b"garbage")

@@ -12,15 +12,24 @@ S = 1_000_000_000
 W0 = 1_763_900_000  # a window index of today's magnitude (1 s windows)
 
 
+def piece(start: int, grant: int) -> tuple[tuple[int, int], ...]:
+    return ((start, grant),) if grant else ()
+
+
+def given_grant(share: Share, grant: int, now: int, *, held: int | None = None) -> None:
+    """A first grant, on a resource with room to spare (it applies at once)."""
+    share.apply(grant, grant if held is None else held, piece(0, grant), now, settled=True)
+
+
 def shares_for(grants: list[int], *, pace: bool = False) -> list[Share]:
-    """Members laid out as the coordinator lays them: in join order."""
+    """Members laid out end to end, as a coordinator may place them."""
     held = sum(grants)
-    out, before = [], 0
+    out, start = [], 0
     for g in grants:
         share = Share(S, pace=pace)
-        share.apply(g, held, before, W0 * S)
+        share.apply(g, held, piece(start, g), W0 * S, settled=True)
         out.append(share)
-        before += g
+        start += g
     return out
 
 
@@ -60,7 +69,7 @@ def test_ten_a_second_over_96_rotates_and_never_exceeds_ten() -> None:
 def test_take_spends_a_window_then_waits_for_the_next() -> None:
     share = Share(S)
     now = W0 * S + 100
-    share.apply(3000, 3000, 0, now)
+    given_grant(share, 3000, now)
     assert [share.take(now) for _ in range(3)] == [0, 0, 0]
     wait = share.take(now)
     assert wait == S - 100  # until the next window edge
@@ -71,7 +80,7 @@ def test_take_spends_a_window_then_waits_for_the_next() -> None:
 def test_pacing_spreads_the_window() -> None:
     share = Share(S, pace=True)
     start = W0 * S
-    share.apply(4000, 4000, 0, start)
+    given_grant(share, 4000, start)
     times: list[int] = []
     now = start
     while len(times) < 8:
@@ -86,13 +95,13 @@ def test_pacing_spreads_the_window() -> None:
 def test_a_smaller_grant_applies_at_once_a_larger_from_the_next_window() -> None:
     share = Share(S)
     now = W0 * S
-    share.apply(10_000, 10_000, 0, now)
+    given_grant(share, 10_000, now)
     for _ in range(4):
         assert share.take(now) == 0
-    share.apply(5_000, 5_000, 0, now + 1)  # cut: 4 spent, 1 left in this window
+    share.apply(5_000, 5_000, piece(0, 5_000), now + 1)  # less: 4 spent, 1 left
     assert share.take(now + 2) == 0
     assert share.take(now + 3) > 0
-    share.apply(20_000, 20_000, 0, now + 4)  # raised: not before the next window
+    share.apply(20_000, 20_000, piece(0, 20_000), now + 4)  # more: from the next window
     assert share.pending == 20_000
     assert share.take(now + 5) > 0
     assert share.window_state(now + S) == (20, 0)
@@ -102,15 +111,15 @@ def test_a_smaller_grant_applies_at_once_a_larger_from_the_next_window() -> None
 def test_a_cut_scales_the_grant_at_once() -> None:
     share = Share(S)
     now = W0 * S
-    share.apply(10_000, 40_000, 30_000, now)
+    share.apply(10_000, 40_000, piece(30_000, 10_000), now, settled=True)
     share.scale(20_000, 40_000)
-    assert (share.grant, share.held, share.before) == (5_000, 20_000, 15_000)
+    assert (share.grant, share.held, share.pieces) == (5_000, 20_000, ((15_000, 5_000),))
     assert share.window_state(now) == (5, 0)
 
 
 def test_report_measures_asked_and_used_per_window() -> None:
     share = Share(S, now=0)
-    share.apply(10_000, 10_000, 0, 0)
+    given_grant(share, 10_000, 0)
     share.asked = 30
     for _ in range(10):
         share.take(S // 2)
@@ -122,7 +131,7 @@ def test_blocked_callers_ask_for_more_than_they_hold() -> None:
     was waiting nine tenths of the time and the grant was all spent, the member
     asks for a quarter more."""
     share = Share(S, now=0)
-    share.apply(10_000, 10_000, 0, 0)
+    given_grant(share, 10_000, 0)
     for _ in range(10):
         share.asked += 1
         share.take(0)
@@ -137,7 +146,7 @@ def test_blocked_callers_ask_for_more_than_they_hold() -> None:
 
 def test_a_period_too_short_to_measure_repeats_the_last_figures() -> None:
     share = Share(S, now=0)
-    share.apply(10_000, 10_000, 0, 0)
+    given_grant(share, 10_000, 0)
     share.asked = 8
     assert share.report(S, S // 2)[0] == 8_000
     share.asked = 1  # one call a millisecond after: not a rate of 1000 a second
@@ -150,7 +159,7 @@ def test_a_period_too_short_to_measure_repeats_the_last_figures() -> None:
 def test_a_late_wake_up_keeps_the_pacing_schedule() -> None:
     share = Share(S, pace=True)
     start = W0 * S
-    share.apply(4000, 4000, 0, start)
+    given_grant(share, 4000, start)
     i = S // 4
     assert share.take(start) == 0
     assert share.take(start + i + i // 2) == 0  # half an interval late
@@ -161,14 +170,14 @@ def test_a_late_wake_up_keeps_the_pacing_schedule() -> None:
 def test_after_an_idle_spell_the_schedule_starts_again() -> None:
     share = Share(S, pace=True)
     start = W0 * S
-    share.apply(4000, 4000, 0, start)
+    given_grant(share, 4000, start)
     assert share.take(start + S // 2) == 0
     assert share.take(start + S // 2) == S // 4  # no catching up on the idle slots
 
 
 def test_an_unused_boost_is_not_asked_for_again_for_a_while() -> None:
     share = Share(S, now=0)
-    share.apply(20_000, 20_000, 0, 0)
+    given_grant(share, 20_000, 0)
 
     def period(start: int, asked: int) -> int:
         share.begin_wait(start)
@@ -179,6 +188,51 @@ def test_an_unused_boost_is_not_asked_for_again_for_a_while() -> None:
         return share.report(start + S)[0]
 
     assert period(0, 20) == 20_000 + 5_000 + 1_000  # looked like a blocked pool
-    share.apply(26_000, 26_000, 0, S)  # applies from the next window
+    share.apply(26_000, 26_000, piece(0, 26_000), S)  # applies from the next window
     assert period(S, 20) == 20_000  # the boost went unused: open-loop callers after all
     assert [period(k * S, 26) for k in range(2, 6)] == [26_000] * 4  # no boost meanwhile
+
+
+def test_new_space_waits_for_the_window_edge_unless_settled() -> None:
+    """Space another member gave up in this window may be spent already: a grant
+    that takes new space (grows, or moves) applies from the next window edge,
+    unless the coordinator says nobody gave any up for two windows."""
+    now = W0 * S
+    moved = Share(S)
+    given_grant(moved, 3000, now)
+    moved.apply(3000, 3000, piece(5000, 3000), now + 1)  # the same grant elsewhere
+    assert moved.pieces == piece(0, 3000)
+    assert moved.position == piece(5000, 3000)  # what it reports as held
+    assert moved.window_state(now + S) == (3, 0)
+    assert moved.pieces == piece(5000, 3000)
+    fresh = Share(S)
+    fresh.apply(3000, 3000, piece(0, 3000), now)
+    assert fresh.take(now) > 0
+    assert fresh.take(now + S) == 0
+    settled = Share(S)
+    settled.apply(3000, 3000, piece(0, 3000), now, settled=True)
+    assert settled.take(now) == 0
+
+
+def test_pieces_count_the_marks_inside_them() -> None:
+    share = Share(S)
+    share.apply(3000, 3000, ((0, 1000), (5000, 1000), (9000, 1000)), W0 * S, settled=True)
+    assert all(share.permits(W0 + w) == 3 for w in range(50))
+    share.apply(1500, 1500, ((0, 1000), (5000, 500)), W0 * S)  # less: at once
+    assert {share.permits(W0 + w) for w in range(50)} == {1, 2}
+
+
+def test_waiting_callers_reserve_the_next_slots_in_turn() -> None:
+    """Paced, a waiting caller holds its slot and only sleeps until it is due:
+    a late wake-up spends it late instead of losing it, and waiters do not race."""
+    share = Share(S, pace=True)
+    start = W0 * S
+    given_grant(share, 4000, start)
+    i = S // 4
+    assert share.take(start) == 0
+    assert share.reserve(start, 1, S) == (True, i)  # the next slot is the caller's
+    assert share.reserve(start, 1, S) == (True, 2 * i)  # and the one after, the next's
+    assert share.reserve(start, 1, 2 * i) == (False, 3 * i)  # past its patience
+    assert share.reserve(start, 1, S) == (True, 3 * i)
+    assert share.reserve(start, 1, S) == (False, S)  # the window is spent: its edge
+    assert share.window_state(start + 3 * i + i // 2) == (4, 4)  # all four spent

@@ -19,7 +19,9 @@ parity suite compares them. Members come sorted by id, the order both sides sum 
 - ``static``: each member what it wants, up to a fixed cap.
 
 `grant` applies the safety invariant to one member's target: at most the total
-minus what the others hold now, never below 0.
+minus what the others hold now, never below 0. `place` then lays the grant on
+the line ``[0, total)`` in pieces that no other member's pieces overlap (see
+`_share`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["ALLOCATORS", "MILLI", "allocate", "grant"]
+__all__ = [
+    "ALLOCATORS",
+    "MAX_PIECES",
+    "MILLI",
+    "Piece",
+    "allocate",
+    "grant",
+    "place",
+    "scaled",
+    "with_spare",
+]
 
 MILLI = 1000  # millipermits in a permit
 
@@ -96,8 +108,110 @@ def allocate(algorithm: str, total: int, wants: Sequence[int], cap: int = 0) -> 
     raise ValueError(f"unknown allocation algorithm {algorithm!r}")
 
 
+def with_spare(algorithm: str, total: int, wants: Sequence[int]) -> list[int]:
+    """`allocate`'s targets, and for the demand-based algorithms, when the wants
+    add up to less than the total, the rest split equally on top. A member
+    whose callers wait for each permit before asking for the next (a pool of
+    workers) asks only as fast as it is served: without the spare it would
+    never be seen to want more. `static` keeps its caps, `equal` has none."""
+    targets = allocate(algorithm, total, wants)
+    if algorithm not in ("fair_share", "proportional_share") or not wants:
+        return targets
+    demand = 0
+    for want in wants:
+        demand += want
+    if demand >= total:
+        return targets
+    base, extra = divmod(total - demand, len(wants))
+    return [t + base + (1 if i < extra else 0) for i, t in enumerate(targets)]
+
+
 def grant(target: int, total: int, others_hold: int) -> int:
     """The invariant: a member gets its target, but never more than the total
     minus what the others hold now, and never less than 0 (a negative grant would
     read as unlimited to a careless client)."""
     return max(0, min(target, total - others_hold))
+
+
+Piece = tuple[int, int]  # a stretch of the line: (start, length), millipermits
+MAX_PIECES = 4  # stretches a member's grant may lie in
+
+
+def place(total: int, mine: Sequence[Piece], want: int, others: Sequence[Piece]) -> list[Piece]:
+    """Where a member's grant lies on the line ``[0, total)``: its pieces, sorted.
+
+    ``mine``: the member's pieces now; ``want``: the grant `grant` allows;
+    ``others``: every other member's pieces, which it must not overlap. A member
+    never moves another: the others' pieces are what they spend now, whatever
+    changed since they were told. A smaller grant keeps the start of what it
+    had (its lowest pieces); a larger one keeps all it had and grows into the
+    free space next to its pieces, then into the largest free gaps, one new
+    piece each, up to `MAX_PIECES`. It may end with less than ``want`` when the
+    free space lies in more gaps than that.
+    """
+    has = 0
+    for _, length in mine:
+        has += length
+    pieces = [[start, start + length] for start, length in sorted(mine)]
+    if want <= has:
+        kept, left = [], want
+        for start, end in pieces:
+            if left <= 0:
+                break
+            take = min(left, end - start)
+            kept.append((start, take))
+            left -= take
+        return kept
+    need = want - has
+    gaps, at = [], 0
+    for start, length in sorted([*others, *mine]):
+        if start > at:
+            gaps.append([at, start])
+        at = max(at, start + length)
+    if at < total:
+        gaps.append([at, total])
+    ends = {end for _, end in pieces}
+    starts = {start for start, _ in pieces}
+    for gap in gaps:  # next to its own pieces first
+        if need == 0:
+            break
+        if gap[0] in ends:
+            take = min(need, gap[1] - gap[0])
+            pieces.append([gap[0], gap[0] + take])
+            gap[0] += take
+            need -= take
+        if need and gap[1] > gap[0] and gap[1] in starts:
+            take = min(need, gap[1] - gap[0])
+            pieces.append([gap[1] - take, gap[1]])
+            gap[1] -= take
+            need -= take
+    merged = _merge(pieces)
+    for gap in sorted(gaps, key=lambda g: (g[0] - g[1], g[0])):  # the largest first
+        if need == 0 or gap[1] <= gap[0] or len(merged) >= MAX_PIECES:
+            break
+        take = min(need, gap[1] - gap[0])
+        merged = _merge([*merged, [gap[0], gap[0] + take]])
+        need -= take
+    return [(start, end - start) for start, end in merged]
+
+
+def scaled(pieces: Sequence[Piece], new_total: int, old_total: int) -> list[Piece]:
+    """Pieces on a line cut from ``old_total`` to ``new_total``: each start and
+    length scaled down (rounded down, so that pieces apart stay apart); the
+    ones left empty dropped."""
+    out = []
+    for start, length in pieces:
+        kept = length * new_total // old_total
+        if kept > 0:
+            out.append((start * new_total // old_total, kept))
+    return out
+
+
+def _merge(pieces: list[list[int]]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for start, end in sorted(pieces):
+        if out and out[-1][1] == start:
+            out[-1][1] = end
+        else:
+            out.append([start, end])
+    return out

@@ -77,11 +77,17 @@ class AsyncFleetQuota(Shell):
     async def refresh(self) -> bool:
         member = self._member
         with self._lock:
-            wants, has, used, throttled, restore = member.report()
+            wants, has, used, throttled, pieces, restore = member.report()
         sent_at = self.clock.time_ns()
         try:
             reply = await self.coordinator.refresh(
-                member.id, wants=wants, has=has, used=used, throttled=throttled, restore=restore
+                member.id,
+                wants=wants,
+                has=has,
+                used=used,
+                throttled=throttled,
+                pieces=pieces,
+                restore=restore,
             )
         except StoreUnavailable as exc:
             with self._lock:

@@ -8,6 +8,7 @@ that a Redis Cluster keeps a resource's state on one node.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -16,7 +17,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from .._clock import Clock
 from .._errors import StoreUnavailable
-from ._alloc import MILLI
+from ._alloc import MILLI, Piece
 from ._config import QuotaConfig, check_name
 
 __all__ = [
@@ -62,7 +63,7 @@ class Reply:
 
     grant: int
     held: int
-    before: int
+    pieces: tuple[Piece, ...]  # where the grant lies on the line [0, total)
     members: int
     now_ms: int
     fields: dict[str, str]
@@ -146,9 +147,9 @@ class QuotaStatus:
 def parse_refresh(raw: list[Any]) -> Reply | None:
     if int(raw[0]) == 0:
         return None
-    return Reply(
-        int(raw[1]), int(raw[2]), int(raw[3]), int(raw[4]), int(raw[5]), _fields(list(raw[6]))
-    )
+    flat = [int(x) for x in raw[3]]
+    pieces = tuple(zip(flat[::2], flat[1::2], strict=True))
+    return Reply(int(raw[1]), int(raw[2]), pieces, int(raw[4]), int(raw[5]), _fields(list(raw[6])))
 
 
 def parse_show(name: str, raw: list[Any]) -> QuotaStatus | None:
@@ -186,9 +187,11 @@ def refresh_args(
     has: int,
     used: int,
     throttled: int,
+    pieces: Sequence[Piece],
     restore: dict[str, str] | None,
 ) -> list[Any]:
-    args: list[Any] = [member, wants, has, used, throttled]
+    spans = " ".join(f"{start} {length}" for start, length in pieces)
+    args: list[Any] = [member, wants, has, used, throttled, spans]
     for pair in (restore or {}).items():
         args.extend(pair)
     return args
@@ -233,6 +236,7 @@ class Coordinator(_Base):
         has: int,
         used: int,
         throttled: int = 0,
+        pieces: Sequence[Piece] = (),
         restore: dict[str, str] | None = None,
     ) -> Reply | None:
         """Report and receive a grant; None when the resource does not exist."""
@@ -240,7 +244,13 @@ class Coordinator(_Base):
             self._call(
                 "refresh",
                 refresh_args(
-                    member, wants=wants, has=has, used=used, throttled=throttled, restore=restore
+                    member,
+                    wants=wants,
+                    has=has,
+                    used=used,
+                    throttled=throttled,
+                    pieces=pieces,
+                    restore=restore,
                 ),
             )
         )
@@ -278,13 +288,20 @@ class AsyncCoordinator(_Base):
         has: int,
         used: int,
         throttled: int = 0,
+        pieces: Sequence[Piece] = (),
         restore: dict[str, str] | None = None,
     ) -> Reply | None:
         return parse_refresh(
             await self._call(
                 "refresh",
                 refresh_args(
-                    member, wants=wants, has=has, used=used, throttled=throttled, restore=restore
+                    member,
+                    wants=wants,
+                    has=has,
+                    used=used,
+                    throttled=throttled,
+                    pieces=pieces,
+                    restore=restore,
                 ),
             )
         )

@@ -28,7 +28,7 @@ from typing import Any
 
 from .._clock import Clock
 from .._errors import ConfigurationError
-from ._alloc import MILLI
+from ._alloc import MILLI, Piece
 from ._config import QuotaConfig, check_name
 from ._coord import Reply
 from ._share import Share
@@ -77,9 +77,10 @@ class Member:
 
     # -- refresh ----------------------------------------------------------------
 
-    def report(self) -> tuple[int, int, int, int, dict[str, str] | None]:
-        """What the next refresh sends: wants, has, used, throttled, and the
-        configuration to restore if the coordinator lost it."""
+    def report(self) -> tuple[int, int, int, int, tuple[Piece, ...], dict[str, str] | None]:
+        """What the next refresh sends: wants, has, used, throttled, where its
+        grant lies, and the configuration to restore if the coordinator
+        lost it."""
         least = 0
         restore = None
         if self.known is not None:
@@ -92,7 +93,7 @@ class Member:
             equal = int(self.known.get("eff_m", "0")) // max(1, self.members)
             wants = max(wants, equal)
         throttled, self.throttled = self.throttled, 0
-        return wants, has, used, throttled, restore
+        return wants, has, used, throttled, self.share.position, restore
 
     def on_reply(self, reply: Reply, sent_at: int) -> None:
         now = self.clock.time_ns()
@@ -100,9 +101,13 @@ class Member:
         config = QuotaConfig.from_fields(fields)
         if config.window_ns != self.share.window_ns:
             self.share = Share(config.window_ns, pace=self.pace, now=now)
+        elif self.known is not None:  # a cut it did not hear of: as if it had
+            self.share.scale(reply.effective_total, int(self.known.get("eff_m", "0")))
         self.known = fields
         self.members = reply.members
-        self.share.apply(reply.grant, reply.held, reply.before, now)
+        freed = int(fields.get("freed_ms", "0"))
+        settled = reply.now_ms - freed >= 2 * config.window_ns // 1_000_000
+        self.share.apply(reply.grant, reply.held, reply.pieces, now, settled=settled)
         self.lease_until = sent_at + round(config.lease * 1e9)
         self.fallen_back = False
         self.refreshes += 1
@@ -116,14 +121,15 @@ class Member:
         config = QuotaConfig.from_fields(self.known)
         total = int(self.known.get("eff_m", "0"))
         share = self.share
-        if config.safe == "equal":
+        if config.safe == "equal":  # the slot of the line its pieces began in
             count = max(1, self.members)
             grant = total // count
-            place = min(count - 1, share.before * count // share.held) if share.held else 0
-            held, before = grant * count, grant * place
+            first = share.position[0][0] if share.position else 0
+            place = min(count - 1, first * count // total) if total else 0
+            held, start = grant * count, grant * place
         else:
             grant = min(int(config.safe) * MILLI, total)
-            held, before = grant, 0
+            held, start = grant, 0
         log.warning(
             "quota %r: no word from the coordinator for a lease (%s); falling back to"
             " the safe share (%s: %.6g permits a window)",
@@ -132,7 +138,7 @@ class Member:
             config.safe,
             grant / MILLI,
         )
-        share.apply(grant, held, before, now)
+        share.apply(grant, held, ((start, grant),) if grant else (), now)
         self.fallen_back = True
 
     def on_message(self, data: Any) -> bool:
@@ -163,7 +169,7 @@ class Member:
 
 
 # the coordinator's own bookkeeping: not restored after Redis lost the resource
-_TRANSIENT = frozenset({"seq", "rebuild_ms", "cut_ms", "raise_ms"})
+_TRANSIENT = frozenset({"seq", "rebuild_ms", "cut_ms", "raise_ms", "freed_ms"})
 
 
 def _text(data: Any) -> str:

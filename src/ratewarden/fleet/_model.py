@@ -11,10 +11,11 @@ in milliseconds.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._alloc import allocate
+from ._alloc import Piece, allocate, place, scaled, with_spare
 
 __all__ = ["Model"]
 
@@ -27,13 +28,24 @@ class _Member:
     wants: int = 0
     has: int = 0
     used: int = 0
+    pieces: list[Piece] = field(default_factory=list)
 
 
-_RECORD = struct.Struct(">5d")  # as fleet.lua packs a member: five big-endian doubles
+# as fleet.lua packs a member: six big-endian doubles (the sixth: how many
+# pieces), then each piece's start and length
+_RECORD = struct.Struct(">6d")
 
 
 def _record(m: _Member) -> bytes:
-    return _RECORD.pack(m.seq, m.expires, m.wants, m.has, m.used)
+    flat = [x for piece in m.pieces for x in piece]
+    head = _RECORD.pack(m.seq, m.expires, m.wants, m.has, m.used, len(m.pieces))
+    return head + struct.pack(f">{len(flat)}d", *flat)
+
+
+def _unpack(record: bytes) -> tuple[list[int], list[Piece]]:
+    head = [int(x) for x in _RECORD.unpack_from(record)]
+    flat = [int(x) for x in struct.unpack_from(f">{2 * head[5]}d", record, _RECORD.size)]
+    return head[:5], list(zip(flat[::2], flat[1::2], strict=True))
 
 
 @dataclass
@@ -52,28 +64,39 @@ class Model:
 
     def _live(self, now: int) -> list[_Member]:
         live = []
+        freed = False
         for member_id, record in list(self.members.items()):
             try:
-                seq, expires, wants, has, used = (int(x) for x in _RECORD.unpack(record))
+                (seq, expires, wants, has, used), pieces = _unpack(record)
             except struct.error:  # unreadable: dropped, as the script drops it
                 del self.members[member_id]
+                freed = True
                 continue
             if expires > now:
-                live.append(_Member(member_id, seq, expires, wants, has, used))
+                live.append(_Member(member_id, seq, expires, wants, has, used, pieces))
             else:
                 del self.members[member_id]
+                freed = freed or has > 0
+        if freed:
+            self._freed(now)
         live.sort(key=lambda m: m.seq)
         return live
+
+    def _freed(self, now: int) -> None:
+        """Space of the line was given up now (see fleet.lua)."""
+        self.cfg["freed_ms"] = str(now)
 
     def _save(self, m: _Member) -> None:
         self.members[m.id] = _record(m)
 
-    def _cut(self, new_eff: int, members: list[_Member]) -> None:
+    def _cut(self, now: int, new_eff: int, members: list[_Member]) -> None:
         old = self._num("eff_m")
         self.cfg["eff_m"] = str(new_eff)
         if new_eff < old:
+            self._freed(now)
             for m in members:
-                m.has = m.has * new_eff // old
+                m.pieces = scaled(m.pieces, new_eff, old)
+                m.has = sum(length for _, length in m.pieces)
                 self._save(m)
         self.published.append(f"{self.cfg.get('version', '0')} {new_eff} {old}")
 
@@ -94,14 +117,15 @@ class Model:
         eff = self._num("total") * 1000
         if found:
             self.cfg["eff_m"] = str(old_eff)
-            self._cut(eff, members)
+            self._cut(now, eff, members)
         else:
             self.cfg["eff_m"] = str(eff)
             self.cfg["seq"] = "0"
         return [1, version, eff, old_eff]
 
-    def leave(self, member_id: str) -> list[int]:
-        self.members.pop(member_id, None)
+    def leave(self, now: int, member_id: str) -> list[int]:
+        if self.members.pop(member_id, None) is not None and self.cfg:
+            self._freed(now)
         return [1]
 
     def refresh(
@@ -113,6 +137,7 @@ class Model:
         reported: int,
         used: int,
         throttled: int,
+        pieces: Sequence[Piece] = (),
         restore: dict[str, str] | None = None,
     ) -> list[Any]:
         cfg = self.cfg
@@ -122,6 +147,7 @@ class Model:
             cfg.update(restore)
             cfg["rebuild_ms"] = str(now + self._num("lease_ms"))
             cfg["seq"] = "0"
+            self._freed(now)  # where the members spend is not known yet
         members = self._live(now)
         me = next((m for m in members if m.id == member_id), None)
         if me is None:
@@ -140,7 +166,7 @@ class Model:
             calm = now - self._num("cut_ms") >= 2 * refresh_ms
             if throttled > 0 and calm:
                 cfg["cut_ms"] = cfg["raise_ms"] = str(now)
-                self._cut(max(self._num("floor_m"), eff * 3 // 4), members)
+                self._cut(now, max(self._num("floor_m"), eff * 3 // 4), members)
             elif (
                 throttled == 0
                 and calm
@@ -153,17 +179,36 @@ class Model:
         total = self._num("eff_m")
         mine = members.index(me)
         others = sum(m.has for m in members if m is not me)
-        target = allocate(
-            cfg.get("algorithm", ""), total, [m.wants for m in members], self._num("cap_m")
-        )[mine]
+        algorithm, demands = cfg.get("algorithm", ""), [m.wants for m in members]
+        if algorithm == "static":
+            target = allocate(algorithm, total, demands, self._num("cap_m"))[mine]
+        else:
+            target = with_spare(algorithm, total, demands)[mine]
         grant = max(0, min(target, total - others))
+        taken = [piece for m in members if m is not me for piece in m.pieces]
         if now < self._num("rebuild_ms"):
             grant = min(grant, reported)
-        me.has = grant
+            if not me.pieces and pieces and not _overlaps(pieces, taken):
+                me.pieces = list(pieces)  # where it says it spends
+        had = me.pieces
+        me.pieces = place(total, had, grant, taken)
+        if not _within(had, me.pieces):
+            self._freed(now)
+        me.has = sum(length for _, length in me.pieces)
         self._save(me)
         held = sum(m.has for m in members)
-        before = sum(m.has for m in members[:mine])
-        return [1, grant, held, before, len(members), now, _flat(cfg)]
+        flat = [x for piece in me.pieces for x in piece]
+        return [1, me.has, held, flat, len(members), now, _flat(cfg)]
+
+
+def _within(pieces: Sequence[Piece], space: Sequence[Piece]) -> bool:
+    return all(
+        any(s <= start and start + length <= s + n for s, n in space) for start, length in pieces
+    )
+
+
+def _overlaps(pieces: Sequence[Piece], taken: list[Piece]) -> bool:
+    return any(s < start + length and start < s + n for start, length in pieces for s, n in taken)
 
 
 def _flat(cfg: dict[str, str]) -> list[str]:

@@ -1,25 +1,29 @@
 """One member's share of a fleet quota, spent locally: no I/O, no locks, no clock.
 
-The coordinator grants a member ``grant`` millipermits per window, and tells it
-where its grant sits among everybody's: ``held`` (all members' grants summed) and
-``before`` (the grants of the members that joined before it). Windows align to
-the epoch, so every member agrees on their edges. Lay the members' grants end to
-end on a line ``[0, held)``; in window ``w`` the permits are the marks
+The coordinator grants a member ``grant`` millipermits per window lying in a
+few pieces of a line ``[0, total)``, each ``(start, start + length]``: no two
+members' pieces overlap, and the coordinator never moves a member's pieces but
+when that member refreshes (see `_alloc.place`). Windows align to the epoch, so
+every member agrees on their edges. In window ``w`` the permits are the marks
 ``off(w) + 1000*k`` on that line, and a member may spend the marks that fall in
-its own stretch ``(before, before + grant]``:
+its own pieces; for each:
 
-    permits(w) = floor((before + grant - off) / 1000) - floor((before - off) / 1000)
+    floor((start + length - off) / 1000) - floor((start - off) / 1000)
 
-The marks number at most ``ceil(held / 1000)``, never more than the total, and
-exactly the total when the grants add up to it. ``off(w)`` moves by 0.618 of a
-permit each window (the golden ratio's low-discrepancy walk), so the fractional
-remainders rotate among the members window by window, deterministically: 10
-permits a second over 96 members gives each member a permit in about one window
-of every 9.6, and no window has more than 10.
+The marks number at most the total, and a member's view of its own pieces is
+all it needs: the pieces the members spend never overlap, whatever each of them
+has or has not heard of the others, so no window holds more than the total.
+``off(w)`` moves by 0.618 of a permit each window (the golden ratio's
+low-discrepancy walk), so the fractional remainders rotate among the members
+window by window, deterministically: 10 permits a second over 96 members gives
+each member a permit in about one window of every 9.6.
 
-A grant that shrinks applies at once; one that grows applies from the next window
-edge, so that the capacity another member gave up (at its own refresh, before
-this one) is no longer spent in a window the two could share.
+A grant that only gives up some of its pieces' space applies at once; one that
+takes new space applies from the next window edge, so that the space another
+member gave up (at its own refresh, before this one) is not spent twice in a
+window the two share; unless nobody gave up any space for two windows (the
+coordinator says when it last happened), as when a member joins a resource with
+room to spare.
 
 ``pace``: the window's permits are spread evenly across it (GCRA, one permit per
 ``window / permits``), not spent at its start, so that members whose clocks
@@ -42,6 +46,8 @@ does not ask again for eight reports.
 from __future__ import annotations
 
 from collections import deque
+
+from ._alloc import Piece, scaled
 
 __all__ = ["Share"]
 
@@ -66,7 +72,6 @@ class Share:
         "_waiters",
         "_waiting_since",
         "asked",
-        "before",
         "boosted",
         "cooldown",
         "grant",
@@ -75,6 +80,7 @@ class Share:
         "last",
         "pace",
         "period_start",
+        "pieces",
         "spent",
         "tat",
         "waiting_ns",
@@ -86,8 +92,10 @@ class Share:
             raise ValueError("window must be > 0")
         self.window_ns = window_ns
         self.pace = pace
-        self.grant = self.held = self.before = 0
-        self._pending: tuple[int, int, int, int] | None = None  # grant, held, before, from window
+        self.grant = self.held = 0
+        self.pieces: tuple[Piece, ...] = ()
+        # grant, held, pieces, from which window on
+        self._pending: tuple[int, int, tuple[Piece, ...], int] | None = None
         self._w = -1
         self._count = 0
         self._used = 0
@@ -106,38 +114,64 @@ class Share:
 
     # -- the coordinator's word --------------------------------------------------
 
-    def apply(self, grant: int, held: int, before: int, now: int) -> None:
-        """A grant from the coordinator (millipermits per window)."""
-        if grant < 0 or held < grant or before < 0:
-            raise ValueError(f"incoherent grant {grant}/{held}/{before}")
+    def apply(
+        self,
+        grant: int,
+        held: int,
+        pieces: tuple[Piece, ...],
+        now: int,
+        *,
+        settled: bool = False,
+    ) -> None:
+        """A grant from the coordinator (millipermits per window) and where it
+        lies. ``settled``: no member gave up space for two windows, so new space
+        is nobody else's to spend in this one and applies at once too."""
+        if grant < 0 or held < grant or sum(length for _, length in pieces) != grant:
+            raise ValueError(f"incoherent grant {grant}/{held} in {pieces}")
         w = now // self.window_ns
-        if grant > self.grant and self._w >= 0:
-            self._pending = (grant, held, before, w + 1)
+        if not settled and not _within(pieces, self.pieces):
+            self._pending = (grant, held, pieces, w + 1)
             return
         self._pending = None
-        self.grant, self.held, self.before = grant, held, before
-        if self._w == w:  # a smaller share: this window may spend no more than it allows
+        self.grant, self.held, self.pieces = grant, held, pieces
+        if self._w == w:  # less space: this window may spend no more than it allows
             self._count = min(self._count, self.permits(w))
             self._interval = self.window_ns // self._count if self._count else self.window_ns
 
     def scale(self, new_total: int, old_total: int) -> None:
         """The total was cut from ``old_total`` to ``new_total``: every member's
-        grant shrinks in proportion, at once (the coordinator scales what it
-        counts as held in the same step)."""
+        pieces shrink in proportion, at once (the coordinator scales its records
+        in the same step)."""
         if old_total <= 0 or new_total >= old_total:
             return
-        self._pending = None
-        self.grant = self.grant * new_total // old_total
+        pending = self._pending
+        if pending is not None:
+            pieces = tuple(scaled(pending[2], new_total, old_total))
+            self._pending = (
+                sum(length for _, length in pieces),
+                pending[1] * new_total // old_total,
+                pieces,
+                pending[3],
+            )
+        self.pieces = tuple(scaled(self.pieces, new_total, old_total))
+        self.grant = sum(length for _, length in self.pieces)
         self.held = self.held * new_total // old_total
-        self.before = min(self.before * new_total // old_total, self.held - self.grant)
         if self._w >= 0:
             self._count = min(self._count, self.permits(self._w))
             self._interval = self.window_ns // self._count if self._count else self.window_ns
 
     def permits(self, w: int) -> int:
         """Whole permits this member may spend in window ``w``."""
-        start = self.before - (w * STEP) % MILLI
-        return (start + self.grant) // MILLI - start // MILLI
+        off = (w * STEP) % MILLI
+        count = 0
+        for start, length in self.pieces:
+            count += (start - off + length) // MILLI - (start - off) // MILLI
+        return count
+
+    @property
+    def position(self) -> tuple[Piece, ...]:
+        """Where the member's grant lies, as the coordinator last said."""
+        return self.pieces if self._pending is None else self._pending[2]
 
     @property
     def pending(self) -> int | None:
@@ -149,7 +183,7 @@ class Share:
     def _roll(self, w: int) -> None:
         pending = self._pending
         if pending is not None and w >= pending[3]:
-            self.grant, self.held, self.before = pending[0], pending[1], pending[2]
+            self.grant, self.held, self.pieces = pending[0], pending[1], pending[2]
             self._pending = None
         self._w = w
         self._used = 0
@@ -177,6 +211,37 @@ class Share:
         self._used += cost
         self.spent += cost
         return 0
+
+    def reserve(self, now: int, cost: int, patience: float) -> tuple[bool, int]:
+        """For a caller that may wait up to ``patience`` ns: ``(True, delay)``
+        when it holds the permit that falls due ``delay`` ns from ``now`` (0: at
+        once), else ``(False, wait)``, the ns before it is worth asking again
+        (the next window edge, or a due time past ``patience``).
+
+        Paced, a waiting caller takes the next slot of the schedule now and
+        sleeps until it is due, rather than sleeping and racing for it: a caller
+        that wakes late spends its permit late instead of losing it, and many
+        waiters do not all wake for one permit. Slots are reserved in the
+        current window only (the next one's permits are not known yet), and a
+        reserved permit counts as spent: a smaller grant that arrives meanwhile
+        does not take it back, and a caller that stops waiting loses it."""
+        window = self.window_ns
+        w = now // window
+        if w != self._w:
+            self._roll(w)
+        if self._used + cost > self._count:
+            return False, (w + 1) * window - now
+        if self.pace:
+            tat = self.tat
+            if now < tat:
+                if tat >= (w + 1) * window or tat - now > patience:
+                    return False, tat - now
+                self.tat = tat + self._interval * cost
+                self._used += cost
+                self.spent += cost
+                return True, tat - now
+        wait = self.take(now, cost)
+        return (True, 0) if not wait else (False, wait)
 
     def window_state(self, now: int) -> tuple[int, int]:
         """Permits of the current window, and how many are spent."""
@@ -239,3 +304,10 @@ class Share:
         self.period_start = now
         self.last = (wants, used)
         return wants, has, used
+
+
+def _within(pieces: tuple[Piece, ...], space: tuple[Piece, ...]) -> bool:
+    """Whether every piece of ``pieces`` lies inside one of ``space``."""
+    return all(
+        any(s <= start and start + length <= s + n for s, n in space) for start, length in pieces
+    )

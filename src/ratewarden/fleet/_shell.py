@@ -81,7 +81,9 @@ class Shell:
 
     def _waits(self, wait: int, max_wait: float, cost: int) -> Generator[float, None, None]:
         """acquire's waiting, for the twins to sleep through: the seconds of each
-        sleep; `RateLimitTimeout` once the deadline cannot be met."""
+        sleep; `RateLimitTimeout` once the deadline cannot be met. A caller
+        reserves its permit as soon as one can be (see `Share.reserve`) and
+        then only sleeps until it falls due."""
         clock, lock = self.clock, self._lock
         now = clock.time_ns()
         deadline = math.inf if math.isinf(max_wait) else now + round(max_wait * 1e9)
@@ -92,15 +94,17 @@ class Shell:
             waiting.begin_wait(now)
         try:
             while True:
-                yield wait / 1e9
-                now = clock.time_ns()
                 share = self._member.share  # a new window length replaces it
                 with lock:
-                    wait = share.take(now, cost)
-                if not wait:
+                    held, wait = share.reserve(now, cost, deadline - now)
+                if held:
+                    if wait:
+                        yield wait / 1e9
                     return
                 if now + wait > deadline:
                     raise _timeout(self.name, max_wait, wait)
+                yield wait / 1e9
+                now = clock.time_ns()
         finally:
             with lock:
                 waiting.end_wait(clock.time_ns())

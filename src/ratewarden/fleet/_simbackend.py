@@ -4,11 +4,11 @@ coordinator's Python model, or the real ``fleet.lua`` in a Redis (see `_simulate
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .._errors import StoreUnavailable
-from ._alloc import MILLI
+from ._alloc import MILLI, Piece
 from ._config import QuotaConfig
 from ._coord import Coordinator, Reply, keys, parse_refresh
 from ._model import Model
@@ -65,6 +65,7 @@ class Backend(Protocol):
         has: int,
         used: int,
         throttled: int,
+        pieces: Sequence[Piece],
         restore: dict[str, str] | None,
     ) -> Reply | None: ...
 
@@ -108,6 +109,7 @@ class ModelBackend:
         has: int,
         used: int,
         throttled: int,
+        pieces: Sequence[Piece],
         restore: dict[str, str] | None,
     ) -> Reply | None:
         raw = self.model.refresh(
@@ -117,12 +119,13 @@ class ModelBackend:
             reported=has,
             used=used,
             throttled=throttled,
+            pieces=pieces,
             restore=restore,
         )
         return parse_refresh(raw)
 
     def leave(self, member: str) -> None:
-        self.model.leave(member)
+        self.model.leave(self._ms(), member)
 
     def holds(self, member: str) -> bool:
         return member in self.model.members
@@ -171,10 +174,17 @@ class RedisBackend:
         has: int,
         used: int,
         throttled: int,
+        pieces: Sequence[Piece],
         restore: dict[str, str] | None,
     ) -> Reply | None:
         return self.coordinator.refresh(
-            member, wants=wants, has=has, used=used, throttled=throttled, restore=restore
+            member,
+            wants=wants,
+            has=has,
+            used=used,
+            throttled=throttled,
+            pieces=pieces,
+            restore=restore,
         )
 
     def leave(self, member: str) -> None:

@@ -31,7 +31,7 @@ CONVERGED = 0.05  # a grant within 5% of its target
 
 # -- the simulation ---------------------------------------------------------------
 
-ARRIVE, SERVE, REFRESH, MESSAGE, ACTIVATE, JOIN, LEAVE, DIE, TOTAL, BURST, TICK = range(11)
+ARRIVE, SERVE, REFRESH, MESSAGE, ACTIVATE, JOIN, LEAVE, DIE, TOTAL, BURST, TICK, DUE = range(12)
 
 
 class _Node:
@@ -42,6 +42,7 @@ class _Node:
         "admitted",
         "arrive_gen",
         "clock",
+        "due",
         "id",
         "index",
         "joined_at",
@@ -70,6 +71,7 @@ class _Node:
         self.on = True
         self.queue: deque[tuple[int, int]] = deque()  # waiting callers: deadline, since
         self.serving = False
+        self.due = 0  # callers holding a reserved permit not yet due
         self.arrive_gen = self.refresh_gen = self.serve_gen = self.act_gen = 0
         self.local = 0  # the grant it spends now, millipermits
         self.refreshes = self.joined_refreshes = 0
@@ -180,6 +182,8 @@ class Run:
                 elif kind == SERVE:
                     if arg == node.serve_gen:
                         self._serve(node)
+                elif kind == DUE:
+                    self._due(node, *arg)
                 elif kind == REFRESH:
                     if arg == node.refresh_gen and node.alive:
                         self._refresh(node)
@@ -187,9 +191,7 @@ class Run:
                 elif kind == MESSAGE:
                     self._message(node, arg)
                 elif kind == ACTIVATE:
-                    if arg == node.act_gen and node.member is not None:
-                        node.member.share.window_state(node.clock.time_ns())
-                        self._set_local(node, node.member.share.grant)
+                    self._activate(node, arg)
                 elif kind == JOIN:
                     self._join(node)
                 elif kind in (LEAVE, DIE):
@@ -207,7 +209,7 @@ class Run:
         finally:
             self.backend.close()
         self.r.events = events
-        self.r.waiting_at_end = sum(len(n.queue) for n in nodes)
+        self.r.waiting_at_end = sum(len(n.queue) + n.due for n in nodes)
         self.r.wall = time.perf_counter() - wall
         self.r.roles = {n.id: self.plan.role(n.index) for n in nodes}
         return self.r
@@ -230,10 +232,21 @@ class Run:
         else:
             self.r.waited += 1
             share.begin_wait(t)
-            node.queue.append((t + self.max_wait, t))
-            if not node.serving:
-                node.serving = True
-                self.push(now + wait, SERVE, node.index, node.serve_gen)
+            if node.queue:  # first come, first served: behind the others
+                node.queue.append((t + self.max_wait, t))
+            else:
+                held, wait = share.reserve(t, 1, self.max_wait)
+                if held:
+                    node.due += 1
+                    self.push(now + wait, DUE, node.index, (node.serve_gen, t))
+                elif wait > self.max_wait:
+                    share.end_wait(t)
+                    self.r.gave_up += 1
+                else:
+                    node.queue.append((t + self.max_wait, t))
+                    if not node.serving:
+                        node.serving = True
+                        self.push(now + wait, SERVE, node.index, node.serve_gen)
         self._next_arrival(node)
 
     def _next_arrival(self, node: _Node) -> None:
@@ -244,9 +257,11 @@ class Run:
         self.push(self.clock.now + max(1, round(gap)), ARRIVE, node.index, node.arrive_gen)
 
     def _serve(self, node: _Node) -> None:
-        """The oldest waiting caller tries again; the ones behind it follow while
-        permits come, and give up once their next try would fall after their
-        deadline."""
+        """The waiting callers, oldest first, reserve their permits as
+        `FleetQuota.acquire` does (`Share.reserve`), each then admitted when its
+        permit falls due; the first that cannot reserve one waits for the time
+        it is told, or gives up if that falls after its deadline, and the ones
+        behind it wait with it."""
         member = node.member
         assert member is not None
         node.serving = False
@@ -255,12 +270,15 @@ class Run:
         share = member.share
         queue = node.queue
         while queue:
-            wait = share.take(t, 1)
-            if not wait:
-                _, since = queue.popleft()
-                share.end_wait(t)
-                self.r.wait_ns += t - since
-                self._admit(node)
+            deadline, since = queue[0]
+            held, wait = share.reserve(t, 1, deadline - t)
+            if held:
+                queue.popleft()
+                node.due += 1
+                if wait:
+                    self.push(now + wait, DUE, node.index, (node.serve_gen, since))
+                else:
+                    self._due(node, node.serve_gen, since)
                 continue
             while queue and t + wait > queue[0][0]:
                 queue.popleft()
@@ -270,6 +288,22 @@ class Run:
                 node.serving = True
                 self.push(now + wait, SERVE, node.index, node.serve_gen)
             break
+
+    def _activate(self, node: _Node, gen: int) -> None:
+        """A window edge where a member's pending grant applies."""
+        if gen == node.act_gen and node.member is not None:
+            node.member.share.window_state(node.clock.time_ns())
+            self._set_local(node, node.member.share.grant)
+
+    def _due(self, node: _Node, gen: int, since: int) -> None:
+        """A waiting caller's reserved permit is due: it goes to the provider."""
+        if gen != node.serve_gen or node.member is None:
+            return  # its member left or died meanwhile (counted as given up then)
+        node.due -= 1
+        t = self.clock.now + node.skew
+        node.member.share.end_wait(t)
+        self.r.wait_ns += t - since
+        self._admit(node)
 
     def _admit(self, node: _Node) -> None:
         offset = self.clock.now - self.start
@@ -345,10 +379,16 @@ class Run:
     def _refresh(self, node: _Node) -> None:
         member = node.member
         assert member is not None
-        wants, has, used, throttled, restore = member.report()
+        wants, has, used, throttled, pieces, restore = member.report()
         sent_at = node.clock.time_ns()
         reply = self.backend.refresh(
-            member.id, wants=wants, has=has, used=used, throttled=throttled, restore=restore
+            member.id,
+            wants=wants,
+            has=has,
+            used=used,
+            throttled=throttled,
+            pieces=pieces,
+            restore=restore,
         )
         if reply is None:
             raise RuntimeError("the simulated resource vanished from the coordinator")
@@ -386,8 +426,9 @@ class Run:
         node.refresh_gen += 1
         node.act_gen += 1
         node.serving = False
-        self.r.gave_up += len(node.queue)
+        self.r.gave_up += len(node.queue) + node.due
         node.queue.clear()
+        node.due = 0
         self._set_local(node, 0)
         self.order.remove(node)
         self.unheard.discard(node.index)

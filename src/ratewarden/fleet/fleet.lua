@@ -3,9 +3,11 @@
 -- and ratewarden/fleet/_alloc.py (the allocation functions).
 --
 -- KEYS[1]: the resource's configuration (hash); KEYS[2]: its members (hash:
--- member id -> seq, expires_ms, wants_m, has_m, used_m packed as five big-endian
--- doubles: one C call to read, where parsing text cost 40% of the script's
--- time). Both keys carry one hash tag.
+-- member id -> seq, expires_ms, wants_m, has_m, used_m and its number of pieces,
+-- then each piece's start and length, packed as big-endian doubles: one C call
+-- to read, where parsing text cost 40% of the script's time). Both keys carry
+-- one hash tag. A member's grant lies in its pieces of the line [0, total); no
+-- two live members' pieces overlap (see _alloc.place).
 -- Quantities are integer millipermits per window; times integer milliseconds of
 -- the Redis server's clock unless ARGV passes one (tests, simulations).
 -- ARGV[1] is the operation: refresh, leave, set, show. ARGV[2] the channel that a
@@ -35,27 +37,49 @@ end
 
 local function num(cfg, field) return tonumber(cfg[field]) or 0 end
 
+-- space of the line given up now (a member shrank, moved, left or died; the
+-- total was cut): a member may spend new space at once only when nothing was
+-- given up for two windows, for until then its last holder may still spend it
+local function freed(cfg)
+  redis.call('HSET', CFG, 'freed_ms', now)
+  cfg.freed_ms = tostring(now)
+end
+
 -- the live members, sorted by join order; the dead ones are deleted
-local function live_members()
+local function live_members(cfg)
   local flat = redis.call('HGETALL', MEMBERS)
-  local members, dead = {}, {}
+  local members, dead, gone = {}, {}, false
   for i = 1, #flat, 2 do
-    local ok, seq, expires, wants, has, used = pcall(struct.unpack, '>ddddd', flat[i + 1])
+    local ok, seq, expires, wants, has, used, n, rest =
+      pcall(struct.unpack, '>dddddd', flat[i + 1])
+    local pieces = {}
+    if ok and n > 0 then
+      local got = {pcall(struct.unpack, '>' .. string.rep('d', 2 * n), flat[i + 1], rest)}
+      ok = got[1]
+      for k = 1, n do pieces[k] = {got[2 * k], got[2 * k + 1]} end
+    end
     if ok and expires > now then
       members[#members + 1] = {id = flat[i], seq = seq, expires = expires,
-        wants = wants, has = has, used = used}
+        wants = wants, has = has, used = used, pieces = pieces}
     else
       dead[#dead + 1] = flat[i]
+      if not ok or has > 0 then gone = true end
     end
   end
   if #dead > 0 then redis.call('HDEL', MEMBERS, unpack(dead)) end
+  if gone then freed(cfg) end
   table.sort(members, function(a, b) return a.seq < b.seq end)
   return members
 end
 
 local function save(m)
-  redis.call('HSET', MEMBERS, m.id, struct.pack('>ddddd',
-    m.seq, m.expires, m.wants, m.has, m.used))
+  local flat = {}
+  for _, p in ipairs(m.pieces) do
+    flat[#flat + 1] = p[1]
+    flat[#flat + 1] = p[2]
+  end
+  redis.call('HSET', MEMBERS, m.id, struct.pack('>dddddd' .. string.rep('d', #flat),
+    m.seq, m.expires, m.wants, m.has, m.used, #m.pieces, unpack(flat)))
 end
 
 -- allocation (see _alloc.py)
@@ -106,6 +130,88 @@ local function allocate(algorithm, total, wants, cap)
   return out
 end
 
+-- where a member's grant lies (see _alloc.place): a smaller grant keeps the
+-- start of what it had; a larger one keeps all it had and grows into the free
+-- space next to its pieces, then into the largest free gaps, a piece each, up
+-- to MAX_PIECES
+local MAX_PIECES = 4
+
+local function merge(pieces)
+  table.sort(pieces, function(a, b) return a[1] < b[1] end)
+  local out = {}
+  for _, p in ipairs(pieces) do
+    if #out > 0 and out[#out][2] == p[1] then out[#out][2] = p[2]
+    else out[#out + 1] = {p[1], p[2]} end
+  end
+  return out
+end
+
+local function place(total, mine, want, taken)
+  local has, pieces = 0, {}
+  for _, p in ipairs(mine) do
+    has = has + p[2]
+    pieces[#pieces + 1] = {p[1], p[1] + p[2]}
+  end
+  table.sort(pieces, function(a, b) return a[1] < b[1] end)
+  if want <= has then
+    local kept, left = {}, want
+    for _, p in ipairs(pieces) do
+      if left <= 0 then break end
+      local take = math.min(left, p[2] - p[1])
+      kept[#kept + 1] = {p[1], take}
+      left = left - take
+    end
+    return kept
+  end
+  local need = want - has
+  local all = {}
+  for _, p in ipairs(taken) do all[#all + 1] = {p[1], p[1] + p[2]} end
+  for _, p in ipairs(pieces) do all[#all + 1] = {p[1], p[2]} end
+  table.sort(all, function(a, b) return a[1] < b[1] end)
+  local gaps, at = {}, 0
+  for _, p in ipairs(all) do
+    if p[1] > at then gaps[#gaps + 1] = {at, p[1]} end
+    if p[2] > at then at = p[2] end
+  end
+  if at < total then gaps[#gaps + 1] = {at, total} end
+  local ends, starts = {}, {}
+  for _, p in ipairs(pieces) do
+    ends[p[2]] = true
+    starts[p[1]] = true
+  end
+  for _, g in ipairs(gaps) do  -- next to its own pieces first
+    if need == 0 then break end
+    if ends[g[1]] then
+      local take = math.min(need, g[2] - g[1])
+      pieces[#pieces + 1] = {g[1], g[1] + take}
+      g[1] = g[1] + take
+      need = need - take
+    end
+    if need > 0 and g[2] > g[1] and starts[g[2]] then
+      local take = math.min(need, g[2] - g[1])
+      pieces[#pieces + 1] = {g[2] - take, g[2]}
+      g[2] = g[2] - take
+      need = need - take
+    end
+  end
+  pieces = merge(pieces)
+  table.sort(gaps, function(a, b)  -- the largest first
+    local sa, sb = a[2] - a[1], b[2] - b[1]
+    if sa ~= sb then return sa > sb end
+    return a[1] < b[1]
+  end)
+  for _, g in ipairs(gaps) do
+    if need == 0 or g[2] <= g[1] or #pieces >= MAX_PIECES then break end
+    local take = math.min(need, g[2] - g[1])
+    pieces[#pieces + 1] = {g[1], g[1] + take}
+    pieces = merge(pieces)
+    need = need - take
+  end
+  local out = {}
+  for _, p in ipairs(pieces) do out[#out + 1] = {p[1], p[2] - p[1]} end
+  return out
+end
+
 local function cfg_list(cfg)
   local flat = {}
   for field, value in pairs(cfg) do
@@ -123,8 +229,17 @@ local function cut(cfg, new_eff, members)
   redis.call('HSET', CFG, 'eff_m', new_eff)
   cfg.eff_m = tostring(new_eff)
   if new_eff < old then
+    freed(cfg)
     for _, m in ipairs(members) do
-      m.has = fdiv(m.has * new_eff, old)
+      local pieces, has = {}, 0
+      for _, p in ipairs(m.pieces) do
+        local length = fdiv(p[2] * new_eff, old)
+        if length > 0 then
+          pieces[#pieces + 1] = {fdiv(p[1] * new_eff, old), length}
+          has = has + length
+        end
+      end
+      m.pieces, m.has = pieces, has
       save(m)
     end
   end
@@ -135,7 +250,7 @@ if op == 'show' then
   local cfg, found = read_cfg()
   if not found then return {0} end
   local out = {1, now, cfg_list(cfg)}
-  for _, m in ipairs(live_members()) do
+  for _, m in ipairs(live_members(cfg)) do
     out[#out + 1] = {m.id, m.seq, m.expires, m.wants, m.has, m.used}
   end
   return out
@@ -144,7 +259,7 @@ end
 if op == 'set' then
   -- ARGV[4..]: field, value pairs; 'total' in permits resets the effective total
   local cfg, found = read_cfg()
-  local members = live_members()
+  local members = live_members(cfg)
   local old_eff = num(cfg, 'eff_m')
   for i = 4, #ARGV, 2 do
     redis.call('HSET', CFG, ARGV[i], ARGV[i + 1])
@@ -165,19 +280,22 @@ end
 local id = ARGV[4]
 
 if op == 'leave' then
-  redis.call('HDEL', MEMBERS, id)
+  if redis.call('HDEL', MEMBERS, id) == 1 and redis.call('EXISTS', CFG) == 1 then
+    redis.call('HSET', CFG, 'freed_ms', now)
+  end
   return {1}
 end
 
 -- refresh: ARGV[4] id, [5] wants_m, [6] has_m, [7] used_m, [8] throttled (the
--- provider refused while the member kept its share), [9..] the configuration the
--- member last knew, to restore if Redis lost it
+-- provider refused while the member kept its share), [9] its pieces ("start
+-- length start length ..."), [10..] the configuration the member last knew, to
+-- restore if Redis lost it
 local wants, reported, used, throttled = tonumber(ARGV[5]), tonumber(ARGV[6]),
   tonumber(ARGV[7]), tonumber(ARGV[8])
 local cfg, found = read_cfg()
 if not found then
-  if #ARGV < 9 then return {0} end
-  for i = 9, #ARGV, 2 do
+  if #ARGV < 10 then return {0} end
+  for i = 10, #ARGV, 2 do
     redis.call('HSET', CFG, ARGV[i], ARGV[i + 1])
     cfg[ARGV[i]] = ARGV[i + 1]
   end
@@ -186,9 +304,10 @@ if not found then
   cfg.rebuild_ms = tostring(now + num(cfg, 'lease_ms'))
   cfg.seq = '0'
   redis.call('HSET', CFG, 'rebuild_ms', cfg.rebuild_ms, 'seq', 0)
+  freed(cfg)  -- where the members spend is not known yet
 end
 
-local members = live_members()
+local members = live_members(cfg)
 local me
 for _, m in ipairs(members) do
   if m.id == id then me = m end
@@ -196,7 +315,7 @@ end
 if not me then
   local seq = redis.call('HINCRBY', CFG, 'seq', 1)
   cfg.seq = tostring(seq)
-  me = {id = id, seq = seq, has = 0}
+  me = {id = id, seq = seq, has = 0, pieces = {}}
   members[#members + 1] = me
   table.sort(members, function(a, b) return a.seq < b.seq end)
 end
@@ -226,14 +345,59 @@ for i, m in ipairs(members) do
   if m == me then mine = i else others = others + m.has end
 end
 local target = allocate(cfg.algorithm, total, all_wants, num(cfg, 'cap_m'))[mine]
+-- the demand-based algorithms hand out what nobody wants, equally (_alloc.with_spare)
+if cfg.algorithm == 'fair_share' or cfg.algorithm == 'proportional_share' then
+  local demand = 0
+  for _, w in ipairs(all_wants) do demand = demand + w end
+  if demand < total then
+    local n = #all_wants
+    local base = fdiv(total - demand, n)
+    target = target + base + ((mine <= total - demand - base * n) and 1 or 0)
+  end
+end
 local grant = math.max(0, math.min(target, total - others))
-if now < num(cfg, 'rebuild_ms') then grant = math.min(grant, reported) end
-me.has = grant
+local taken = {}
+for _, m in ipairs(members) do
+  if m ~= me then
+    for _, p in ipairs(m.pieces) do taken[#taken + 1] = p end
+  end
+end
+if now < num(cfg, 'rebuild_ms') then
+  grant = math.min(grant, reported)
+  if #me.pieces == 0 then  -- where it says it spends, unless taken
+    local said, nums = {}, {}
+    for x in string.gmatch(ARGV[9] or '', '%d+') do nums[#nums + 1] = tonumber(x) end
+    for k = 1, #nums - 1, 2 do said[#said + 1] = {nums[k], nums[k + 1]} end
+    local free = true
+    for _, p in ipairs(said) do
+      for _, q in ipairs(taken) do
+        if q[1] < p[1] + p[2] and p[1] < q[1] + q[2] then free = false end
+      end
+    end
+    if free then me.pieces = said end
+  end
+end
+local had = me.pieces
+me.pieces = place(total, had, grant, taken)
+for _, p in ipairs(had) do  -- gave up some of its space?
+  local kept = false
+  for _, q in ipairs(me.pieces) do
+    if q[1] <= p[1] and p[1] + p[2] <= q[1] + q[2] then kept = true end
+  end
+  if not kept then
+    freed(cfg)
+    break
+  end
+end
+me.has = 0
+local flat = {}
+for _, p in ipairs(me.pieces) do
+  me.has = me.has + p[2]
+  flat[#flat + 1] = p[1]
+  flat[#flat + 1] = p[2]
+end
 save(me)
 
-local held, before = 0, 0
-for i, m in ipairs(members) do
-  held = held + m.has
-  if i < mine then before = before + m.has end
-end
-return {1, grant, held, before, #members, now, cfg_list(cfg)}
+local held = 0
+for _, m in ipairs(members) do held = held + m.has end
+return {1, me.has, held, flat, #members, now, cfg_list(cfg)}
