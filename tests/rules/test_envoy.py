@@ -11,6 +11,7 @@ import pytest
 
 from ratewarden import AsyncMemoryStore, FakeClock, MemoryStore
 from ratewarden.rules import AsyncEnvoyConfig, EnvoyConfig, RuleFileError
+from ratewarden.rules._envoyfile import parse_files
 
 Descriptors = list[list[tuple[str, str]]]
 A = "domain: d\ndescriptors:\n  - key: a\n"
@@ -28,8 +29,7 @@ def limit_of(cfg: EnvoyConfig, domain: str, *entries: tuple[str, str]) -> str | 
         return "unlimited"
     if limit.blocked:
         return "blocked"
-    assert limit.limiter is not None
-    return f"{limit.limiter.rate}" + (" shadow" if limit.shadow else "")
+    return f"{limit.requests_per_unit}/{limit.unit}" + (" shadow" if limit.shadow else "")
 
 
 def admitted(
@@ -92,8 +92,38 @@ def test_example_2_several_descriptors_are_all_checked(store: MemoryStore) -> No
     assert not result.overall_ok
     assert result.decision is not None
     assert result.decision.rule == "messaging.message_type_marketing.to_number"
+    # as envoy's service does, every limit counted every request, denied or not:
+    # 11 of the 100 per number are gone
+    assert admitted(cfg, "messaging", [[number]], 100) == 89
+
+
+def test_counting_atomically_a_denied_request_counts_nowhere(store: MemoryStore) -> None:
+    cfg = EnvoyConfig.loads(textwrap.dedent(MESSAGING), store=store, count_denied=False)
+    number = ("to_number", "2061111111")
+    both = [[("message_type", "marketing"), number], [number]]
+    assert admitted(cfg, "messaging", both, 10) == 5
+    result = cfg.check("messaging", both)
+    assert result.decision is not None
+    assert result.decision.rule == "messaging.message_type_marketing.to_number"
     # the denied requests counted nowhere: 95 of the 100 per number are left
     assert admitted(cfg, "messaging", [[number]], 100) == 95
+
+
+def test_a_denied_request_still_counts_with_envoys_counting(store: MemoryStore) -> None:
+    """100 a day; 50 used; a request of 60 is denied. Envoy's service has counted
+    it all the same (110), so one more is denied too; counting atomically, it
+    counted nowhere, and one more passes."""
+    text = textwrap.dedent(MESSAGING)
+    number = [[("to_number", "1")]]
+    results = []
+    for count_denied in (True, False):
+        cfg = EnvoyConfig.loads(
+            text, store=MemoryStore(clock=store.clock), count_denied=count_denied
+        )
+        assert cfg.check("messaging", number, hits_addend=50).overall_ok
+        assert not cfg.check("messaging", number, hits_addend=60).overall_ok
+        results.append(cfg.check("messaging", number).overall_ok)
+    assert results == [False, True]
 
 
 def test_example_3_key_value_beats_key(store: MemoryStore) -> None:
@@ -223,14 +253,13 @@ def test_example_7_replaces_drops_the_named_limit(store: MemoryStore) -> None:
     limits = cfg.limits_for("example7", [first, second])
     assert limits[0] is None  # replaced
     assert limits[1] is not None
-    assert limits[1].limiter is not None
-    assert str(limits[1].limiter.rate) == "10/second"
+    assert (limits[1].requests_per_unit, limits[1].unit) == (10, "second")
     assert admitted(cfg, "example7", [first, second], 15) == 10
     # ... and the replaced limit was not touched: 5 of 5 left for the first alone
     assert admitted(cfg, "example7", [first], 10) == 5
 
 
-def test_example_8_detailed_metric_is_accepted(store: MemoryStore) -> None:
+def test_example_8_detailed_metric(store: MemoryStore) -> None:
     cfg = config(
         """
         domain: example8
@@ -272,30 +301,39 @@ def test_example_9_wildcard_values_count_per_value(store: MemoryStore, clock: Fa
     assert admitted(cfg, "example9", [[("key1", "value_2")]], 25) == 20
 
 
-def test_hits_addend_is_the_cost(store: MemoryStore) -> None:
-    cfg = config(MESSAGING, store)
+@pytest.mark.parametrize("count_denied", [True, False])
+def test_hits_addend_is_the_cost(store: MemoryStore, count_denied: bool) -> None:
+    cfg = EnvoyConfig.loads(textwrap.dedent(MESSAGING), store=store, count_denied=count_denied)
     number = [[("to_number", "1")]]
     assert cfg.check("messaging", number, hits_addend=60).overall_ok
     assert not cfg.check("messaging", number, hits_addend=41).overall_ok
-    assert cfg.check("messaging", number, hits_addend=40).overall_ok
+    # counted although denied (101 of 100), or not counted (60 of 100)
+    assert cfg.check("messaging", number, hits_addend=40).overall_ok is not count_denied
 
 
-def test_an_unknown_domain(store: MemoryStore) -> None:
+def test_an_unknown_domain_has_no_limits(store: MemoryStore) -> None:
     cfg = config(MESSAGING, store)
-    with pytest.raises(Exception, match="no configuration for domain 'nope'"):
-        cfg.limits_for("nope", [])
+    assert cfg.limits_for("nope", [[("to_number", "1")]]) == [None]
+    result = cfg.check("nope", [[("to_number", "1")], [("a", "b")]])
+    assert result.overall_ok
+    assert result.decision is None
+    assert cfg.stats.not_found == {"nope": 3}  # one a descriptor, as envoy's service counts
+    assert len(store) == 0
 
 
 @pytest.mark.parametrize(
     ("text", "line", "words"),
     [
-        (A + "    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", 4, "unit must be one of"),
+        (A + "    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", 4,
+         "invalid rate limit unit 'fortnight'"),
         (A + "  - key: a\n", 4, "duplicate descriptor composite key 'd.a'"),
-        (A + "    rate_limit: {unlimited: true, unit: second}\n", 4, "an unlimited limit has no"),
-        (A + "    valeu: x\n", 4, "unknown field `valeu`"),
-        ("descriptors: []\n", 1, "missing required field `domain`"),
+        (A + "    rate_limit: {unlimited: true, unit: second}\n", 4,
+         "should not specify rate limit unit when unlimited"),
+        (A + "    valeu: x\n", 4, "config error, unknown key 'valeu'"),
+        ("descriptors: []\n", 1, "config file cannot have empty domain"),
         (A + "    rate_limit: {name: me, unit: second, requests_per_unit: 1,"
-             " replaces: [{name: me}]}\n", 4, "limit 'me' replaces itself"),
+             " replaces: [{name: me}]}\n", 4,
+         "replaces should not contain name of same descriptor"),
     ],
 )  # fmt: skip
 def test_bad_envoy_files(text: str, line: int, words: str) -> None:
@@ -311,7 +349,7 @@ def test_two_files_one_domain_each(tmp_path: Path) -> None:
     (tmp_path / "b.yaml").write_text("domain: other\ndescriptors: []\n")
     cfg = EnvoyConfig.load(tmp_path / "a.yaml", tmp_path / "b.yaml")
     assert set(cfg.domains) == {"messaging", "other"}
-    with pytest.raises(RuleFileError, match="configured twice"):
+    with pytest.raises(RuleFileError, match="duplicate domain 'messaging' in config file"):
         EnvoyConfig.load(tmp_path / "a.yaml", tmp_path / "a.yaml")
 
 
@@ -364,3 +402,67 @@ def test_values_keep_their_spelling_and_empty_means_any(store: MemoryStore) -> N
     assert limit_of(cfg, "d", ("flag", "yes")) == "3/second"
     assert limit_of(cfg, "d", ("ratio", "1.50")) == "4/second"
     assert limit_of(cfg, "d", ("anything", "whatever")) == "5/second"
+
+
+QUOTAS = """
+    domain: q
+    descriptors:
+      - key: plan
+        quota_mode: true
+        rate_limit: {unit: minute, requests_per_unit: 1}
+      - key: team
+        quota_mode: true
+        rate_limit: {unit: minute, requests_per_unit: 3}
+      - key: ip
+        rate_limit: {unit: minute, requests_per_unit: 10}
+"""
+
+
+def test_quota_mode_denies_only_when_every_quota_is_spent(store: MemoryStore) -> None:
+    cfg = config(QUOTAS, store)
+    both = [[("plan", "free")], [("team", "a")], [("ip", "1")]]
+    answers = [cfg.check("q", both) for _ in range(4)]
+    # plan is spent after 1, team after 3: only then is the request denied
+    assert [a.overall_ok for a in answers] == [True, True, True, False]
+    assert answers[1].statuses[0] is not None
+    assert not answers[1].statuses[0].allowed  # the plan's own status says over
+    alone = [[("plan", "pro")]]
+    assert [cfg.check("q", alone).overall_ok for _ in range(2)] == [True, False]
+
+
+def test_a_rate_limit_beside_quotas_still_denies(store: MemoryStore) -> None:
+    cfg = config(QUOTAS, store)
+    request = [[("team", "b")], [("ip", "2")]]
+    for _ in range(10):
+        cfg.check("q", [[("ip", "2")]])
+    assert not cfg.check("q", request).overall_ok  # the ip limit is spent
+
+
+def test_global_quota_and_shadow_modes(store: MemoryStore) -> None:
+    parsed = parse_files((), [textwrap.dedent(QUOTAS)])
+    quota = EnvoyConfig(parsed, store, quota_mode=True)
+    request = [[("ip", "3")], [("team", "c")]]
+    answers = [quota.check("q", request).overall_ok for _ in range(11)]
+    assert answers == [True] * 10 + [False]  # ip is a quota too: denied once both are spent
+    shadow = EnvoyConfig(parsed, MemoryStore(clock=store.clock), shadow_mode=True)
+    assert all(shadow.check("q", [[("plan", "x")]]).overall_ok for _ in range(5))
+    assert shadow.stats.value("q.plan", "over_limit") == 4  # counted all the same
+
+
+def test_what_the_peer_accepts_and_refuses(store: MemoryStore) -> None:
+    cfg = config(
+        """
+        domain: d
+        descriptors:
+          - key: ldap
+            rate_limit: {unlimited: true, requests_per_unit: 25}
+          - key: empty
+            descriptors:
+        """,
+        store,
+    )
+    assert limit_of(cfg, "d", ("ldap", "x")) == "unlimited"
+    assert limit_of(cfg, "d", ("empty", "x")) is None
+    assert list(EnvoyConfig.loads("domain: d\ndescriptors:\n").domains) == ["d"]
+    with pytest.raises(RuleFileError, match="config file cannot have empty domain"):
+        EnvoyConfig.loads('domain: ""\ndescriptors: []\n')

@@ -12,7 +12,8 @@ ratewarden[rules]``); ``import ratewarden`` does not import this package.
 
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
 from ._engine import AsyncRuleEngine, Outcome, RuleEngine, Watcher
-from ._envoy import AsyncEnvoyConfig, EnvoyConfig, EnvoyLimit, EnvoyResult
+from ._envoy import AsyncEnvoyConfig, EnvoyConfig, EnvoyLimit, EnvoyResult, Override
+from ._envoystats import EnvoyStats
 from ._errors import Problem, RuleFileError
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile, dump
 from ._source import MAX_BYTES
@@ -29,10 +30,12 @@ __all__ = [
     "EnvoyConfig",
     "EnvoyLimit",
     "EnvoyResult",
+    "EnvoyStats",
     "Explanation",
     "LimitSpec",
     "Match",
     "Outcome",
+    "Override",
     "Problem",
     "Response",
     "Rule",

@@ -1,265 +1,261 @@
-"""envoyproxy/ratelimit configuration files, applied with that service's semantics.
+"""envoyproxy/ratelimit configurations, applied with that service's semantics.
 
-A file has a ``domain`` and a tree of ``descriptors``; each node has a ``key``,
-an optional ``value`` (exact, or a prefix wildcard ``foo*``), an optional
-``rate_limit`` (``unit`` + ``requests_per_unit``, or ``unlimited: true``; a
-``name``; ``replaces: [{name: ...}]``), ``shadow_mode``, ``detailed_metric`` and
-nested ``descriptors``.
+`EnvoyConfig.load(*paths)` reads its files (a directory: every YAML file in
+it, see `_envoydir`; each parsed by `_envoyfile`), builds a tree per
+domain (`_envoytree`, which also documents the matching), and ``check(domain,
+descriptors, hits_addend, overrides)`` is what a gRPC ``ShouldRateLimit`` does:
 
-A request carries a domain and several descriptors, each a list of
-``(key, value)`` entries. Each descriptor is looked up on its own, entry by entry
-down the tree, taking at every level the most specific node: the exact
-``key``/``value`` node, else a wildcard value that is a prefix of the value, else
-the node with the ``key`` and no value (which matches any value; its counter is
-kept per actual value). A descriptor gets the limit of the node its LAST entry
-lands on, so a descriptor longer or shorter than the configured nesting gets no
-limit. Then every limit named in a matched limit's ``replaces`` is dropped;
-``unlimited`` limits never count; ``shadow_mode`` limits count but never deny; a
-``requests_per_unit`` of 0 denies every request.
+- a domain no file names has no limits: every descriptor is OK (and counted in
+  ``domain_not_found``);
+- a descriptor's ``limit`` override (requests per unit) replaces whatever the
+  files say for it;
+- every limit named in a matched limit's ``replaces`` is dropped; ``unlimited``
+  limits never count; ``shadow_mode`` limits count but never deny;
+  ``quota_mode`` limits deny the request only when every quota limit of it
+  does; ``requests_per_unit: 0`` denies every request;
+- windows are fixed, aligned to the unit (as that service's cache keys are).
 
-One difference, on purpose: envoy's service counts every hit, even one it
-denies; here the enforced limits of one request are counted with one
-``hit_many``, so a denied request counts nowhere (as everywhere in ratewarden).
+Counting, ``count_denied=True`` (that service's default): every limit of a
+request is counted, each on its own, whether the request is denied or not, so
+a client that keeps sending while denied stays denied; the counter belongs to
+the descriptor's entries and the unit (not to the limit), as there. With
+``count_denied=False`` (its STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT) the limits
+of one request are counted with one atomic ``hit_tiers``: a request is counted
+in all of them, or, denied, in none (as everywhere else in ratewarden).
+
+Statistics per descriptor, keyed as that service keys them, go to `stats`
+(`EnvoyStats`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 import os
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import msgspec
-import yaml
 
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
 from .._rate import UNIT_SECONDS, Rate
 from ..stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
-from ._errors import Problem, RuleFileError
-from ._source import Document, parse_text, read_file
+from ..stores._base import pick
+from ._envoydir import envoy_files
+from ._envoyfile import EnvoyFile, parse_files
+from ._envoystats import EnvoyStats
+from ._envoytree import Level, build, lookup
+from ._source import Document
 
-__all__ = ["AsyncEnvoyConfig", "EnvoyConfig", "EnvoyLimit", "EnvoyResult"]
+__all__ = ["AsyncEnvoyConfig", "EnvoyConfig", "EnvoyLimit", "EnvoyResult", "Override"]
 
-_UNITS = UNIT_SECONDS  # SECOND, MINUTE, ... YEAR (lower-cased), as envoy names them
+# A counter limiter's limit: never reached, so every hit is counted and its
+# Decision's ``remaining`` tells the count (exact in Redis' Lua doubles too).
+COUNTER_CEILING = 2**50
+# Limiters kept for per-request overrides, most recently used first; one is a
+# binding to the store, so one dropped and made again loses no counts.
+MAX_OVERRIDE_LIMITERS = 1024
+# RateLimitUnit of envoy's override (0 is UNKNOWN)
+OVERRIDE_UNITS = ("", "second", "minute", "hour", "day", "month", "year", "week")
 
-
-class _Base(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
-    pass
-
-
-class _Replace(_Base, frozen=True):
-    name: str
-
-
-class _RateLimit(_Base, frozen=True):
-    unit: str | None = None
-    requests_per_unit: int | None = None
-    unlimited: bool = False
-    name: str | None = None
-    replaces: list[_Replace] = []
-
-
-class _Descriptor(_Base, frozen=True):
-    key: str
-    # envoy's loader reads an unquoted number or boolean as its text; so do we
-    value: str | int | float | bool | None = None
-    rate_limit: _RateLimit | None = None
-    descriptors: list[_Descriptor] = []
-    shadow_mode: bool = False
-    detailed_metric: bool = False
-
-
-class _File(_Base, frozen=True):
-    domain: str
-    descriptors: list[_Descriptor] = []
-
-
-@dataclass(slots=True)
-class _Level:
-    exact: dict[tuple[str, str], _Node] = field(default_factory=dict)
-    wildcards: list[tuple[str, str, _Node]] = field(default_factory=list)
-    any_value: dict[str, _Node] = field(default_factory=dict)
-
-
-@dataclass(eq=False, slots=True)
-class _Node:
-    path: str  # "domain.key_value.key": names the node's limiter
-    rate: Rate | None  # None: no rate_limit block, unlimited, or 0 per unit
-    period: int  # seconds per unit (for a blocked limit's retry_after)
-    blocked: bool  # requests_per_unit: 0
-    unlimited: bool
-    shadow: bool
-    name: str | None
-    replaces: frozenset[str]
-    has_limit: bool
-    children: _Level = field(default_factory=_Level)
-    slot: int = -1
-
-
-L = TypeVar("L", Limiter, AsyncLimiter)
+Override = tuple[int, str]  # a descriptor's limit: requests per unit, unit name
 
 
 class EnvoyLimit(msgspec.Struct, frozen=True):
-    """The limit one descriptor of a request gets.
-
-    ``limiter`` is None for ``unlimited`` and blocked (0 per unit) limits; ``key``
-    is the counter key (the domain and the request's own entries).
-    """
+    """The limit one descriptor of a request gets: ``path`` names its node (or,
+    for an override, its descriptor); ``key`` is its counter key; ``stats_key``
+    its name in the statistics; ``metadata`` the file's, handed back."""
 
     descriptor: int
     path: str
     key: str
-    limiter: Limiter | AsyncLimiter | None
-    period: int = 0  # seconds per unit
+    stats_key: str
+    requests_per_unit: int
+    unit: str
+    period: int
     name: str | None = None
     shadow: bool = False
+    quota: bool = False
     unlimited: bool = False
-    blocked: bool = False
+    override: bool = False
+    metadata: dict[str, object] | None = None
+
+    @property
+    def blocked(self) -> bool:
+        return not self.unlimited and self.requests_per_unit == 0
 
 
 class EnvoyResult(msgspec.Struct, frozen=True):
     """``overall_ok``: the request may pass (envoy's OK / OVER_LIMIT);
     ``decision``: the enforced limits' Decision (None if none counted);
     ``limits``: per descriptor, its limit or None (no limit: OK);
-    ``shadow``: the Decision of the shadow-mode limits, reported, never denying."""
+    ``shadow``: the Decision of the shadow-mode limits, reported, never denying;
+    ``statuses``: per descriptor, its own limit's Decision where known (None: no
+    limit, unlimited, or, counting atomically, a limit that did not speak)."""
 
     overall_ok: bool
     decision: Decision | None
     limits: list[EnvoyLimit | None]
     shadow: Decision | None = None
+    statuses: list[Decision | None] = []
+
+
+L = TypeVar("L", Limiter, AsyncLimiter)
+_Call = tuple[L, str]
 
 
 class _EnvoyCore(Generic[L]):
-    def __init__(self, files: Sequence[tuple[_File, Document]]) -> None:
-        self.domains: dict[str, _Level] = {}
-        self.limiters: list[L] = []
-        for config, document in files:
-            if config.domain in self.domains:
-                raise RuleFileError(
-                    Problem(
-                        document.filename,
-                        document.line_of("$.domain"),
-                        None,
-                        "domain",
-                        f"domain {config.domain!r} is configured twice",
-                    )
-                )
-            self.domains[config.domain] = self._level(
-                config.descriptors, config.domain, document, "$.descriptors"
-            )
+    store: Store | AsyncStore
+
+    def __init__(
+        self,
+        files: Sequence[tuple[EnvoyFile, Document]],
+        *,
+        merge: bool = False,
+        count_denied: bool = True,
+        shadow_mode: bool = False,
+        quota_mode: bool = False,
+        stats: EnvoyStats | None = None,
+    ) -> None:
+        self.domains: dict[str, Level] = build(files, merge=merge)
+        self.count_denied = count_denied
+        self.shadow_mode = shadow_mode  # SHADOW_MODE: every request passes
+        self.quota_mode = quota_mode  # QUOTA_MODE: every limit is a quota
+        self.stats = EnvoyStats() if stats is None else stats
+        self._counters: dict[int, L] = {}
+        self._limiters: dict[str, L] = {}
+        self._overrides: OrderedDict[tuple[int, int], L] = OrderedDict()
 
     def _limiter(self, rate: Rate, name: str) -> L:  # pragma: no cover - the shells override
         raise NotImplementedError
 
-    def _level(
-        self, descriptors: list[_Descriptor], parent: str, document: Document, at: str
-    ) -> _Level:
-        level = _Level()
-        for i, d in enumerate(descriptors):
-            here: str = f"{at}[{i}]"
+    @property
+    def limiters(self) -> list[L]:
+        """Every limiter made so far (for resetting a key everywhere)."""
+        out: list[L] = list(self._counters.values())
+        out += self._limiters.values()
+        out += self._overrides.values()
+        return out
 
-            def bad(where: str, reason: str, here: str = here) -> RuleFileError:
-                line = document.line_of(f"{here}{where}")
-                return RuleFileError(
-                    Problem(document.filename, line, None, where.lstrip("."), reason)
-                )
-
-            if not d.key:
-                raise bad(".key", "a descriptor needs a key")
-            value = _text(d.value)
-            path = f"{parent}.{d.key}" + ("" if value is None else f"_{value}")
-            node = self._node(d, path, bad)
-            node.children = self._level(d.descriptors, path, document, f"{here}.descriptors")
-            if value is None:
-                taken = d.key in level.any_value
-                level.any_value[d.key] = node
-            elif value.endswith("*"):
-                prefix = value[:-1]
-                taken = any(k == d.key and p == prefix for k, p, _ in level.wildcards)
-                level.wildcards.append((d.key, prefix, node))
-            else:
-                taken = (d.key, value) in level.exact
-                level.exact[(d.key, value)] = node
-            if taken:
-                raise bad("", f"duplicate descriptor composite key {path!r}")
-        return level
-
-    def _node(self, d: _Descriptor, path: str, bad: _Bad) -> _Node:
-        limit = d.rate_limit
-        if limit is None:
-            return _Node(path, None, 0, False, False, d.shadow_mode, None, frozenset(), False)
-        for j, replace in enumerate(limit.replaces):
-            if not replace.name:
-                raise bad(f".rate_limit.replaces[{j}]", "a replaces entry needs a name")
-        replaces = frozenset(r.name for r in limit.replaces)
-        if limit.name is not None and limit.name in replaces:  # envoy's service refuses it too
-            raise bad(".rate_limit.replaces", f"limit {limit.name!r} replaces itself")
-        if limit.unlimited:
-            if limit.unit is not None or limit.requests_per_unit is not None:
-                raise bad(".rate_limit", "an unlimited limit has no unit or requests_per_unit")
-            return _Node(path, None, 0, False, True, d.shadow_mode, limit.name, replaces, True)
-        if limit.unit is None or limit.unit.lower() not in _UNITS:
-            raise bad(
-                ".rate_limit.unit", f"unit must be one of {', '.join(_UNITS)}, got {limit.unit!r}"
-            )
-        if limit.requests_per_unit is None or limit.requests_per_unit < 0:
-            raise bad(".rate_limit", "requests_per_unit must be given, an integer >= 0")
-        period = _UNITS[limit.unit.lower()]
-        if limit.requests_per_unit == 0:
-            return _Node(path, None, period, True, False, d.shadow_mode, limit.name, replaces, True)
-        rate = Rate(limit.requests_per_unit, period)
-        node = _Node(path, rate, period, False, False, d.shadow_mode, limit.name, replaces, True)
-        node.slot = len(self.limiters)
-        self.limiters.append(self._limiter(rate, path))
-        return node
+    # -- matching ---------------------------------------------------------------
 
     def limits_for(
-        self, domain: str, descriptors: Iterable[Sequence[tuple[str, str]]]
+        self,
+        domain: str,
+        descriptors: Iterable[Sequence[tuple[str, str]]],
+        overrides: Sequence[Override | None] | None = None,
     ) -> list[EnvoyLimit | None]:
         """Per descriptor (a list of ``(key, value)`` entries), the limit that
         applies, or None; after ``replaces`` has dropped what it names."""
+        descriptors = list(descriptors)
         root = self.domains.get(domain)
         if root is None:
-            raise ConfigurationError(f"no configuration for domain {domain!r}")
-        found: list[tuple[_Node, str] | None] = []
-        for entries in descriptors:
-            node = _lookup(root, entries)
-            if node is None or not node.has_limit:
+            for _ in descriptors:
+                self.stats.domain_not_found(domain)
+            return [None] * len(descriptors)
+        found: list[EnvoyLimit | None] = []
+        replaced: set[str] = set()
+        for i, entries in enumerate(descriptors):
+            override = overrides[i] if overrides is not None else None
+            if override is not None:
+                found.append(_override(domain, i, entries, override))
+                continue
+            match = lookup(domain, root, entries)
+            if match is None:
                 found.append(None)
                 continue
-            key = domain + "|" + "|".join(f"{_esc(k)}={_esc(v)}" for k, v in entries)
-            found.append((node, key))
-        replaced = frozenset().union(*(f[0].replaces for f in found if f is not None))
-        out: list[EnvoyLimit | None] = []
-        for i, item in enumerate(found):
-            if item is None or (item[0].name is not None and item[0].name in replaced):
-                out.append(None)
-                continue
-            node, key = item
-            limiter = self.limiters[node.slot] if node.slot >= 0 else None
-            out.append(
-                EnvoyLimit(
-                    i,
-                    node.path,
-                    key,
-                    limiter,
-                    node.period,
-                    node.name,
-                    node.shadow,
-                    node.unlimited,
-                    node.blocked,
-                )
-            )
-        return out
+            node, spec = match.node, match.node.limit
+            assert spec is not None  # lookup returns nodes with limits
+            replaced |= spec.replaces
+            shared = match.shared
+            parts = [domain]
+            for j, (k, v) in enumerate(entries):
+                value = v if shared is None or shared[j] is None else shared[j]
+                parts.append(f"{_esc(k)}={_esc(value or '')}")
+            limit = EnvoyLimit(
+                i, node.path, "|".join(parts), match.stats_key, spec.requests_per_unit,
+                spec.unit, spec.period, spec.name, spec.shadow, spec.quota or self.quota_mode,
+                spec.unlimited, False, spec.metadata,
+            )  # fmt: skip
+            found.append(limit)
+        if replaced:
+            found = [None if f is not None and f.name in replaced else f for f in found]
+        return found
 
-    def _plan(
-        self, limits: list[EnvoyLimit | None], hits_addend: int
+    # -- counting ---------------------------------------------------------------
+
+    def _calls(self, limits: list[EnvoyLimit | None]) -> list[_Call[L]]:
+        """Counting every limit on its own: a counter per unit, keyed by entries."""
+        calls: list[_Call[L]] = []
+        for limit in limits:
+            if limit is None or limit.unlimited:
+                continue
+            counter = self._counters.get(limit.period)
+            if counter is None:
+                rate = Rate(COUNTER_CEILING, limit.period)
+                counter = self._counters[limit.period] = self._limiter(rate, "envoy")
+            calls.append((counter, limit.key))
+        return calls
+
+    def _counted(
+        self, limits: list[EnvoyLimit | None], answers: Sequence[Decision], cost: int
+    ) -> EnvoyResult:
+        """The answer from each limit's own count, that service's way."""
+        statuses: list[Decision | None] = [None] * len(limits)
+        answers_left = iter(answers)
+        for i, limit in enumerate(limits):
+            if limit is None or limit.unlimited:
+                continue
+            counted = next(answers_left)
+            per_unit = limit.requests_per_unit
+            if counted.degraded:
+                statuses[i] = Decision(True, per_unit, per_unit, 0.0, 0.0, limit.path, True)
+                continue
+            after = COUNTER_CEILING - counted.remaining
+            before = after - cost
+            allowed = after <= per_unit
+            reset = counted.reset_after
+            # 0 per unit: envoy's answer says when its window resets, as here
+            retry = 0.0 if allowed else (reset if cost <= per_unit or not per_unit else math.inf)
+            remaining = max(per_unit - after, 0)
+            statuses[i] = Decision(allowed, per_unit, remaining, reset, retry, limit.path)
+            fallback = limit.path
+            self.stats.record(limit.stats_key, fallback, per_unit, before, cost, limit.shadow)
+        return self._verdict(limits, statuses)
+
+    def _verdict(
+        self, limits: list[EnvoyLimit | None], statuses: list[Decision | None]
+    ) -> EnvoyResult:
+        enforced: list[Decision] = []
+        shadow: list[Decision] = []
+        failed = quota_total = quota_failed = 0
+        for limit, status in zip(limits, statuses, strict=True):
+            if limit is None or status is None:
+                continue
+            (shadow if limit.shadow else enforced).append(status)
+            if limit.shadow:
+                continue
+            if limit.quota:
+                quota_total += 1
+                quota_failed += not status.allowed
+            elif not status.allowed:
+                failed += 1
+        ok = not failed and not (quota_total and quota_total == quota_failed)
+        return EnvoyResult(
+            ok or self.shadow_mode,
+            pick(enforced) if enforced else None,
+            limits,
+            pick(shadow) if shadow else None,
+            statuses,
+        )
+
+    def _tiers(
+        self, limits: list[EnvoyLimit | None], cost: int
     ) -> tuple[list[tuple[L, str, int]], list[tuple[L, str, int]], Decision | None]:
-        if type(hits_addend) is not int or hits_addend < 0:
-            raise ConfigurationError(f"hits_addend must be an integer >= 0, got {hits_addend!r}")
-        cost = max(hits_addend, 1)  # envoy treats 0 as 1
+        """Counting the limits of a request at once: their own limiters."""
         enforced: list[tuple[L, str, int]] = []
         shadow: list[tuple[L, str, int]] = []
         blocked = None
@@ -268,135 +264,205 @@ class _EnvoyCore(Generic[L]):
                 continue
             if limit.blocked:
                 if not limit.shadow and blocked is None:
-                    # never passes; retry_after says when envoy's window would reset
+                    # never passes; retry_after says when the window would reset
                     period = float(limit.period)
                     blocked = Decision(False, 0, 0, period, period, limit.path)
                 continue
-            item: tuple[L, str, int] = (limit.limiter, limit.key, cost)  # type: ignore[assignment]
+            item = (self._limit_limiter(limit), limit.key, cost)
             (shadow if limit.shadow else enforced).append(item)
         return enforced, shadow, blocked
 
+    def _limit_limiter(self, limit: EnvoyLimit) -> L:
+        rate = Rate(limit.requests_per_unit, limit.period)
+        if not limit.override:
+            limiter = self._limiters.get(limit.path)
+            if limiter is None:
+                limiter = self._limiters[limit.path] = self._limiter(rate, limit.path)
+            return limiter
+        slot = (limit.requests_per_unit, limit.period)
+        limiter = self._overrides.get(slot)
+        if limiter is None:
+            limiter = self._overrides[slot] = self._limiter(rate, "envoy-override")
+            if len(self._overrides) > MAX_OVERRIDE_LIMITERS:
+                self._overrides.popitem(last=False)
+        else:
+            self._overrides.move_to_end(slot)
+        return limiter
 
-def _lookup(root: _Level, entries: Sequence[tuple[str, str]]) -> _Node | None:
-    level = root
-    node = None
-    for key, value in entries:
-        node = level.exact.get((key, value))
-        if node is None:
-            for wild_key, prefix, candidate in level.wildcards:
-                if wild_key == key and value.startswith(prefix):
-                    node = candidate
-                    break
-            else:
-                node = level.any_value.get(key)
-        if node is None:
-            return None
-        level = node.children
-    return node
-
-
-def _text(value: str | float | bool | None) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def _raw_values(node: yaml.Node | None, data: object) -> None:
-    """Every descriptor ``value`` as the file spells it. envoyproxy/ratelimit reads
-    values into a string field, so an unquoted ``01234`` is "01234", ``yes`` "yes",
-    ``12:30`` "12:30"; YAML 1.1 resolution would make them 668, True and 750, and
-    the limit would never match. An empty value means "any value", as there."""
-    if isinstance(node, yaml.MappingNode) and isinstance(data, dict):
-        for key_node, value_node in node.value:
-            key = key_node.value
-            if key not in data:
+    def _tiered(
+        self,
+        limits: list[EnvoyLimit | None],
+        decision: Decision | None,
+        report: Decision | None,
+        cost: int,
+    ) -> EnvoyResult:
+        """The answer of one atomic count. Its Decision is the one limit that
+        spoke for the request: that limit's status and statistics are exact; the
+        others are within their limit when the request passed, and uncounted
+        when another limit denied it."""
+        statuses: list[Decision | None] = [None] * len(limits)
+        ok = decision is None or decision.allowed
+        spoke = False
+        for i, limit in enumerate(limits):
+            if limit is None or limit.unlimited:
                 continue
-            if key == "value" and isinstance(value_node, yaml.ScalarNode):
-                if data[key] is not None and not isinstance(data[key], str):
-                    data[key] = value_node.value
-                if data[key] == "":
-                    data[key] = None
+            said = report if limit.shadow else decision
+            name = "envoy-override" if limit.override else limit.path
+            key, path, per_unit = limit.stats_key, limit.path, limit.requests_per_unit
+            if said is not None and said.rule == name and not said.degraded and not spoke:
+                spoke = not limit.shadow
+                statuses[i] = said
+                if said.allowed:
+                    before = max(per_unit - said.remaining - cost, 0)
+                    self.stats.record(key, path, per_unit, before, cost, limit.shadow)
+                else:
+                    self.stats.record_outcome(key, path, cost, "over", limit.shadow)
             else:
-                _raw_values(value_node, data[key])
-    elif isinstance(node, yaml.SequenceNode) and isinstance(data, list):
-        for item_node, item in zip(node.value, data, strict=False):
-            _raw_values(item_node, item)
+                outcome = "within" if ok else "uncounted"
+                self.stats.record_outcome(key, path, cost, outcome, limit.shadow)
+        return EnvoyResult(ok or self.shadow_mode, decision, limits, report, statuses)
+
+    def _blocked(
+        self, limits: list[EnvoyLimit | None], blocked: Decision, cost: int
+    ) -> EnvoyResult:
+        for limit in limits:
+            if limit is not None and not limit.unlimited:
+                outcome = "over" if limit.blocked else "uncounted"
+                self.stats.record_outcome(limit.stats_key, limit.path, cost, outcome, limit.shadow)
+        return EnvoyResult(self.shadow_mode, blocked, limits)
+
+
+def _override(
+    domain: str, index: int, entries: Sequence[tuple[str, str]], override: Override
+) -> EnvoyLimit:
+    per_unit, unit = override
+    if unit not in UNIT_SECONDS:
+        raise ConfigurationError(f"descriptor {index}: limit override has no valid unit")
+    stats_key = ".".join([domain, *(f"{k}_{v}" if v else k for k, v in entries)])
+    key = "|".join([domain, *(f"{_esc(k)}={_esc(v)}" for k, v in entries)])
+    period = UNIT_SECONDS[unit]
+    return EnvoyLimit(index, stats_key, key, stats_key, per_unit, unit, period, override=True)
+
+
+def _cost(hits_addend: int) -> int:
+    if type(hits_addend) is not int or hits_addend < 0:
+        raise ConfigurationError(f"hits_addend must be an integer >= 0, got {hits_addend!r}")
+    return max(hits_addend, 1)  # envoy treats 0 as 1
 
 
 def _esc(text: str) -> str:
     return text.replace("%", "%25").replace("|", "%7C").replace("=", "%3D")
 
 
-class _Bad(Protocol):
-    def __call__(self, where: str, reason: str) -> RuleFileError: ...
-
-
-def _parse(
-    paths: Sequence[str | os.PathLike[str]], texts: Sequence[str]
-) -> list[tuple[_File, Document]]:
-    documents = [read_file(p) for p in paths] + [parse_text(t, "<string>") for t in texts]
-    out = []
-    for document in documents:
-        _raw_values(document.root, document.data)
-        try:
-            config = msgspec.convert(document.data, _File)
-        except msgspec.ValidationError as exc:
-            text, _, at = str(exc).partition(" - at `")
-            path = at.rstrip("`") if at else "$"
-            line = document.line_of(path, text)
-            raise RuleFileError(Problem(document.filename, line, None, path, text)) from None
-        out.append((config, document))
-    return out
-
-
 class EnvoyConfig(_EnvoyCore[Limiter]):
-    """envoyproxy/ratelimit configuration, one file per domain, with a fixed-window
-    `Limiter` per rate limit on ``store``; ``check(domain, descriptors,
-    hits_addend)`` is what a gRPC ``ShouldRateLimit`` does."""
+    """envoyproxy/ratelimit configuration with its counters on ``store``;
+    ``check(domain, descriptors, hits_addend, overrides)`` is what a gRPC
+    ``ShouldRateLimit`` does. ``merge``: several files may name one domain
+    (MERGE_DOMAIN_CONFIG); ``count_denied``: see the module docstring."""
 
-    def __init__(self, files: Sequence[tuple[_File, Document]], store: Store) -> None:
+    store: Store
+
+    def __init__(
+        self,
+        files: Sequence[tuple[EnvoyFile, Document]],
+        store: Store,
+        *,
+        merge: bool = False,
+        count_denied: bool = True,
+        shadow_mode: bool = False,
+        quota_mode: bool = False,
+        stats: EnvoyStats | None = None,
+    ) -> None:
         self.store = store
-        super().__init__(files)
+        super().__init__(
+            files, merge=merge, count_denied=count_denied, shadow_mode=shadow_mode,
+            quota_mode=quota_mode, stats=stats,
+        )  # fmt: skip
 
     @classmethod
-    def load(cls, *paths: str | os.PathLike[str], store: Store | None = None) -> EnvoyConfig:
-        return cls(_parse(paths, ()), MemoryStore() if store is None else store)
+    def load(
+        cls,
+        *paths: str | os.PathLike[str],
+        store: Store | None = None,
+        merge: bool = False,
+        count_denied: bool = True,
+        stats: EnvoyStats | None = None,
+    ) -> EnvoyConfig:
+        store = MemoryStore() if store is None else store
+        files = parse_files(envoy_files(paths).files)
+        return cls(files, store, merge=merge, count_denied=count_denied, stats=stats)
 
     @classmethod
-    def loads(cls, *texts: str, store: Store | None = None) -> EnvoyConfig:
-        return cls(_parse((), texts), MemoryStore() if store is None else store)
+    def loads(
+        cls, *texts: str, store: Store | None = None, merge: bool = False,
+        count_denied: bool = True, stats: EnvoyStats | None = None,
+    ) -> EnvoyConfig:  # fmt: skip
+        store = MemoryStore() if store is None else store
+        files = parse_files((), texts)
+        return cls(files, store, merge=merge, count_denied=count_denied, stats=stats)
 
     def _limiter(self, rate: Rate, name: str) -> Limiter:
-        # envoy's windows are fixed and aligned to the unit, as fixed_window's are
         return Limiter(
             rate, store=self.store, algorithm="fixed_window", name=name, on_failure="fail_open"
         )
 
     def check(
-        self, domain: str, descriptors: Iterable[Sequence[tuple[str, str]]], hits_addend: int = 1
+        self,
+        domain: str,
+        descriptors: Iterable[Sequence[tuple[str, str]]],
+        hits_addend: int = 1,
+        overrides: Sequence[Override | None] | None = None,
     ) -> EnvoyResult:
-        limits = self.limits_for(domain, descriptors)
-        enforced, shadow, blocked = self._plan(limits, hits_addend)
+        cost = _cost(hits_addend)
+        limits = self.limits_for(domain, descriptors, overrides)
+        if self.count_denied:
+            calls = self._calls(limits)
+            return self._counted(limits, [c.hit(key, cost) for c, key in calls], cost)
+        enforced, shadow, blocked = self._tiers(limits, cost)
         if blocked is not None:
-            return EnvoyResult(False, blocked, limits)
+            return self._blocked(limits, blocked, cost)
         decision, report = hit_tiers(enforced, shadow) if enforced or shadow else (None, None)
-        return EnvoyResult(decision is None or decision.allowed, decision, limits, report)
+        return self._tiered(limits, decision, report, cost)
 
 
 class AsyncEnvoyConfig(_EnvoyCore[AsyncLimiter]):
     """The asyncio twin of `EnvoyConfig`: ``await config.acheck(...)``."""
 
-    def __init__(self, files: Sequence[tuple[_File, Document]], store: AsyncStore) -> None:
+    store: AsyncStore
+
+    def __init__(
+        self,
+        files: Sequence[tuple[EnvoyFile, Document]],
+        store: AsyncStore,
+        *,
+        merge: bool = False,
+        count_denied: bool = True,
+        shadow_mode: bool = False,
+        quota_mode: bool = False,
+        stats: EnvoyStats | None = None,
+    ) -> None:
         self.store = store
-        super().__init__(files)
+        super().__init__(
+            files, merge=merge, count_denied=count_denied, shadow_mode=shadow_mode,
+            quota_mode=quota_mode, stats=stats,
+        )  # fmt: skip
 
     @classmethod
     def load(
-        cls, *paths: str | os.PathLike[str], store: AsyncStore | None = None
+        cls,
+        *paths: str | os.PathLike[str],
+        store: AsyncStore | None = None,
+        merge: bool = False,
+        count_denied: bool = True,
+        shadow_mode: bool = False,
+        quota_mode: bool = False,
+        stats: EnvoyStats | None = None,
     ) -> AsyncEnvoyConfig:
-        return cls(_parse(paths, ()), AsyncMemoryStore() if store is None else store)
+        store = AsyncMemoryStore() if store is None else store
+        return cls(
+            parse_files(envoy_files(paths).files), store, merge=merge, count_denied=count_denied,
+            shadow_mode=shadow_mode, quota_mode=quota_mode, stats=stats,
+        )  # fmt: skip
 
     def _limiter(self, rate: Rate, name: str) -> AsyncLimiter:
         return AsyncLimiter(
@@ -404,13 +470,22 @@ class AsyncEnvoyConfig(_EnvoyCore[AsyncLimiter]):
         )
 
     async def acheck(
-        self, domain: str, descriptors: Iterable[Sequence[tuple[str, str]]], hits_addend: int = 1
+        self,
+        domain: str,
+        descriptors: Iterable[Sequence[tuple[str, str]]],
+        hits_addend: int = 1,
+        overrides: Sequence[Override | None] | None = None,
     ) -> EnvoyResult:
-        limits = self.limits_for(domain, descriptors)
-        enforced, shadow, blocked = self._plan(limits, hits_addend)
+        cost = _cost(hits_addend)
+        limits = self.limits_for(domain, descriptors, overrides)
+        if self.count_denied:
+            calls = self._calls(limits)
+            answers = await asyncio.gather(*(c.hit(key, cost) for c, key in calls))
+            return self._counted(limits, answers, cost)
+        enforced, shadow, blocked = self._tiers(limits, cost)
         if blocked is not None:
-            return EnvoyResult(False, blocked, limits)
+            return self._blocked(limits, blocked, cost)
         decision, report = (
             await ahit_tiers(enforced, shadow) if enforced or shadow else (None, None)
         )
-        return EnvoyResult(decision is None or decision.allowed, decision, limits, report)
+        return self._tiered(limits, decision, report, cost)
