@@ -108,9 +108,12 @@ def test_descriptors_of_an_envoy_domain(rules_file: Path, envoy_file: Path) -> N
             assert answers[2]["statuses"][0]["limit"] == "edge.remote_address"
             blocked = (await client.post("/v1/check", json=request(("path", "/blocked")))).json()
             assert blocked["allowed"] is False
-            unknown = await client.post("/v1/check", json={**ip, "domain": "nowhere"})
-            assert unknown.status_code == 404
-            assert "unknown domain 'nowhere'" in unknown.json()["error"]
+            # a domain no file names has no limits, as with envoy's service
+            for _ in range(3):
+                unknown = await client.post("/v1/check", json={**ip, "domain": "nowhere"})
+                assert unknown.status_code == 200
+                assert unknown.json()["allowed"] is True
+                assert [s["code"] for s in unknown.json()["statuses"]] == ["OK", "OK"]
 
     run(main())
 
@@ -310,11 +313,10 @@ def test_batch_checks_in_order(rules_file: Path) -> None:
             assert answer.status_code == 200
             results = answer.json()["results"]
             assert [r["allowed"] for r in results] == [True, True, True, False]
-            bad = {"checks": [LOGIN, {"domain": "nowhere", "descriptors": [
-                {"entries": [{"key": "a", "value": "b"}]}]}]}  # fmt: skip
+            bad = {"checks": [LOGIN, {"attributes": {"path": "/"}, "cost": 2.5}]}
             answer = await client.post("/v1/check/batch", json=bad)
-            assert answer.status_code == 404
-            assert answer.json()["error"].startswith("checks[1]: unknown domain")
+            assert answer.status_code == 400
+            assert answer.json()["error"].startswith("checks[1]: cost must be a whole number")
             too_many = await client.post("/v1/check/batch", json={"checks": [{}] * 1001})
             assert too_many.status_code in (413, 422)
 
@@ -526,9 +528,8 @@ def test_auth_shadow_ban_never_lets_the_request_through(rules_file: Path) -> Non
 def test_a_batch_with_a_bad_check_counts_nothing(rules_file: Path) -> None:
     async def main() -> None:
         async with client_for(make_app(rules_file)) as client:
-            bad = {"checks": [LOGIN, LOGIN, {"domain": "nowhere", "descriptors": [
-                {"entries": [{"key": "k", "value": "v"}]}]}]}  # fmt: skip
-            assert (await client.post("/v1/check/batch", json=bad)).status_code == 404
+            bad = {"checks": [LOGIN, LOGIN, {"attributes": {"path": "/"}, "cost": 2.5}]}
+            assert (await client.post("/v1/check/batch", json=bad)).status_code == 400
             first = (await client.post("/v1/check", json=LOGIN)).json()
             assert first["remaining"] == first["limit"] - 1  # the batch counted nothing
 

@@ -210,24 +210,37 @@ def descriptor_attributes(
     return attributes
 
 
+UNLIMITED_REMAINING = 2**32 - 1  # what envoy's service says is left of an unlimited limit
+
+
 def envoy_statuses(result: EnvoyResult) -> list[DescriptorStatus]:
-    """One status per descriptor. The Decision of a request covers all its limits
-    (the one closest to denying speaks), so the counts go to the descriptor whose
-    limit that is; the others get their code only (envoy takes the x-ratelimit
-    headers from the status with a limit, so they stay right)."""
+    """One status per descriptor, as envoy's service gives them: each limit's own
+    code and counts (a shadow limit's code is OK; an unlimited one's remaining
+    is the largest uint32). Counting a request's limits at once gives only the
+    Decision of the limit that spoke for it: the others get their code only."""
     decision = result.decision
+    statuses = result.statuses
     spoken = False
     out: list[DescriptorStatus] = []
-    for limit in result.limits:
-        if limit is None or limit.unlimited or limit.shadow:
+    for i, limit in enumerate(result.limits):
+        own = statuses[i] if statuses else None
+        if limit is None:
             out.append(DescriptorStatus("OK"))
-            continue
-        speaks = not spoken and decision is not None and decision.rule == limit.path
-        if not speaks or decision is None:
+        elif limit.unlimited:
+            out.append(DescriptorStatus("OK", remaining=UNLIMITED_REMAINING))
+        elif own is not None:
+            status = _status(limit, own)
+            if limit.shadow:
+                status.code = "OK"
+            out.append(status)
+        elif (
+            not spoken and not limit.shadow and decision is not None
+            and decision.rule == limit.path
+        ):  # fmt: skip
+            spoken = True
+            out.append(_status(limit, decision))
+        else:
             out.append(DescriptorStatus("OK"))
-            continue
-        spoken = True
-        out.append(_status(limit, decision))
     return out
 
 

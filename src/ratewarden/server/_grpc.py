@@ -28,6 +28,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from .._errors import ConfigurationError, StoreError
+from ..rules import Override
+from ..rules._envoy import OVERRIDE_UNITS
 from ._core import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult
 from ._h2grpc import Call, GrpcError, H2Server, Metadata, Method, Status
 from ._limits import ConnectionLimits
@@ -129,6 +131,8 @@ class _RateLimitService:
                 f"at most {MAX_DESCRIPTORS} descriptors of at most {MAX_ENTRIES} entries each",
             )
         entries = [[(e.key, e.value) for e in d.entries] for d in descriptors]
+        # the YAML rules have no per-request limits: an override is for envoy domains
+        overrides = None if request.domain == self.service.domain else _overrides(descriptors)
         cost = request.hits_addend or 1
         addends = {d.hits_addend.value for d in descriptors if d.HasField("hits_addend")}
         if len(addends) > 1:
@@ -141,7 +145,7 @@ class _RateLimitService:
         if cost > MAX_COST:
             raise GrpcError(Status.INVALID_ARGUMENT, f"hits_addend above {MAX_COST}")
         try:
-            result = await self.service.check_descriptors(request.domain, entries, cost)
+            result = await self.service.check_descriptors(request.domain, entries, cost, overrides)
         except InvalidRequest as exc:
             raise GrpcError(Status.INVALID_ARGUMENT, str(exc)) from None
         except StoreError as exc:  # a limit whose failure policy is "raise"
@@ -162,10 +166,30 @@ class _RateLimitService:
                 out.limit_remaining = min(status.remaining or 0, 2**32 - 1)
                 if status.reset_after is not None:
                     out.duration_until_reset.seconds = math.ceil(status.reset_after)
+            elif status.remaining is not None:  # an unlimited limit
+                out.limit_remaining = min(status.remaining, 2**32 - 1)
         # Envoy adds these to the client's response, allowed or not
         for name, value in result.headers.items():
             response.response_headers_to_add.add(key=name.lower(), value=value)
         return response
+
+
+def _overrides(descriptors: Any) -> list[Override | None] | None:
+    """Each descriptor's ``limit`` override (requests per unit, unit), if any."""
+    if not any(d.HasField("limit") for d in descriptors):
+        return None
+    out: list[Override | None] = []
+    for i, d in enumerate(descriptors):
+        if not d.HasField("limit"):
+            out.append(None)
+            continue
+        unit = d.limit.unit
+        if not 0 < unit < len(OVERRIDE_UNITS):
+            raise GrpcError(
+                Status.INVALID_ARGUMENT, f"descriptor {i}: the limit override needs a unit"
+            )
+        out.append((d.limit.requests_per_unit, OVERRIDE_UNITS[unit]))
+    return out
 
 
 class _Health:

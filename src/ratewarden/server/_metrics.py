@@ -2,7 +2,8 @@
 tests and embedded apps never share counters).
 
 Labels are bounded: ``rule`` takes rule names (or envoy config node paths), which
-the rule files fix; ``endpoint`` takes route names; never a raw key or path.
+the rule files fix; ``endpoint`` takes route names; never a raw key or path;
+envoy stats keys, which may hold request values, are capped (`_envoymetrics`).
 ``resource`` takes fleet quota names, at most `MAX_SCRAPED` of them; ``member``
 (member ids, which come and go with the fleet's instances) only when asked for.
 """
@@ -20,6 +21,7 @@ from .._decision import Decision
 
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus
+    from ..rules import EnvoyStats
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -100,11 +102,16 @@ class _QuotaGauges:
 
 
 class Metrics:
-    """``quota_members``: the fleet quotas' gauges per member too."""
+    """``quota_members``: the fleet quotas' gauges per member too; ``envoy``:
+    the envoy domains' per-descriptor statistics (`_envoymetrics`)."""
 
-    def __init__(self, *, quota_members: bool = False) -> None:
+    def __init__(self, *, quota_members: bool = False, envoy: EnvoyStats | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        if envoy is not None:
+            from ._envoymetrics import EnvoyCollector  # noqa: PLC0415 - imports rules
+
+            r.register(EnvoyCollector(envoy))
         self._rules = _RuleCounters()
         r.register(self._rules)
         self._quotas = _QuotaGauges(members=quota_members)

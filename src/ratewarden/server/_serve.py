@@ -29,6 +29,8 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from ..stores import AsyncMemoryStore, AsyncStore
+from ._envoyenv import EnvoyOptions, apply_environment, envoy_options
+from ._envoyenv import add_arguments as envoy_arguments
 from ._limits import ConnectionLimits
 
 __all__ = ["ServeOptions", "add_arguments", "options_from", "run"]
@@ -76,6 +78,7 @@ class ServeOptions:
     grpc_tls: tuple[str | None, str | None, str | None] = (None, None, None)
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     quota_member_metrics: bool = False
+    envoy: EnvoyOptions = field(default_factory=EnvoyOptions)
 
 
 _LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(ConnectionLimits)}
@@ -92,8 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the HTTP API (default {DEFAULT_HTTP}; 'off' for none)")  # fmt: skip
     add("--grpc", default=DEFAULT_GRPC, metavar="HOST:PORT",
         help=f"Envoy's RLS v3 over gRPC (default {DEFAULT_GRPC}; 'off' for none)")  # fmt: skip
-    add("--envoy-config", action="append", default=[], metavar="FILE",
-        help="an envoyproxy/ratelimit config file (one domain each; repeat)")  # fmt: skip
+    add("--envoy-config", action="append", default=[], metavar="FILE|DIR",
+        help="an envoyproxy/ratelimit config file, or a directory of them (repeat)")  # fmt: skip
     add("--domain", default="ratewarden",
         help="the envoy domain whose descriptors the rule file decides")  # fmt: skip
     add("--token-file", metavar="FILE",
@@ -135,9 +138,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quota-member-metrics", action="store_true",
         help="with a Redis store: the fleet quota gauges on /metrics per member too "
         "(a series per resource and member id)")  # fmt: skip
+    envoy_arguments(parser)
 
 
 def options_from(args: argparse.Namespace) -> ServeOptions:
+    if getattr(args, "envoy_env", False):
+        defaults = argparse.Namespace()
+        serve = argparse.ArgumentParser(add_help=False)
+        add_arguments(serve)
+        serve.parse_args([], defaults)
+        apply_environment(args, defaults)
     token = os.environ.get("RATEWARDEN_TOKEN") or None
     if args.token_file is not None:
         try:
@@ -165,6 +175,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         grpc_tls=(args.grpc_cert, args.grpc_key, args.grpc_client_ca),
         limits=limits_from(args),
         quota_member_metrics=args.quota_member_metrics,
+        envoy=envoy_options(args),
     )
 
 
@@ -429,14 +440,15 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
     disable_created_metrics()  # type: ignore[no-untyped-call]  # a *_created series per rule doubles /metrics for nothing
     store = make_store(options.store, options)
     service = Service(options.config, store, envoy_files=options.envoy_config,
-                      domain=options.domain,
-                      quota_member_metrics=options.quota_member_metrics)  # fmt: skip
+                      domain=options.domain, quota_member_metrics=options.quota_member_metrics,
+                      envoy_options=options.envoy)  # fmt: skip
     servers = _Servers(options, http_socket)
     # The compiled rules and the imported modules live as long as the process:
     # moved out of the collector's reach, they no longer lengthen every full
     # collection (a pause each request in flight then waits out)
     gc.collect()
     gc.freeze()
+    watching: asyncio.Task[None] | None = None
     try:
         await servers.start(service)
         stop = asyncio.Event()
@@ -444,6 +456,9 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, _reload_soon, service)
+        if options.envoy_config and options.envoy.reload_interval > 0:
+            watcher = service.envoy_watcher(options.envoy.reload_interval)
+            watching = loop.create_task(watcher.run())
         memory = " (memory: counters live in this process only)" if (
             options.store == "memory") else ""  # fmt: skip
         print(f"ratewarden {os.getpid()}: {', '.join(servers.where)}; rules {options.config}; "
@@ -452,6 +467,8 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         await servers.run_until(stop, service)
         log.info("stopped")
     finally:
+        if watching is not None:
+            watching.cancel()
         await servers.close()
         await service.aclose()
 

@@ -13,7 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, RatewardenError, StoreError
 from .._limiter import AsyncLimiter
-from ..rules import AsyncEnvoyConfig, AsyncRuleEngine, Outcome, RuleSet, load
+from ..rules import (
+    AsyncEnvoyConfig,
+    AsyncRuleEngine,
+    EnvoyResult,
+    EnvoyStats,
+    Outcome,
+    Override,
+    RuleSet,
+    load,
+)
+from ..rules._envoydir import envoy_files as list_envoy_files
 from ..stores import AsyncStore
 from ._core import (
     CheckRequest,
@@ -26,11 +36,13 @@ from ._core import (
     rule_statuses,
     whole_cost,
 )
+from ._envoyenv import EnvoyOptions
 from ._metrics import Metrics
 from ._quotas import MAX_SCRAPED
 
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus
+    from ._envoywatch import EnvoyWatcher
     from ._quotaread import QuotaReader
 
 __all__ = ["InvalidRequest", "NotFound", "Service", "Unprocessable"]
@@ -62,7 +74,9 @@ class Service:
     """What ``ratewarden serve`` serves, without the transports.
 
     ``domain`` is the envoy domain whose descriptors the YAML rules decide; the
-    domains of ``envoy_files`` follow envoyproxy/ratelimit's configuration.
+    domains of ``envoy_files`` (files, or directories of them) follow
+    envoyproxy/ratelimit's configuration, served as ``envoy_options`` say; any
+    other domain has no limits (envoy's answer for a domain it does not know).
     With a Redis store, ``quotas`` reads the fleet quotas in it (None with the
     memory store); ``quota_member_metrics``: their gauges per member too.
     """
@@ -75,18 +89,22 @@ class Service:
         envoy_files: Sequence[str | os.PathLike[str]] = (),
         domain: str = "ratewarden",
         quota_member_metrics: bool = False,
+        envoy_options: EnvoyOptions | None = None,
     ) -> None:
         self.store = store
         self.engine = AsyncRuleEngine(rules, store)
         self.envoy_files = tuple(Path(p) for p in envoy_files)
-        self.envoy = AsyncEnvoyConfig.load(*self.envoy_files, store=store) if envoy_files else None
+        self.envoy_options = EnvoyOptions() if envoy_options is None else envoy_options
+        # one set of counters for the process: a reload keeps them counting
+        self.envoy_stats = EnvoyStats(near_limit_ratio=self.envoy_options.near_limit_ratio)
+        self.envoy = self._load_envoy()
         if self.envoy is not None and domain in self.envoy.domains:
             raise ConfigurationError(
                 f"domain {domain!r} is both the rules' domain and in an envoy config file;"
                 " pick another --domain"
             )
         self.domain = domain
-        self.metrics = Metrics(quota_members=quota_member_metrics)
+        self.metrics = Metrics(quota_members=quota_member_metrics, envoy=self.envoy_stats)
         self.metrics.rules.set(len(self.engine.ruleset))
         self.draining = False
         self.quotas: QuotaReader | None = None
@@ -95,6 +113,20 @@ class Service:
             from ._quotaread import QuotaReader  # noqa: PLC0415 - the redis extra
 
             self.quotas = QuotaReader(client)
+
+    def _load_envoy(self) -> AsyncEnvoyConfig | None:
+        """The envoy files as they are now (None without any); files a directory
+        holds that are not YAML are logged, never silently passed over."""
+        if not self.envoy_files:
+            return None
+        found = list_envoy_files(self.envoy_files)
+        for path in found.ignored:
+            log.warning("envoy config: %s is not a .yaml/.yml file: not loaded", path)
+        o = self.envoy_options
+        return AsyncEnvoyConfig.load(
+            *found.files, store=self.store, merge=o.merge, count_denied=o.count_denied,
+            shadow_mode=o.shadow_mode, quota_mode=o.quota_mode, stats=self.envoy_stats,
+        )  # fmt: skip
 
     # -- checks ---------------------------------------------------------------
 
@@ -117,9 +149,6 @@ class Service:
         entries = entries_of(request.descriptors)
         if not entries or any(not e for e in entries):
             raise InvalidRequest("a check needs descriptors, each with at least one entry")
-        envoy = self.envoy
-        if request.domain != self.domain and (envoy is None or request.domain not in envoy.domains):
-            raise NotFound(f"unknown domain {request.domain!r}")
         return cost
 
     async def check(self, request: CheckRequest, *, wait: bool = False) -> CheckResult:
@@ -141,7 +170,11 @@ class Service:
         return outcome
 
     async def check_descriptors(
-        self, domain: str, descriptors: Sequence[Sequence[tuple[str, str]]], cost: int = 1
+        self,
+        domain: str,
+        descriptors: Sequence[Sequence[tuple[str, str]]],
+        cost: int = 1,
+        overrides: Sequence[Override | None] | None = None,
     ) -> CheckResult:
         if not descriptors:
             raise InvalidRequest("a check needs at least one descriptor")
@@ -154,13 +187,12 @@ class Service:
             result.statuses = rule_statuses(outcome, len(descriptors))
             return result
         envoy = self.envoy
-        if envoy is None or domain not in envoy.domains:
-            raise NotFound(
-                f"unknown domain {domain!r}: the rules answer domain {self.domain!r}"
-                + ("" if envoy is None else f", the envoy config {sorted(envoy.domains)}")
-            )
+        if envoy is None:  # no envoy files: every other domain is unknown, so OK
+            for _ in descriptors:
+                self.envoy_stats.domain_not_found(domain)
+            return envoy_result(EnvoyResult(True, None, [None] * len(descriptors)))
         try:
-            answer = await envoy.acheck(domain, descriptors, cost)
+            answer = await envoy.acheck(domain, descriptors, cost, overrides)
         except ConfigurationError as exc:
             raise InvalidRequest(str(exc)) from None
         rules = [limit.path for limit in answer.limits if limit is not None]
@@ -204,11 +236,7 @@ class Service:
             # compiling 10,000 rules takes seconds: not on the event loop. Both files
             # load before either goes in force: a bad envoy file keeps the old rules.
             ruleset = await asyncio.to_thread(load, engine.path)
-            envoy = None
-            if self.envoy_files:
-                envoy = await asyncio.to_thread(
-                    AsyncEnvoyConfig.load, *self.envoy_files, store=self.store
-                )
+            envoy = await asyncio.to_thread(self._load_envoy)
         except ConfigurationError as exc:
             engine.last_error = exc
             self.metrics.reloads.labels("failed").inc()
@@ -218,17 +246,35 @@ class Service:
         for warning in ruleset.warnings:
             log.warning("%s", warning)
         if envoy is not None:
-            self.envoy = envoy  # the same limiter names: counters carry on
+            self.envoy = envoy  # the same limiter names and keys: counters carry on
         self.metrics.reloads.labels("ok").inc()
         self.metrics.rules.set(len(ruleset))
         log.info("rules reloaded: %d rules", len(ruleset))
         return {"reloaded": True, "rules": len(ruleset), "warnings": list(ruleset.warnings)}
 
+    async def reload_envoy(self) -> None:
+        """Load the envoy files again (not the rules); a bad file raises
+        `ConfigurationError` and the configuration in force stays."""
+        try:
+            envoy = await asyncio.to_thread(self._load_envoy)
+        except ConfigurationError:
+            self.metrics.reloads.labels("failed").inc()
+            raise
+        self.envoy = envoy
+        self.metrics.reloads.labels("ok").inc()
+        log.info("envoy config reloaded: domains %s", sorted(envoy.domains) if envoy else [])
+
+    def envoy_watcher(self, interval: float) -> EnvoyWatcher:
+        """A watcher reloading the envoy files when they change (`EnvoyWatcher`)."""
+        from ._envoywatch import EnvoyWatcher  # noqa: PLC0415 - only ratewarden serve polls
+
+        return EnvoyWatcher(self, interval)
+
     async def reset(self, key: str, rule: str | None = None) -> int:
         """Forget ``key`` in every limit (of ``rule``, if named); how many limits."""
         ruleset = self.engine.ruleset
         if rule is not None and rule not in ruleset.by_name:
-            domain_paths = self._envoy_limiters()
+            domain_paths = {name for name, _ in self._envoy_limiters()}
             if rule not in domain_paths:
                 raise NotFound(f"no rule named {rule!r}")
         count = 0
@@ -242,16 +288,16 @@ class Service:
             )  # fmt: skip
             await limiter.reset(key)
             count += 1
-        for path, limiter in self._envoy_limiters().items():
+        for path, limiter in self._envoy_limiters():
             if rule is None or rule == path:
                 await limiter.reset(key)
                 count += 1
         return count
 
-    def _envoy_limiters(self) -> dict[str, AsyncLimiter]:
+    def _envoy_limiters(self) -> list[tuple[str, AsyncLimiter]]:
         if self.envoy is None:
-            return {}
-        return {lim.name or "": lim for lim in self.envoy.limiters}
+            return []
+        return [(lim.name or "", lim) for lim in self.envoy.limiters]
 
     async def quota_gauges(self) -> Sequence[QuotaStatus]:
         """The fleet quotas a /metrics scrape exports: none without Redis, and
