@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.server.process import Served
+from tests.server.process import Served, serving
 from tests.system.conftest import (
     BACKEND,
     GATEWAYS,
@@ -94,3 +94,51 @@ def wait_for_router(gw: Gateway) -> None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"traefik never routed:\n{gw.log.read_text()[-2000:]}")
             time.sleep(0.05)
+
+
+PEER = Path(__file__).parent / "envoy_peer"
+
+
+def test_envoy_in_front_of_an_envoy_ratelimit_config(backend: int, tmp_path: Path) -> None:
+    """What envoyproxy/ratelimit answers for this config (envoy_peer/), from a
+    real Envoy: nested descriptors, wildcards, share_threshold, shadow mode,
+    unlimited, and paths no limit names."""
+    with serving("--config", str(GATEWAYS / "rules.yaml"), "--envoy-config",
+                 str(PEER / "config"), tmp=tmp_path) as served:  # fmt: skip
+        port = free_port()
+        config = rewrite((PEER / "envoy.yaml").read_text(),
+                         {10000: port, BACKEND: backend, RW_GRPC: served.grpc})  # fmt: skip
+        path = tmp_path / "envoy.yaml"
+        path.write_text(config)
+        command = [envoy_binary(), "-c", str(path), "--base-id", str(port), "-l", "warning",
+                   "--disable-hot-restart"]  # fmt: skip
+        with (
+            gateway(command, port, tmp_path / "envoy.log", "envoy", tmp_path) as gw,
+            httpx.Client(base_url=gw.url, timeout=10) as client,
+        ):
+
+            def codes(path: str, n: int, **headers: str) -> list[int]:
+                return [client.get(path, headers=headers).status_code for _ in range(n)]
+
+            # share_threshold: four different files, one counter of 3
+            files = [client.get(f"/files/{name}").status_code for name in "abcd"]
+            assert files == [200, 200, 200, 429]
+            # a middle wildcard without share_threshold: a counter per path
+            assert codes("/api/1/items", 3) == [200, 200, 429]
+            assert codes("/api/2/items", 1) == [200]
+            assert codes("/api/2/other", 3) == [200] * 3  # no match
+            # nested: 2 per user; the path descriptor of /home has no limit
+            assert codes("/home", 3, **{"x-user": "u1"}) == [200, 200, 429]
+            assert codes("/home", 1, **{"x-user": "u2"}) == [200]
+            assert codes("/shadow/x", 4) == [200] * 4  # over its limit, never denied
+            assert codes("/health", 5) == [200] * 5  # unlimited
+            assert codes("/elsewhere", 5) == [200] * 5
+            denied = client.get("/files/e")
+            assert denied.status_code == 429
+            assert denied.headers["x-ratelimit-limit"] == "3"
+            metrics = httpx.get(f"{served.url}/metrics").text
+        served.terminate()
+    shadow = 'ratelimit_service_rate_limit_shadow_mode{domain="edge",key="edge.path_/shadow*"'
+    assert f'{shadow},key1="path_/shadow*",key2=""}} 3.0' in metrics
+    files_key = 'domain="edge",key="edge.path_/files/*",key1="path_/files/*",key2=""'
+    assert f"ratelimit_service_rate_limit_total_hits{{{files_key}}} 5.0" in metrics
