@@ -293,7 +293,8 @@ def test_a_grant_gathers_the_free_gaps(client: redis.Redis) -> None:
     clock = Clock()
     lua = Coordinator(client, name, clock=clock)
     model = Model()
-    fields = QuotaConfig("10/second", algorithm="static", cap=5).fields()
+    n = 2 * MAX_PIECES + 2  # members of a permit each, end to end
+    fields = QuotaConfig(f"{n}/second", algorithm="static", cap=n).fields()
 
     def both(op: str, args: list[Any], **kwargs: Any) -> Any:
         got = lua._call(op, args)
@@ -307,15 +308,17 @@ def test_a_grant_gathers_the_free_gaps(client: redis.Redis) -> None:
     try:
         lua._call("set", [p for pair in fields.items() for p in pair])
         model.set(clock.ms, fields)
-        for member in "abcdefghij":  # a permit each, end to end
-            both("refresh", [member, 1000, 0, 0, 0, ""], wants=1000, reported=0, used=0,
+        for i in range(n):
+            both("refresh", [f"m{i:02d}", 1000, 0, 0, 0, ""], wants=1000, reported=0, used=0,
                  throttled=0)  # fmt: skip
-        for member in "bdfh":
-            both("leave", [member])
-        reply = both("refresh", ["a", 5000, 1000, 0, 0, ""], wants=5000, reported=1000, used=0,
-                     throttled=0)  # fmt: skip
-        assert reply[1] == 5000
-        assert reply[3] == [0, 2000, 3000, 1000, 5000, 1000, 7000, 1000]
-        assert MAX_PIECES == 4
+        for i in range(1, n, 2):  # a hole after every other member: MAX_PIECES + 1 holes
+            both("leave", [f"m{i:02d}"])
+        wants = (MAX_PIECES + 2) * 1000
+        reply = both("refresh", ["m00", wants, 1000, 0, 0, ""], wants=wants, reported=1000,
+                     used=0, throttled=0)  # fmt: skip
+        pieces = list(zip(reply[3][::2], reply[3][1::2], strict=True))
+        # the hole next to it, then holes of a permit each until it has MAX_PIECES
+        assert pieces == [(0, 2000)] + [(2000 * k + 1000, 1000) for k in range(1, MAX_PIECES)]
+        assert reply[1] == wants - 1000  # a hole short: the last one stays free
     finally:
         client.delete(*keys(name))

@@ -190,7 +190,23 @@ def test_an_unused_boost_is_not_asked_for_again_for_a_while() -> None:
     assert period(0, 20) == 20_000 + 5_000 + 1_000  # looked like a blocked pool
     share.apply(26_000, 26_000, piece(0, 26_000), S)  # applies from the next window
     assert period(S, 20) == 20_000  # the boost went unused: open-loop callers after all
-    assert [period(k * S, 26) for k in range(2, 6)] == [26_000] * 4  # no boost meanwhile
+    assert [period(k * S, 26) for k in range(2, 10)] == [26_000] * 8  # no boost meanwhile
+    assert period(10 * S, 26) == 26_000 + 6_500 + 1_000  # then it tries again
+    assert period(11 * S, 26) == 26_000  # unused again: twice as long before the next try
+    assert [period(k * S, 26) for k in range(12, 28)] == [26_000] * 16
+    assert period(28 * S, 26) > 26_000
+
+
+def test_a_call_more_or_less_is_the_same_demand() -> None:
+    """Counting evenly spaced calls over a second gives 147 or 148: the member
+    reports the same demand, so the fleet's shares do not move for nothing."""
+    share = Share(S, now=0)
+    given_grant(share, 200_000, 0)
+    wants = []
+    for k, asked in enumerate([147, 148, 147, 147, 148, 150, 160]):
+        share.asked = asked
+        wants.append(share.report((k + 1) * S)[0])
+    assert wants == [147_000] * 5 + [150_000, 160_000]
 
 
 def test_new_space_waits_for_the_window_edge_unless_settled() -> None:

@@ -115,14 +115,12 @@ def test_ten_a_second_over_96_members_never_admits_eleven(algorithm: str, seed: 
     assert max(r.admitted) <= 10
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="capacity a small member gives up waits for the big member's next refresh,"
-    " and the small members' grants run above their use (docs/fleet-simulation.md)",
-)
-def test_skewed_demand_is_served_to_97_percent() -> None:
-    r = simulate(documented(20)["b/fair_share"])
+@pytest.mark.parametrize("algorithm", ["fair_share", "proportional_share"])
+def test_skewed_demand_is_served_to_97_percent(algorithm: str) -> None:
+    """The judging run's shape (evenly spaced callers, 10:1, clocks ±100 ms)."""
+    r = simulate(documented(20)[f"b/{algorithm}"])
     assert r.utilisation >= 0.97
+    assert r.max_excess <= 1.0
 
 
 def test_the_real_script_runs_the_same_simulation_as_the_model(
@@ -212,11 +210,11 @@ def test_the_model_backend_reports_what_is_held() -> None:
     assert backend.set(scenario.config()) == []
     reply = backend.refresh("a", wants=4000, has=0, used=0, throttled=0, pieces=(), restore=None)
     assert reply is not None
-    assert reply.grant == 10_000  # what it wants, and the spare
-    assert backend.held() == (10_000, 10_000)
+    assert reply.grant == 7000  # what it wants, and half the spare (half for a joiner)
+    assert backend.held() == (7000, 10_000)
     assert backend.holds("a")
     assert backend.set(scenario.config(total=5)) == ["2 5000 10000"]
-    assert backend.held() == (5000, 5000)
+    assert backend.held() == (3500, 5000)
 
 
 def test_an_unreachable_redis_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:

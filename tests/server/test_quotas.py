@@ -62,8 +62,9 @@ async def http_for(
 def fleet(client: redis.Redis) -> None:
     """``push-api``: 2000/second split equally, a wants 1200, holds 1000, used
     990; b wants 300, holds nothing yet, used 250. ``ODD_NAME``: adaptive, its
-    one member refused by the provider, so its effective total is cut to 3.75,
-    all of which it holds (it wants 1: the rest is spare, and handed out)."""
+    one member refused by the provider, so its effective total is cut to 3.75;
+    it wants 1 and holds 2.375: half the spare on top (the other half is kept
+    for a member that joins)."""
     set_quota(client, NAME, QuotaConfig("2000/second", "equal", lease=30))
     coordinator = Coordinator(client, NAME)
     coordinator.refresh("host-a", wants=1_200_000, has=0, used=0)
@@ -251,7 +252,7 @@ def test_metrics_per_resource(
             ("ratewarden_quota_members", push): 2.0,
             ("ratewarden_quota_total", odd): 3.75,  # effective: the adaptive total was cut
             ("ratewarden_quota_wants", odd): 1.0,
-            ("ratewarden_quota_granted", odd): 3.75,
+            ("ratewarden_quota_granted", odd): 2.375,
             ("ratewarden_quota_used", odd): 0.5,
             ("ratewarden_quota_members", odd): 1.0,
         }

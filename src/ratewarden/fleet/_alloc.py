@@ -110,10 +110,11 @@ def allocate(algorithm: str, total: int, wants: Sequence[int], cap: int = 0) -> 
 
 def with_spare(algorithm: str, total: int, wants: Sequence[int]) -> list[int]:
     """`allocate`'s targets, and for the demand-based algorithms, when the wants
-    add up to less than the total, the rest split equally on top. A member
-    whose callers wait for each permit before asking for the next (a pool of
-    workers) asks only as fast as it is served: without the spare it would
-    never be seen to want more. `static` keeps its caps, `equal` has none."""
+    add up to less than the total, the rest split in ``n + 1`` equal parts, one
+    on top of each member's target and one left free for a member that joins.
+    A member whose callers wait for each permit before asking for the next (a
+    pool of workers) asks only as fast as it is served: without the spare it
+    would never be seen to want more. `static` keeps its caps, `equal` has none."""
     targets = allocate(algorithm, total, wants)
     if algorithm not in ("fair_share", "proportional_share") or not wants:
         return targets
@@ -122,7 +123,7 @@ def with_spare(algorithm: str, total: int, wants: Sequence[int]) -> list[int]:
         demand += want
     if demand >= total:
         return targets
-    base, extra = divmod(total - demand, len(wants))
+    base, extra = divmod(total - demand, len(wants) + 1)
     return [t + base + (1 if i < extra else 0) for i, t in enumerate(targets)]
 
 
@@ -134,7 +135,7 @@ def grant(target: int, total: int, others_hold: int) -> int:
 
 
 Piece = tuple[int, int]  # a stretch of the line: (start, length), millipermits
-MAX_PIECES = 4  # stretches a member's grant may lie in
+MAX_PIECES = 16  # stretches a member's grant may lie in
 
 
 def place(total: int, mine: Sequence[Piece], want: int, others: Sequence[Piece]) -> list[Piece]:

@@ -160,9 +160,15 @@ def plots(results: list[Result], pair: tuple[Result, Result], directory: Path) -
 
 def documented(results: dict[str, Result], directory: Path) -> list[Path]:
     """The plots of docs/fleet-simulation.md from `_simulate.documented`'s runs."""
+    labels = {
+        "a/": "(a) 10/s, 96 members,\n5 with demand",
+        "a-poisson/": "(a) callers at random\n(static: a fixed split)",
+        "b/": "(b) 2,000/s, 8 members,\n10:1, ±100 ms",
+        "b-poisson/": "(b) callers at random",
+    }
     groups = {
-        "(a) 10/s, 96 members, 5 with demand": [v for k, v in results.items() if k[:2] == "a/"],
-        "(b) 2,000/s, 8 members, 10:1, ±100 ms": [v for k, v in results.items() if k[:2] == "b/"],
+        label: [v for k, v in results.items() if k.startswith(prefix)]
+        for prefix, label in labels.items()
     }
     return [
         pacing(results["c/paced"], results["c/unpaced"], directory / "fleet-pacing.png"),

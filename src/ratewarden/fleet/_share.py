@@ -38,9 +38,9 @@ beyond the grant by asking more than was spent. A pool of workers that block on
 ``acquire`` does not: it asks only as fast as it is served, and it shows itself
 by always having a caller waiting. So when a caller was waiting nine tenths of
 the time, most of the grant was spent and nobody gave up, the member asks for a
-quarter more than it holds. Open-loop callers arriving a little faster than the
-grant look the same for a while; when a quarter more went unused, the member
-does not ask again for eight reports.
+quarter more than it holds. Open-loop callers arriving at about the grant's rate
+look the same; when a quarter more went unused, the member does not ask again
+for eight reports, then sixteen, and so on up to 64 while each try goes unused.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ __all__ = ["Share"]
 
 MILLI = 1000
 SAMPLE = 20  # calls a demand estimate wants at least (else earlier periods join in)
+STEADY = 0.02  # a demand that moves less than this (or one call) has not moved
+QUIET, QUIET_MAX = 8, 64  # reports without asking for more after an unused boost
 STEP = 618  # how far the marks move each window, in millipermits: 1000 / golden ratio
 
 
@@ -81,6 +83,7 @@ class Share:
         "pace",
         "period_start",
         "pieces",
+        "quiet",
         "spent",
         "tat",
         "waiting_ns",
@@ -106,10 +109,12 @@ class Share:
         self._waiters = 0  # callers waiting for a permit now
         self._waiting_since = 0
         self.waiting_ns = 0  # time with a caller waiting, since the last report
-        self.last: tuple[int, int] | None = None  # wants and used, last reported
+        # wants and used last reported, and the demand measured then
+        self.last: tuple[int, int, int] | None = None
         self.boosted = 0  # the grant when the last report asked for more, else 0
         self.history: deque[tuple[int, int]] = deque(maxlen=4)  # earlier (asked, ns)
         self.cooldown = 0  # reports left without asking for more
+        self.quiet = QUIET  # the cooldown after the next unused boost
         self.period_start = now
 
     # -- the coordinator's word --------------------------------------------------
@@ -284,7 +289,13 @@ class Share:
             asked += earlier_asked
             span += earlier_span
         self.history.append((self.asked, elapsed))
-        wants = round(asked * MILLI * self.window_ns / span)
+        per_call = MILLI * self.window_ns / span
+        wants = round(asked * per_call)
+        last = self.last
+        if last is not None and abs(wants - last[2]) <= max(per_call, last[2] * STEADY):
+            # a call more or less: the same demand, and the fleet's shares stay put
+            wants = last[2]
+        demand = wants
         waiting = self.waiting_ns
         if self._waiters:
             waiting += now - max(self._waiting_since, self.period_start)
@@ -294,15 +305,21 @@ class Share:
         if self.cooldown:
             self.cooldown -= 1
         elif self.boosted and used * 50 <= self.boosted * 51:
-            self.cooldown = 8  # the last boost went unused: these callers were no pool
-        elif blocked and served and used * 5 >= has * 4:
-            wants = max(wants, has + has // 4 + MILLI)  # blocked callers: ask for more
-            boosted = True
+            # the last boost went unused: these callers were no pool; each time
+            # in a row that happens, twice as long before the next try
+            self.cooldown = self.quiet
+            self.quiet = min(2 * self.quiet, QUIET_MAX)
+        else:
+            if self.boosted:
+                self.quiet = QUIET  # a boost that was used: a pool after all
+            if blocked and served and used * 5 >= has * 4:
+                wants = max(wants, has + has // 4 + MILLI)  # blocked callers: ask for more
+                boosted = True
         self.boosted = has if boosted else 0
         self.asked = self.spent = 0
         self.waiting_ns = 0
         self.period_start = now
-        self.last = (wants, used)
+        self.last = (wants, used, demand)
         return wants, has, used
 
 

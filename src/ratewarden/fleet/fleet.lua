@@ -134,7 +134,7 @@ end
 -- start of what it had; a larger one keeps all it had and grows into the free
 -- space next to its pieces, then into the largest free gaps, a piece each, up
 -- to MAX_PIECES
-local MAX_PIECES = 4
+local MAX_PIECES = 16
 
 local function merge(pieces)
   table.sort(pieces, function(a, b) return a[1] < b[1] end)
@@ -345,12 +345,13 @@ for i, m in ipairs(members) do
   if m == me then mine = i else others = others + m.has end
 end
 local target = allocate(cfg.algorithm, total, all_wants, num(cfg, 'cap_m'))[mine]
--- the demand-based algorithms hand out what nobody wants, equally (_alloc.with_spare)
+-- the demand-based algorithms hand out what nobody wants in n + 1 equal parts,
+-- one left for a member that joins (_alloc.with_spare)
 if cfg.algorithm == 'fair_share' or cfg.algorithm == 'proportional_share' then
   local demand = 0
   for _, w in ipairs(all_wants) do demand = demand + w end
   if demand < total then
-    local n = #all_wants
+    local n = #all_wants + 1
     local base = fdiv(total - demand, n)
     target = target + base + ((mine <= total - demand - base * n) and 1 or 0)
   end
