@@ -135,7 +135,7 @@ def grant(target: int, total: int, others_hold: int) -> int:
 
 
 Piece = tuple[int, int]  # a stretch of the line: (start, length), millipermits
-MAX_PIECES = 16  # stretches a member's grant may lie in
+MAX_PIECES = 64  # stretches a member's grant may lie in
 
 
 def place(total: int, mine: Sequence[Piece], want: int, others: Sequence[Piece]) -> list[Piece]:

@@ -473,7 +473,7 @@ def check(results: dict[str, Result]) -> list[Check]:
             worst = max(r.admitted)
             if figure.startswith("a"):
                 out.append(
-                    Check("a", f"{algorithm}: busiest provider second", f"{worst}",
+                    Check(figure, f"{algorithm}: busiest provider second", f"{worst}",
                           f"<= {r.limits[0]}", (worst <= r.limits[0]) if strict else None)
                 )  # fmt: skip
                 least = 0.95

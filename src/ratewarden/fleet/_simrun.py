@@ -10,7 +10,7 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
-from ._alloc import MILLI, allocate
+from ._alloc import MILLI, allocate, with_spare
 from ._member import Member
 from ._scenarios import (
     BINS,
@@ -566,8 +566,11 @@ class Run:
         else:  # its average
             share = BURST_ON / (BURST_ON + BURST_OFF)
             wants = [round(self.plan.rates[n.index] * share * per_window) for n in self.order]
-        cap = int(self.s.config().fields()["cap_m"])
-        return allocate(self.s.algorithm, self.eff, wants, cap)[self.order.index(node)]
+        mine = self.order.index(node)
+        if self.s.algorithm == "static":
+            cap = int(self.s.config().fields()["cap_m"])
+            return allocate(self.s.algorithm, self.eff, wants, cap)[mine]
+        return with_spare(self.s.algorithm, self.eff, wants)[mine]
 
     def _converged(self, node: _Node) -> None:
         member = node.member
