@@ -29,7 +29,7 @@ import msgspec
 import yaml
 
 from ._errors import Problem, RuleFileError
-from ._source import Document, parse_text, read_file
+from ._source import Document, parse_plain, read_file
 
 __all__ = ["EnvoyDescriptor", "EnvoyFile", "EnvoyRateLimit", "parse_files"]
 
@@ -161,6 +161,6 @@ def parse_files(
 ) -> list[tuple[EnvoyFile, Document]]:
     """Each file read, checked and typed, in the order given (which is the order
     a merged domain's descriptors are tried in)."""
-    documents = [read_file(p) for p in paths]
-    documents += [parse_text(t, "<string>") for t in texts]
+    documents = [read_file(p, plain=True) for p in paths]
+    documents += [parse_plain(t, "<string>") for t in texts]
     return [(_convert(d), d) for d in documents]

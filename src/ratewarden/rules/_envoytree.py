@@ -54,6 +54,7 @@ class Level:
     exact: dict[tuple[str, str], Node] = field(default_factory=dict)
     # per key, the wildcard nodes in file order: (pattern split on "*", node)
     wildcards: dict[str, list[tuple[tuple[str, ...], Node]]] = field(default_factory=dict)
+    patterns: set[tuple[str, str]] = field(default_factory=set)  # (key, pattern) taken
     any_value: dict[str, Node] = field(default_factory=dict)
     size: int = 0
 
@@ -145,10 +146,10 @@ class _Builder:
                 taken = d.key in level.any_value
                 level.any_value.setdefault(d.key, node)
             elif wildcard:
-                patterns = level.wildcards.setdefault(d.key, [])
-                taken = any(n.value == value for _, n in patterns)
+                taken = (d.key, value) in level.patterns
                 if not taken:
-                    patterns.append((tuple(value.split("*")), node))
+                    level.patterns.add((d.key, value))
+                    level.wildcards.setdefault(d.key, []).append((tuple(value.split("*")), node))
             else:
                 taken = (d.key, value) in level.exact
                 level.exact.setdefault((d.key, value), node)
