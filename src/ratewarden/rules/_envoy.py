@@ -38,16 +38,21 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-import msgspec
-
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
-from .._rate import UNIT_SECONDS, Rate
+from .._rate import Rate
 from ..stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
-from ..stores._base import pick
 from ._envoydir import envoy_files
 from ._envoyfile import EnvoyFile, parse_files
+from ._envoyresult import (
+    EnvoyLimit,
+    EnvoyResult,
+    Override,
+    esc,
+    override_limit,
+    verdict,
+)
 from ._envoystats import EnvoyStats
 from ._envoytree import Level, build, lookup
 from ._source import Document
@@ -60,51 +65,6 @@ COUNTER_CEILING = 2**50
 # Limiters kept for per-request overrides, most recently used first; one is a
 # binding to the store, so one dropped and made again loses no counts.
 MAX_OVERRIDE_LIMITERS = 1024
-# RateLimitUnit of envoy's override (0 is UNKNOWN)
-OVERRIDE_UNITS = ("", "second", "minute", "hour", "day", "month", "year", "week")
-
-Override = tuple[int, str]  # a descriptor's limit: requests per unit, unit name
-
-
-class EnvoyLimit(msgspec.Struct, frozen=True):
-    """The limit one descriptor of a request gets: ``path`` names its node (or,
-    for an override, its descriptor); ``key`` is its counter key; ``stats_key``
-    its name in the statistics; ``metadata`` the file's, handed back."""
-
-    descriptor: int
-    path: str
-    key: str
-    stats_key: str
-    requests_per_unit: int
-    unit: str
-    period: int
-    name: str | None = None
-    shadow: bool = False
-    quota: bool = False
-    unlimited: bool = False
-    override: bool = False
-    metadata: dict[str, object] | None = None
-
-    @property
-    def blocked(self) -> bool:
-        return not self.unlimited and self.requests_per_unit == 0
-
-
-class EnvoyResult(msgspec.Struct, frozen=True):
-    """``overall_ok``: the request may pass (envoy's OK / OVER_LIMIT);
-    ``decision``: the enforced limits' Decision (None if none counted);
-    ``limits``: per descriptor, its limit or None (no limit: OK);
-    ``shadow``: the Decision of the shadow-mode limits, reported, never denying;
-    ``statuses``: per descriptor, its own limit's Decision where known (None: no
-    limit, unlimited, or, counting atomically, a limit that did not speak)."""
-
-    overall_ok: bool
-    decision: Decision | None
-    limits: list[EnvoyLimit | None]
-    shadow: Decision | None = None
-    statuses: list[Decision | None] = []
-
-
 L = TypeVar("L", Limiter, AsyncLimiter)
 _Call = tuple[L, str]
 
@@ -163,7 +123,7 @@ class _EnvoyCore(Generic[L]):
         for i, entries in enumerate(descriptors):
             override = overrides[i] if overrides is not None else None
             if override is not None:
-                found.append(_override(domain, i, entries, override))
+                found.append(override_limit(domain, i, entries, override))
                 continue
             match = lookup(domain, root, entries)
             if match is None:
@@ -176,7 +136,7 @@ class _EnvoyCore(Generic[L]):
             parts = [domain]
             for j, (k, v) in enumerate(entries):
                 value = v if shared is None or shared[j] is None else shared[j]
-                parts.append(f"{_esc(k)}={_esc(value or '')}")
+                parts.append(f"{esc(k)}={esc(value or '')}")
             limit = EnvoyLimit(
                 i, node.path, "|".join(parts), match.stats_key, spec.requests_per_unit,
                 spec.unit, spec.period, spec.name, spec.shadow, spec.quota or self.quota_mode,
@@ -226,33 +186,7 @@ class _EnvoyCore(Generic[L]):
             statuses[i] = Decision(allowed, per_unit, remaining, reset, retry, limit.path)
             fallback = limit.path
             self.stats.record(limit.stats_key, fallback, per_unit, before, cost, limit.shadow)
-        return self._verdict(limits, statuses)
-
-    def _verdict(
-        self, limits: list[EnvoyLimit | None], statuses: list[Decision | None]
-    ) -> EnvoyResult:
-        enforced: list[Decision] = []
-        shadow: list[Decision] = []
-        failed = quota_total = quota_failed = 0
-        for limit, status in zip(limits, statuses, strict=True):
-            if limit is None or status is None:
-                continue
-            (shadow if limit.shadow else enforced).append(status)
-            if limit.shadow:
-                continue
-            if limit.quota:
-                quota_total += 1
-                quota_failed += not status.allowed
-            elif not status.allowed:
-                failed += 1
-        ok = not failed and not (quota_total and quota_total == quota_failed)
-        return EnvoyResult(
-            ok or self.shadow_mode,
-            pick(enforced) if enforced else None,
-            limits,
-            pick(shadow) if shadow else None,
-            statuses,
-        )
+        return verdict(limits, statuses, shadow_mode=self.shadow_mode)
 
     def _tiers(
         self, limits: list[EnvoyLimit | None], cost: int
@@ -334,18 +268,6 @@ class _EnvoyCore(Generic[L]):
         return EnvoyResult(self.shadow_mode, blocked, limits)
 
 
-def _override(
-    domain: str, index: int, entries: Sequence[tuple[str, str]], override: Override
-) -> EnvoyLimit:
-    per_unit, unit = override
-    if unit not in UNIT_SECONDS:
-        raise ConfigurationError(f"descriptor {index}: limit override has no valid unit")
-    stats_key = ".".join([domain, *(f"{k}_{v}" if v else k for k, v in entries)])
-    key = "|".join([domain, *(f"{_esc(k)}={_esc(v)}" for k, v in entries)])
-    period = UNIT_SECONDS[unit]
-    return EnvoyLimit(index, stats_key, key, stats_key, per_unit, unit, period, override=True)
-
-
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Loading makes some 30 containers a descriptor and frees none: each of
@@ -365,10 +287,6 @@ def _cost(hits_addend: int) -> int:
     if type(hits_addend) is not int or hits_addend < 0:
         raise ConfigurationError(f"hits_addend must be an integer >= 0, got {hits_addend!r}")
     return max(hits_addend, 1)  # envoy treats 0 as 1
-
-
-def _esc(text: str) -> str:
-    return text.replace("%", "%25").replace("|", "%7C").replace("=", "%3D")
 
 
 class EnvoyConfig(_EnvoyCore[Limiter]):

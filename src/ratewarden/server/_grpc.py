@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 
 from .._errors import ConfigurationError, StoreError
 from ..rules import Override
-from ..rules._envoy import OVERRIDE_UNITS
+from ..rules._envoyresult import OVERRIDE_UNITS
 from ._core import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult
 from ._h2grpc import Call, GrpcError, H2Server, Metadata, Method, Status
 from ._limits import ConnectionLimits
