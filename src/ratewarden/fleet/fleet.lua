@@ -164,14 +164,20 @@ local function place(total, mine, want, taken)
     return kept
   end
   local need = want - has
-  local all = {}
-  for _, p in ipairs(taken) do all[#all + 1] = {p[1], p[1] + p[2]} end
-  for _, p in ipairs(pieces) do all[#all + 1] = {p[1], p[2]} end
-  table.sort(all, function(a, b) return a[1] < b[1] end)
+  -- the taken space's starts sorted as plain numbers (C's comparison, not a Lua
+  -- function's: a fragmented line has a thousand pieces), each with its end
+  local starts_of, end_of = {}, {}
+  local function take_span(first, last)
+    if end_of[first] == nil then starts_of[#starts_of + 1] = first end
+    end_of[first] = math.max(end_of[first] or 0, last)
+  end
+  for _, p in ipairs(taken) do take_span(p[1], p[1] + p[2]) end
+  for _, p in ipairs(pieces) do take_span(p[1], p[2]) end
+  table.sort(starts_of)
   local gaps, at = {}, 0
-  for _, p in ipairs(all) do
-    if p[1] > at then gaps[#gaps + 1] = {at, p[1]} end
-    if p[2] > at then at = p[2] end
+  for _, first in ipairs(starts_of) do
+    if first > at then gaps[#gaps + 1] = {at, first} end
+    if end_of[first] > at then at = end_of[first] end
   end
   if at < total then gaps[#gaps + 1] = {at, total} end
   local ends, starts = {}, {}
