@@ -32,6 +32,7 @@ PEER = {
     "NEAR_LIMIT_RATIO": "0.9",
     "SHADOW_MODE": "false",
     "QUOTA_MODE": "true",
+    "RESPONSE_DYNAMIC_METADATA": "1",
     "REDIS_SOCKET_TYPE": "tcp",
     "REDIS_URL": "redis.internal:6380",
     "GRPC_PORT": "8081",
@@ -47,6 +48,7 @@ def test_the_peers_variables_map(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got.envoy.quota_mode
     assert not got.envoy.shadow_mode
     assert not got.envoy.count_denied
+    assert got.envoy.dynamic_metadata
     assert got.envoy.near_limit_ratio == 0.9
     assert got.store == "redis://redis.internal:6380"
     assert got.grpc is not None

@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.json_format import MessageToDict
 
 from ratewarden import AsyncMemoryStore, FakeClock
 from ratewarden.server import Service
@@ -196,3 +197,48 @@ def test_a_runtime_directory_reloads_on_a_configmap_swap(rules_file: Path, tmp_p
 
     # 2 a minute, then 5 a minute on the same counter: 3 used, 2 more pass
     assert asyncio.run(main()) == [True, True, False, True, True, False]
+
+
+def test_dynamic_metadata_as_the_peer_sends_it(rules_file: Path, edge: Path) -> None:
+    service = service_with(rules_file, edge, options=EnvoyOptions(dynamic_metadata=True))
+    message = request("edge", [("path", "/x")], [("ldap", "y")], hits=2)
+    message.descriptors[1].hits_addend.value = 2
+    (answer,) = asyncio.run(call_with(service, message))
+    shown = MessageToDict(answer.dynamic_metadata)
+    assert shown == {
+        "domain": "edge",
+        "descriptors": [{"entries": ["path=/x"]}, {"entries": ["ldap=y"], "hitsAddend": 2.0}],
+        "hitsAddend": 2.0,
+        "metadata": {"team": "core"},  # the passed /x limit's; ldap is unlimited
+    }
+
+
+def test_no_dynamic_metadata_unless_asked(rules_file: Path, edge: Path) -> None:
+    (answer,) = asyncio.run(
+        call_with(service_with(rules_file, edge), request("edge", [("path", "/x")]))
+    )
+    assert not answer.HasField("dynamic_metadata")
+
+
+def test_a_denied_descriptors_metadata_is_left_out(rules_file: Path, tmp_path: Path) -> None:
+    path = tmp_path / "meta.yaml"
+    path.write_text(
+        textwrap.dedent("""
+        domain: m
+        descriptors:
+          - key: a
+            rate_limit: {unit: day, requests_per_unit: 1}
+            metadata: {owner: {team: a, pager: one}}
+          - key: b
+            rate_limit: {unit: day, requests_per_unit: 5}
+            metadata: {owner: {team: b, site: x}, plan: gold}
+    """)
+    )
+    service = service_with(rules_file, path, options=EnvoyOptions(dynamic_metadata=True))
+    both = request("m", [("a", "1")], [("b", "1")])
+    first, second = asyncio.run(call_with(service, both, both))
+    merged = MessageToDict(first.dynamic_metadata)["metadata"]
+    assert merged == {"owner": {"team": "a", "pager": "one", "site": "x"}, "plan": "gold"}
+    assert MessageToDict(second.dynamic_metadata)["metadata"] == {
+        "owner": {"team": "b", "site": "x"}, "plan": "gold",
+    }  # fmt: skip

@@ -8,6 +8,7 @@ MERGE_DOMAIN_CONFIG                         ``--envoy-merge-domains``
 STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT     ``--envoy-stop-counting-when-over``
 NEAR_LIMIT_RATIO                            ``--near-limit-ratio``
 SHADOW_MODE / QUOTA_MODE                    ``--envoy-shadow-mode`` / ``--envoy-quota-mode``
+RESPONSE_DYNAMIC_METADATA                   ``--envoy-dynamic-metadata``
 REDIS_URL (+ REDIS_SOCKET_TYPE,             ``--store redis://...`` (``rediss://``
 REDIS_AUTH, REDIS_TLS, REDIS_TYPE)          with TLS, ``redis+cluster://``, ...)
 GRPC_HOST / GRPC_PORT                       ``--grpc HOST:PORT``
@@ -42,6 +43,7 @@ class EnvoyOptions:
     shadow_mode: bool = False
     quota_mode: bool = False
     reload_interval: float = 1.0  # seconds between looks at the files; 0: never
+    dynamic_metadata: bool = False  # RESPONSE_DYNAMIC_METADATA (`_envoymeta`)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--envoy-reload-interval", type=float, default=1.0, metavar="SECONDS",
         help="look for changed envoy config files this often (default 1; 0: only on "
         "SIGHUP and /v1/reload)")  # fmt: skip
+    add("--envoy-dynamic-metadata", action="store_true",
+        help="answer envoy domains with the request and its limits' metadata as dynamic "
+        "metadata (RESPONSE_DYNAMIC_METADATA)")  # fmt: skip
     add("--envoy-env", action="store_true",
         help="read envoyproxy/ratelimit's environment variables (RUNTIME_ROOT, REDIS_URL, "
         "...) where they map; flags win")  # fmt: skip
@@ -78,6 +83,7 @@ def envoy_options(args: argparse.Namespace) -> EnvoyOptions:
         shadow_mode=args.envoy_shadow_mode,
         quota_mode=args.envoy_quota_mode,
         reload_interval=args.envoy_reload_interval,
+        dynamic_metadata=args.envoy_dynamic_metadata,
     )
 
 
@@ -111,6 +117,7 @@ def apply_environment(
         ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "envoy_stop_counting_when_over"),
         ("SHADOW_MODE", "envoy_shadow_mode"),
         ("QUOTA_MODE", "envoy_quota_mode"),
+        ("RESPONSE_DYNAMIC_METADATA", "envoy_dynamic_metadata"),
     ):
         value = _flag(environ, variable)
         if value is not None and unset(name):

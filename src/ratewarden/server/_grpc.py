@@ -31,6 +31,7 @@ from .._errors import ConfigurationError, StoreError
 from ..rules import Override
 from ..rules._envoyresult import OVERRIDE_UNITS
 from ._core import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult
+from ._envoymeta import dynamic_metadata
 from ._h2grpc import Call, GrpcError, H2Server, Metadata, Method, Status
 from ._limits import ConnectionLimits
 from ._serve import parse_address
@@ -145,13 +146,22 @@ class _RateLimitService:
         if cost > MAX_COST:
             raise GrpcError(Status.INVALID_ARGUMENT, f"hits_addend above {MAX_COST}")
         try:
-            result = await self.service.check_descriptors(request.domain, entries, cost, overrides)
+            result, answer = await self.service.check_envoy(
+                request.domain, entries, cost, overrides
+            )
         except InvalidRequest as exc:
             raise GrpcError(Status.INVALID_ARGUMENT, str(exc)) from None
         except StoreError as exc:  # a limit whose failure policy is "raise"
             self.service.metrics.store_errors.inc()
             raise GrpcError(Status.UNAVAILABLE, str(exc)) from None
-        reply: bytes = self._response(result).SerializeToString()
+        response = self._response(result)
+        if answer is not None and self.service.envoy_options.dynamic_metadata:
+            each = [d.hits_addend.value if d.HasField("hits_addend") else None
+                    for d in descriptors]  # fmt: skip
+            shown = dynamic_metadata(request.domain, entries, overrides, answer,
+                                     addends=each, hits_addend=request.hits_addend)  # fmt: skip
+            response.dynamic_metadata.update(shown)
+        reply: bytes = response.SerializeToString()
         self._observe("grpc", time.perf_counter() - started)
         return reply
 

@@ -176,6 +176,18 @@ class Service:
         cost: int = 1,
         overrides: Sequence[Override | None] | None = None,
     ) -> CheckResult:
+        result, _ = await self.check_envoy(domain, descriptors, cost, overrides)
+        return result
+
+    async def check_envoy(
+        self,
+        domain: str,
+        descriptors: Sequence[Sequence[tuple[str, str]]],
+        cost: int = 1,
+        overrides: Sequence[Override | None] | None = None,
+    ) -> tuple[CheckResult, EnvoyResult | None]:
+        """`check_descriptors`, and the envoy answer behind it (None for the
+        rules' own domain), for what only envoy's protocol carries."""
         if not descriptors:
             raise InvalidRequest("a check needs at least one descriptor")
         if any(not entries for entries in descriptors):
@@ -185,12 +197,13 @@ class Service:
             outcome = await self.check_attributes(attributes, cost)
             result = outcome_result(outcome)
             result.statuses = rule_statuses(outcome, len(descriptors))
-            return result
+            return result, None
         envoy = self.envoy
         if envoy is None:  # no envoy files: every other domain is unknown, so OK
             for _ in descriptors:
                 self.envoy_stats.domain_not_found(domain)
-            return envoy_result(EnvoyResult(True, None, [None] * len(descriptors)))
+            nothing = EnvoyResult(True, None, [None] * len(descriptors))
+            return envoy_result(nothing), nothing
         try:
             answer = await envoy.acheck(domain, descriptors, cost, overrides)
         except ConfigurationError as exc:
@@ -202,7 +215,7 @@ class Service:
         shadow = answer.shadow
         shadow_denied = shadow.rule if shadow is not None and not shadow.allowed else None
         self.metrics.count(rules, decision, denied, closest, shadow_denied)
-        return envoy_result(answer)
+        return envoy_result(answer), answer
 
     def _count(self, outcome: Outcome) -> None:
         if not outcome.limits:
