@@ -60,8 +60,15 @@ from ._source import Document
 __all__ = ["AsyncEnvoyConfig", "EnvoyConfig", "EnvoyLimit", "EnvoyResult", "Override"]
 
 # A counter limiter's limit: never reached, so every hit is counted and its
-# Decision's ``remaining`` tells the count (exact in Redis' Lua doubles too).
-COUNTER_CEILING = 2**50
+# Decision's ``remaining`` tells the count. The Redis store counts exactly while
+# limit x period (seconds) stays below 2^53 (Lua's doubles): a year's counter
+# holds 285 million, more than any limit written for a year in practice.
+
+
+def counter_ceiling(period: int) -> int:
+    return min(2**50, (2**53 - 1) // period)
+
+
 # Limiters kept for per-request overrides, most recently used first; one is a
 # binding to the store, so one dropped and made again loses no counts.
 MAX_OVERRIDE_LIMITERS = 1024
@@ -157,7 +164,7 @@ class _EnvoyCore(Generic[L]):
                 continue
             counter = self._counters.get(limit.period)
             if counter is None:
-                rate = Rate(COUNTER_CEILING, limit.period)
+                rate = Rate(counter_ceiling(limit.period), limit.period)
                 counter = self._counters[limit.period] = self._limiter(rate, "envoy")
             calls.append((counter, limit.key))
         return calls
@@ -176,7 +183,7 @@ class _EnvoyCore(Generic[L]):
             if counted.degraded:
                 statuses[i] = Decision(True, per_unit, per_unit, 0.0, 0.0, limit.path, True)
                 continue
-            after = COUNTER_CEILING - counted.remaining
+            after = counter_ceiling(limit.period) - counted.remaining
             before = after - cost
             allowed = after <= per_unit
             reset = counted.reset_after
