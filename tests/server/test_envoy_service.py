@@ -242,3 +242,19 @@ def test_a_denied_descriptors_metadata_is_left_out(rules_file: Path, tmp_path: P
     assert MessageToDict(second.dynamic_metadata)["metadata"] == {
         "owner": {"team": "b", "site": "x"}, "plan": "gold",
     }  # fmt: skip
+
+
+def test_overrides_do_not_grow_the_metric_labels(rules_file: Path, edge: Path) -> None:
+    """An override's values reach only the bounded stats keys, never the
+    per-rule counters' labels."""
+    service = service_with(rules_file, edge)
+    messages_ = []
+    for i in range(20):
+        message = request("edge", [("remote_address", f"10.9.0.{i}")])
+        message.descriptors[0].limit.requests_per_unit = 4
+        message.descriptors[0].limit.unit = 3
+        messages_.append(message)
+    asyncio.run(call_with(service, *messages_))
+    text = service.metrics.exposition().decode()
+    checks = [line for line in text.splitlines() if line.startswith("ratewarden_checks_total{")]
+    assert checks == ['ratewarden_checks_total{rule="edge.override"} 20.0']

@@ -25,7 +25,7 @@ Override = tuple[int, str]  # a descriptor's limit: requests per unit, unit name
 
 class EnvoyLimit(msgspec.Struct, frozen=True):
     """The limit one descriptor of a request gets: ``path`` names its node (or,
-    for an override, its descriptor); ``key`` is its counter key; ``stats_key``
+    for an override, ``<domain>.override``); ``key`` is its counter key; ``stats_key``
     its name in the statistics; ``metadata`` the file's, handed back."""
 
     descriptor: int
@@ -98,7 +98,10 @@ def override_limit(
     stats_key = ".".join([domain, *(f"{k}_{v}" if v else k for k, v in entries)])
     key = "|".join([domain, *(f"{esc(k)}={esc(v)}" for k, v in entries)])
     period = UNIT_SECONDS[unit]
-    return EnvoyLimit(index, stats_key, key, stats_key, per_unit, unit, period, override=True)
+    # the path names the limit in Decisions and metric labels: not the request's
+    # values, which are as many as clients send (the stats key is bounded apart)
+    path = f"{domain}.override"
+    return EnvoyLimit(index, path, key, stats_key, per_unit, unit, period, override=True)
 
 
 def esc(text: str) -> str:
