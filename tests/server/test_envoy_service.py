@@ -258,3 +258,11 @@ def test_overrides_do_not_grow_the_metric_labels(rules_file: Path, edge: Path) -
     text = service.metrics.exposition().decode()
     checks = [line for line in text.splitlines() if line.startswith("ratewarden_checks_total{")]
     assert checks == ['ratewarden_checks_total{rule="edge.override"} 20.0']
+
+
+def test_an_empty_descriptor_of_an_envoy_domain_is_ok(rules_file: Path, edge: Path) -> None:
+    message = request("edge", [], [("remote_address", "10.8.0.1")])
+    (answer,) = asyncio.run(call_with(service_with(rules_file, edge), message))
+    assert answer.overall_code == 1
+    assert [s.code for s in answer.statuses] == [1, 1]
+    assert answer.statuses[1].current_limit.requests_per_unit == 2

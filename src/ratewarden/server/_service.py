@@ -190,9 +190,11 @@ class Service:
         rules' own domain), for what only envoy's protocol carries."""
         if not descriptors:
             raise InvalidRequest("a check needs at least one descriptor")
-        if any(not entries for entries in descriptors):
-            raise InvalidRequest("every descriptor needs at least one entry")
         if domain == self.domain:
+            # an envoy domain's empty descriptor has no limit (OK), as in envoy's
+            # service; the rules would read it as a request without attributes
+            if any(not entries for entries in descriptors):
+                raise InvalidRequest("every descriptor needs at least one entry")
             attributes = descriptor_attributes(domain, descriptors)
             outcome = await self.check_attributes(attributes, cost)
             result = outcome_result(outcome)
