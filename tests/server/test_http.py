@@ -598,3 +598,23 @@ def test_a_key_to_reset_is_utf8(rules_file: Path) -> None:
         assert "UTF-8" in answer.json()["error"]
 
     run(main())
+
+
+def test_a_limit_override_over_http(rules_file: Path, envoy_file: Path) -> None:
+    async def main() -> None:
+        async with client_for(make_app(rules_file, envoy_file)) as client:
+            body = {"domain": "edge", "descriptors": [{
+                "entries": [{"key": "remote_address", "value": "10.7.0.1"}],
+                "limit": {"requests_per_unit": 4, "unit": "hour"}}]}  # fmt: skip
+            answers = [(await client.post("/v1/check", json=body)).json() for _ in range(5)]
+            assert [a["allowed"] for a in answers] == [True] * 4 + [False]
+            assert answers[0]["statuses"][0]["requests_per_unit"] == 4
+            assert answers[0]["statuses"][0]["unit_seconds"] == 3600
+            body["descriptors"][0]["limit"]["unit"] = "fortnight"  # type: ignore[index]
+            assert (await client.post("/v1/check", json=body)).status_code == 422
+            body["descriptors"][0]["limit"] = {"requests_per_unit": 2.5, "unit": "hour"}  # type: ignore[index]
+            half = await client.post("/v1/check", json=body)
+            assert half.status_code == 400
+            assert "whole number" in half.json()["error"]
+
+    run(main())

@@ -562,6 +562,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
     # 3.0 passes as JSON Schema's integer does), and attributes, or a domain
     # with descriptors, not both
     components["CheckRequest"]["properties"]["cost"]["type"] = "integer"
+    components["LimitOverride"]["properties"]["requests_per_unit"]["type"] = "integer"
     # and that only "headers" holds an object: the other attributes are strings
     strings = {"type": "object", "additionalProperties": {"type": "string"}}
     components["CheckRequest"]["properties"]["attributes"] = {

@@ -68,8 +68,18 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True):
     value: Annotated[str, msgspec.Meta(max_length=8192)]
 
 
+class LimitOverride(msgspec.Struct, forbid_unknown_fields=True):
+    """A descriptor's own limit, as envoy's RateLimitOverride: it replaces what an
+    envoy domain's config says for the descriptor (the rules' domain ignores it)."""
+
+    # a float type only so that 3.0 is read as 3 (see Cost); `overrides_of` refuses 2.5
+    requests_per_unit: Annotated[float, msgspec.Meta(ge=0, le=2**32 - 1)]
+    unit: Literal["second", "minute", "hour", "day", "week", "month", "year"]
+
+
 class Descriptor(msgspec.Struct, forbid_unknown_fields=True):
     entries: Annotated[list[Entry], msgspec.Meta(min_length=1, max_length=MAX_ENTRIES)]
+    limit: LimitOverride | None = None
 
 
 class CheckRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -290,6 +300,23 @@ def rule_statuses(outcome: Outcome, count: int) -> list[DescriptorStatus]:
             code, rule, decision.limit, None if period is None else math.ceil(period),
             max(decision.remaining, 0), _finite(decision.reset_after),
         )  # fmt: skip
+    return out
+
+
+def overrides_of(descriptors: Sequence[Descriptor]) -> list[tuple[int, str] | None] | None:
+    """The descriptors' limit overrides (None without any); `ValueError` for a
+    requests_per_unit that is not a whole number."""
+    if all(d.limit is None for d in descriptors):
+        return None
+    out: list[tuple[int, str] | None] = []
+    for d in descriptors:
+        if d.limit is None:
+            out.append(None)
+            continue
+        per_unit = d.limit.requests_per_unit
+        if not float(per_unit).is_integer():
+            raise ValueError(f"requests_per_unit must be a whole number, got {per_unit!r}")
+        out.append((int(per_unit), d.limit.unit))
     return out
 
 

@@ -33,6 +33,7 @@ from ._core import (
     entries_of,
     envoy_result,
     outcome_result,
+    overrides_of,
     rule_statuses,
     whole_cost,
 )
@@ -149,6 +150,10 @@ class Service:
         entries = entries_of(request.descriptors)
         if not entries or any(not e for e in entries):
             raise InvalidRequest("a check needs descriptors, each with at least one entry")
+        try:
+            overrides_of(request.descriptors)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         return cost
 
     async def check(self, request: CheckRequest, *, wait: bool = False) -> CheckResult:
@@ -160,7 +165,8 @@ class Service:
         domain, descriptors = request.domain, request.descriptors
         if domain is None or descriptors is None:  # validated above; for the type checker
             raise InvalidRequest("give attributes, or a domain and at least one descriptor")
-        return await self.check_descriptors(domain, entries_of(descriptors), cost)
+        overrides = None if domain == self.domain else overrides_of(descriptors)
+        return await self.check_descriptors(domain, entries_of(descriptors), cost, overrides)
 
     async def check_attributes(
         self, attributes: Mapping[str, object], cost: int = 1, *, wait: bool = False
