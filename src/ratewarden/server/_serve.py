@@ -13,15 +13,12 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import math
 import multiprocessing
 import os
 import signal
 import socket
-import sys
-import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -32,6 +29,7 @@ from ..stores import AsyncMemoryStore, AsyncStore
 from ._envoyenv import EnvoyOptions, apply_environment, envoy_options
 from ._envoyenv import add_arguments as envoy_arguments
 from ._limits import ConnectionLimits
+from ._logsetup import setup_logging
 
 __all__ = ["ServeOptions", "add_arguments", "options_from", "run"]
 
@@ -42,9 +40,6 @@ DEFAULT_GRPC = "127.0.0.1:8081"
 # Descriptors kept beside the listeners' connections: the store's sockets, the
 # listening sockets, the event loop's, logs, the rule file being reloaded.
 SPARE_DESCRIPTORS = 256
-# Libraries that log header values at debug, bearer tokens included (hpack each
-# header block it decodes, h2 each event): never below warning.
-HEADER_LOGGERS = ("hpack", "h2")
 DEFAULT_LIMITS = ConnectionLimits()
 
 
@@ -189,66 +184,6 @@ def limits_from(args: argparse.Namespace) -> ConnectionLimits:
                 message = flag + message[len(name) :]
                 break
         raise ConfigurationError(message) from None
-
-
-class JSONFormatter(logging.Formatter):
-    """One JSON object a line: time, level, logger, message, and the exception."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-            "pid": record.process,
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-class Redacting(logging.Formatter):
-    """Another formatter's lines with the secrets (the bearer token) blanked out:
-    a second line of defence, should a library log a header after all."""
-
-    def __init__(self, inner: logging.Formatter, secrets: Sequence[str]) -> None:
-        super().__init__()
-        self.inner = inner
-        # as written, and as JSON escapes it
-        self.secrets = sorted({form for s in secrets for form in (s, json.dumps(s)[1:-1])},
-                              key=len, reverse=True)  # fmt: skip
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = self.inner.format(record)
-        for secret in self.secrets:
-            text = text.replace(secret, "[redacted]")
-        return text
-
-
-def setup_logging(fmt: str, level: str, secrets: Sequence[str] = ()) -> None:
-    """JSON or text lines on stderr. ``level`` is ratewarden's; the libraries log
-    at info or above, and those that log headers at warning or above, so that
-    ``--log-level debug`` never writes a bearer token. ``secrets`` (8 characters
-    or more: a shorter one would blank out words) are blanked out besides."""
-    handler = logging.StreamHandler(sys.stderr)
-    formatter: logging.Formatter
-    if fmt == "json":
-        formatter = JSONFormatter()
-    else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    secrets = [s for s in secrets if len(s) >= 8]
-    handler.setFormatter(Redacting(formatter, secrets) if secrets else formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    ours = logging.getLevelName(level.upper())
-    root.setLevel(max(ours, logging.INFO))
-    logging.getLogger("ratewarden").setLevel(ours)
-    for name in HEADER_LOGGERS:
-        logging.getLogger(name).setLevel(max(ours, logging.WARNING))
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True
 
 
 def fit_descriptors(limits: ConnectionLimits, listeners: int) -> ConnectionLimits:
