@@ -129,14 +129,16 @@ def test_report_measures_asked_and_used_per_window() -> None:
 def test_blocked_callers_ask_for_more_than_they_hold() -> None:
     """Callers that block on acquire ask only as fast as they are served: when one
     was waiting nine tenths of the time and the grant was all spent, the member
-    asks for a quarter more."""
+    asks for an eighth more (once past its first reports, while demand settles)."""
     share = Share(S, now=0)
     given_grant(share, 10_000, 0)
+    assert share.cooldown == 8
+    share.cooldown = 0  # settled
     for _ in range(10):
         share.asked += 1
         share.take(0)
     share.begin_wait(S // 20)  # a caller waits from 0.05 s to the end
-    assert share.report(S)[0] == 10_000 + 2_500 + 1_000
+    assert share.report(S)[0] == 10_000 + 1_250 + 1_000
     share.end_wait(S + S // 2)  # ...and on to 1.5 s: half of the next period
     for _ in range(10):
         share.asked += 1
@@ -178,6 +180,7 @@ def test_after_an_idle_spell_the_schedule_starts_again() -> None:
 def test_an_unused_boost_is_not_asked_for_again_for_a_while() -> None:
     share = Share(S, now=0)
     given_grant(share, 20_000, 0)
+    share.cooldown = 0  # settled
 
     def period(start: int, asked: int) -> int:
         share.begin_wait(start)
@@ -187,14 +190,14 @@ def test_an_unused_boost_is_not_asked_for_again_for_a_while() -> None:
         share.end_wait(start + S)
         return share.report(start + S)[0]
 
-    assert period(0, 20) == 20_000 + 5_000 + 1_000  # looked like a blocked pool
-    share.apply(26_000, 26_000, piece(0, 26_000), S)  # applies from the next window
+    assert period(0, 20) == 20_000 + 2_500 + 1_000  # looked like a blocked pool
+    share.apply(23_500, 23_500, piece(0, 23_500), S)  # applies from the next window
     assert period(S, 20) == 20_000  # the boost went unused: open-loop callers after all
-    assert [period(k * S, 26) for k in range(2, 10)] == [26_000] * 8  # no boost meanwhile
-    assert period(10 * S, 26) == 26_000 + 6_500 + 1_000  # then it tries again
-    assert period(11 * S, 26) == 26_000  # unused again: twice as long before the next try
-    assert [period(k * S, 26) for k in range(12, 28)] == [26_000] * 16
-    assert period(28 * S, 26) > 26_000
+    assert [period(k * S, 23) for k in range(2, 10)] == [23_000] * 8  # no boost meanwhile
+    assert period(10 * S, 23) == 23_500 + 2_937 + 1_000  # then it tries again
+    assert period(11 * S, 23) == 23_000  # unused again: twice as long before the next try
+    assert [period(k * S, 23) for k in range(12, 28)] == [23_000] * 16
+    assert period(28 * S, 23) > 23_500
 
 
 def test_a_call_more_or_less_is_the_same_demand() -> None:

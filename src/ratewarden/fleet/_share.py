@@ -38,9 +38,11 @@ beyond the grant by asking more than was spent. A pool of workers that block on
 ``acquire`` does not: it asks only as fast as it is served, and it shows itself
 by always having a caller waiting. So when a caller was waiting nine tenths of
 the time, most of the grant was spent and nobody gave up, the member asks for a
-quarter more than it holds. Open-loop callers arriving at about the grant's rate
-look the same; when a quarter more went unused, the member does not ask again
-for eight reports, then sixteen, and so on up to 64 while each try goes unused.
+eighth more than it holds. Open-loop callers arriving at about the grant's rate
+look the same, and each such try takes capacity from the others for a refresh
+or two: a member does not try in its first eight reports (its demand is still
+settling), and when an eighth more went unused, it does not ask again for eight
+reports, then sixteen, and so on up to 256 while each try goes unused.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ __all__ = ["Share"]
 MILLI = 1000
 SAMPLE = 20  # calls a demand estimate wants at least (else earlier periods join in)
 STEADY = 0.02  # a demand that moves less than this (or one call) has not moved
-QUIET, QUIET_MAX = 8, 64  # reports without asking for more after an unused boost
+QUIET, QUIET_MAX = 8, 256  # reports without asking for more after an unused boost
 STEP = 618  # how far the marks move each window, in millipermits: 1000 / golden ratio
 
 
@@ -113,7 +115,7 @@ class Share:
         self.last: tuple[int, int, int] | None = None
         self.boosted = 0  # the grant when the last report asked for more, else 0
         self.history: deque[tuple[int, int]] = deque(maxlen=4)  # earlier (asked, ns)
-        self.cooldown = 0  # reports left without asking for more
+        self.cooldown = QUIET  # reports left without asking for more (first: settling)
         self.quiet = QUIET  # the cooldown after the next unused boost
         self.period_start = now
 
@@ -313,7 +315,7 @@ class Share:
             if self.boosted:
                 self.quiet = QUIET  # a boost that was used: a pool after all
             if blocked and served and used * 5 >= has * 4:
-                wants = max(wants, has + has // 4 + MILLI)  # blocked callers: ask for more
+                wants = max(wants, has + has // 8 + MILLI)  # blocked callers: ask for more
                 boosted = True
         self.boosted = has if boosted else 0
         self.asked = self.spent = 0
