@@ -69,11 +69,20 @@ class Answer:
 
 class Client:
     """h2's client over an asyncio connection: one call at a time, or several
-    started before their answers are read."""
+    started before their answers are read. ``reads=False``: a client that never
+    takes in the data it receives, so it never opens the server's window again
+    (h2 sends a WINDOW_UPDATE for every acknowledgement, even of 10 bytes)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 settings: dict[Any, int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        settings: dict[Any, int] | None = None,
+        *,
+        reads: bool = True,
+    ) -> None:
         self.reader, self.writer = reader, writer
+        self.reads = reads
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self.conn = h2.connection.H2Connection(config)
         self.conn.initiate_connection()
@@ -105,7 +114,8 @@ class Client:
                     answer.trailers = dict(event.headers)
                 elif isinstance(event, h2.events.DataReceived) and answer is not None:
                     answer.data += event.data
-                    self.conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                    if self.reads:
+                        self.conn.acknowledge_received_data(event.flow_controlled_length, sid)
                 elif isinstance(event, h2.events.StreamEnded) and sid in self.done:
                     self.done[sid].set()
                 elif isinstance(event, h2.events.StreamReset) and answer is not None:
@@ -220,9 +230,11 @@ async def serving(
 
 
 @asynccontextmanager
-async def client(port: int, settings: dict[Any, int] | None = None) -> AsyncIterator[Client]:
+async def client(
+    port: int, settings: dict[Any, int] | None = None, *, reads: bool = True
+) -> AsyncIterator[Client]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    c = Client(reader, writer, settings)
+    c = Client(reader, writer, settings, reads=reads)
     try:
         yield c
     finally:
@@ -577,7 +589,7 @@ def test_a_streaming_client_that_does_not_read_is_cut_off() -> None:
         try:
             # a window of 10 bytes a stream: the answers pile up on the server
             settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 10}
-            async with client(port, settings) as c:
+            async with client(port, settings, reads=False) as c:
                 answer = await c.call("/t.T/Flood", message(b""), end=False)
         finally:
             await server.stop(0)

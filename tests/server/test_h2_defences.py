@@ -194,11 +194,11 @@ def test_a_client_that_never_reads_its_answers_ends_the_call() -> None:
         settings = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
         async with serving(idle_timeout=0.3) as (_, port), client(port, settings) as c:
             sid = c.start("/t.T/Talk", message(b"go") * 100, end=False)
-            await asyncio.sleep(1.0)
-            c.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
-            c.flush()
+            # the window stays shut: the status comes all the same, ahead of the
+            # answers it could not send (trailers are not flow-controlled)
             answer = await c.answer(sid)
         assert answer.status == Status.RESOURCE_EXHAUSTED
+        assert answer.message == b"the client reads no answers"
 
     run(main)
 

@@ -25,7 +25,9 @@ What a client may make us spend is bounded, as in nghttp2 and h2o:
   SETTINGS_MAX_HEADER_LIST_SIZE, enforced on the decoded size), the header
   lists held by a connection's open streams have a budget, request bytes are
   held only within the connection window, and queued answers wait for the
-  client (`drained`);
+  client (`drained`); a streaming call whose client reads nothing for the idle
+  timeout ends with RESOURCE_EXHAUSTED, its unsent answers dropped so that
+  the status is not stuck behind them;
 - **CPU**: SETTINGS_INITIAL_WINDOW_SIZE moves every stream's window in O(1)
   (a stream keeps its window relative to the initial size);
 - **time**: the preface, an unfinished header block and a unary request's

@@ -64,6 +64,9 @@ class Status:
     UNAUTHENTICATED = 16
 
 
+NOT_READ = "the client reads no answers"
+
+
 class GrpcError(Exception):
     """Ends a call with a gRPC status other than OK."""
 
@@ -150,7 +153,10 @@ class Call:
         connection, stream = self._connection, self._stream
         connection._send_message(stream, message)
         if not await connection.drained(stream):
-            raise GrpcError(Status.RESOURCE_EXHAUSTED, "the client reads no answers")
+            # the answers queued so far would never go out, and trailers queued
+            # behind them neither: drop them, and end the call now
+            connection._fail_call(stream, Status.RESOURCE_EXHAUSTED, NOT_READ)
+            raise GrpcError(Status.RESOURCE_EXHAUSTED, NOT_READ)
 
 
 Unary = Callable[[bytes, Metadata], Awaitable[bytes]]
