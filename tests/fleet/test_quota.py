@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 import redis
 from ratewarden import ConfigurationError, FakeClock, RateLimitTimeout
 from ratewarden.fleet import AsyncFleetQuota, FleetQuota, QuotaConfig, set_quota
+from ratewarden.fleet._coord import Reply
 from ratewarden.fleet._member import Member
 from ratewarden.integrations.httpx import RateLimitTransport
 from ratewarden.stores.redis import connect
@@ -251,3 +252,26 @@ def test_on_a_redis_cluster(redis_6_nodes: RedisCluster, name: str) -> None:
         while (a.grant, b.grant) != (20.0, 20.0) and time.monotonic() - started < 2.0:
             time.sleep(0.005)
         assert (a.grant, b.grant) == (20.0, 20.0)
+
+
+def reply_of(grant: int, held: int, pieces: tuple[tuple[int, int], ...], *, eff: int) -> Reply:
+    fields = {**QuotaConfig("1000/second", "fair_share").fields(), "eff_m": str(eff)}
+    return Reply(grant, held, pieces, 1, round(START * 1000), fields)
+
+
+def test_a_cut_heard_twice_is_applied_once() -> None:
+    """A refresh's reply may bring the cut before the channel's message does (or
+    after it): the member's pieces shrink once, whichever comes first."""
+    clock = FakeClock(START)
+    for order in ("reply first", "message first"):
+        m = Member("push-api", clock, member_id="a")
+        m.on_reply(reply_of(600_000, 1_000_000, ((400_000, 600_000),), eff=1_000_000), 0)
+        cut = reply_of(240_000, 400_000, ((160_000, 240_000),), eff=400_000)
+        if order == "reply first":
+            m.on_reply(cut, 0)
+            m.on_message(b"2 400000 1000000")
+        else:
+            m.on_message(b"2 400000 1000000")
+            m.on_reply(cut, 0)
+        assert m.share.pieces == ((160_000, 240_000),), order
+        assert m.grant == 240.0, order

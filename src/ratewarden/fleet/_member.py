@@ -101,13 +101,15 @@ class Member:
         config = QuotaConfig.from_fields(fields)
         if config.window_ns != self.share.window_ns:
             self.share = Share(config.window_ns, pace=self.pace, now=now)
-        elif self.known is not None:  # a cut it did not hear of: as if it had
-            self.share.scale(reply.effective_total, int(self.known.get("eff_m", "0")))
+        elif reply.effective_total < self.share.line:  # a cut it did not hear of yet
+            self.share.scale(reply.effective_total, self.share.line)
         self.known = fields
         self.members = reply.members
         freed = int(fields.get("freed_ms", "0"))
         settled = reply.now_ms - freed >= 2 * config.window_ns // 1_000_000
-        self.share.apply(reply.grant, reply.held, reply.pieces, now, settled=settled)
+        self.share.apply(
+            reply.grant, reply.held, reply.pieces, now, settled=settled, line=reply.effective_total
+        )
         self.lease_until = sent_at + round(config.lease * 1e9)
         self.fallen_back = False
         self.refreshes += 1
@@ -138,7 +140,7 @@ class Member:
             config.safe,
             grant / MILLI,
         )
-        share.apply(grant, held, ((start, grant),) if grant else (), now)
+        share.apply(grant, held, ((start, grant),) if grant else (), now, line=total)
         self.fallen_back = True
 
     def on_message(self, data: Any) -> bool:

@@ -82,6 +82,7 @@ class Share:
         "held",
         "history",
         "last",
+        "line",
         "pace",
         "period_start",
         "pieces",
@@ -99,8 +100,9 @@ class Share:
         self.pace = pace
         self.grant = self.held = 0
         self.pieces: tuple[Piece, ...] = ()
-        # grant, held, pieces, from which window on
-        self._pending: tuple[int, int, tuple[Piece, ...], int] | None = None
+        self.line = 0  # the effective total the pieces are laid out on (0: unknown)
+        # grant, held, pieces, from which window on, and the line they lie on
+        self._pending: tuple[int, int, tuple[Piece, ...], int, int] | None = None
         self._w = -1
         self._count = 0
         self._used = 0
@@ -129,18 +131,20 @@ class Share:
         now: int,
         *,
         settled: bool = False,
+        line: int = 0,
     ) -> None:
         """A grant from the coordinator (millipermits per window) and where it
-        lies. ``settled``: no member gave up space for two windows, so new space
-        is nobody else's to spend in this one and applies at once too."""
+        lies, on a line of ``line`` (the effective total the coordinator laid it
+        out on; 0: unknown). ``settled``: no member gave up space for two windows,
+        so new space is nobody else's to spend in this one and applies at once too."""
         if grant < 0 or held < grant or sum(length for _, length in pieces) != grant:
             raise ValueError(f"incoherent grant {grant}/{held} in {pieces}")
         w = now // self.window_ns
         if not settled and not _within(pieces, self.pieces):
-            self._pending = (grant, held, pieces, w + 1)
+            self._pending = (grant, held, pieces, w + 1, line)
             return
         self._pending = None
-        self.grant, self.held, self.pieces = grant, held, pieces
+        self.grant, self.held, self.pieces, self.line = grant, held, pieces, line
         if self._w == w:  # less space: this window may spend no more than it allows
             self._count = min(self._count, self.permits(w))
             self._interval = self.window_ns // self._count if self._count else self.window_ns
@@ -148,18 +152,24 @@ class Share:
     def scale(self, new_total: int, old_total: int) -> None:
         """The total was cut from ``old_total`` to ``new_total``: every member's
         pieces shrink in proportion, at once (the coordinator scales its records
-        in the same step)."""
+        in the same step). Pieces laid on another line than ``old_total`` (the
+        cut applied already, heard first from a refresh or from the channel) are
+        left as they are: a cut is applied once."""
         if old_total <= 0 or new_total >= old_total:
             return
         pending = self._pending
-        if pending is not None:
+        if pending is not None and pending[4] in (0, old_total):
             pieces = tuple(scaled(pending[2], new_total, old_total))
             self._pending = (
                 sum(length for _, length in pieces),
                 pending[1] * new_total // old_total,
                 pieces,
                 pending[3],
+                new_total,
             )
+        if self.line not in (0, old_total):
+            return
+        self.line = new_total
         self.pieces = tuple(scaled(self.pieces, new_total, old_total))
         self.grant = sum(length for _, length in self.pieces)
         self.held = self.held * new_total // old_total
@@ -190,7 +200,12 @@ class Share:
     def _roll(self, w: int) -> None:
         pending = self._pending
         if pending is not None and w >= pending[3]:
-            self.grant, self.held, self.pieces = pending[0], pending[1], pending[2]
+            self.grant, self.held, self.pieces, self.line = (
+                pending[0],
+                pending[1],
+                pending[2],
+                pending[4],
+            )
             self._pending = None
         self._w = w
         self._used = 0
