@@ -85,7 +85,10 @@ ops = st.one_of(
         st.booleans(),  # send a configuration to restore
         st.one_of(  # where it says its grant lies: as it was told, or anything
             st.none(),
-            st.lists(st.tuples(st.integers(0, 3_000_000), st.integers(1, 1_000_000)), max_size=3),
+            st.lists(
+                st.tuples(st.integers(-5, 3_000_000), st.integers(0, 1_000_000)),
+                max_size=MAX_PIECES + 1,
+            ),
         ),
     ),
     st.tuples(st.just("leave"), members),

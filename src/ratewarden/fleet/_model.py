@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._alloc import Piece, allocate, place, scaled, with_spare
+from ._alloc import MAX_PIECES, Piece, allocate, place, scaled, with_spare
 
 __all__ = ["Model"]
 
@@ -188,7 +188,7 @@ class Model:
         taken = [piece for m in members if m is not me for piece in m.pieces]
         if now < self._num("rebuild_ms"):
             grant = min(grant, reported)
-            if not me.pieces and pieces and not _overlaps(pieces, taken):
+            if not me.pieces and _sound(pieces, total) and not _overlaps(pieces, taken):
                 me.pieces = list(pieces)  # where it says it spends
         had = me.pieces
         me.pieces = place(total, had, grant, taken)
@@ -204,6 +204,20 @@ class Model:
 def _within(pieces: Sequence[Piece], space: Sequence[Piece]) -> bool:
     return all(
         any(s <= start and start + length <= s + n for s, n in space) for start, length in pieces
+    )
+
+
+def _sound(pieces: Sequence[Piece], total: int) -> bool:
+    """Pieces a member may claim: at most MAX_PIECES, none empty, all inside the
+    line, none overlapping another."""
+    if len(pieces) > MAX_PIECES:
+        return False
+    if any(start < 0 or length <= 0 or start + length > total for start, length in pieces):
+        return False
+    return not any(
+        i != j and s < start + length and start < s + n
+        for i, (start, length) in enumerate(pieces)
+        for j, (s, n) in enumerate(pieces)
     )
 
 

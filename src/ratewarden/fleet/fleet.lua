@@ -371,12 +371,18 @@ for _, m in ipairs(members) do
 end
 if now < num(cfg, 'rebuild_ms') then
   grant = math.min(grant, reported)
-  if #me.pieces == 0 then  -- where it says it spends, unless taken
-    local said, nums = {}, {}
-    for x in string.gmatch(ARGV[9] or '', '%d+') do nums[#nums + 1] = tonumber(x) end
+  if #me.pieces == 0 then  -- where it says it spends, if that is sound and free
+    local said, nums, free = {}, {}, true
+    for x in string.gmatch(ARGV[9] or '', '%-?%d+') do
+      if #nums >= 2 * MAX_PIECES then free = false break end
+      nums[#nums + 1] = tonumber(x)
+    end
     for k = 1, #nums - 1, 2 do said[#said + 1] = {nums[k], nums[k + 1]} end
-    local free = true
-    for _, p in ipairs(said) do
+    for i, p in ipairs(said) do
+      if p[1] < 0 or p[2] <= 0 or p[1] + p[2] > total then free = false end
+      for j, q in ipairs(said) do
+        if i ~= j and q[1] < p[1] + p[2] and p[1] < q[1] + q[2] then free = false end
+      end
       for _, q in ipairs(taken) do
         if q[1] < p[1] + p[2] and p[1] < q[1] + q[2] then free = false end
       end
