@@ -39,6 +39,7 @@ __all__ = [
     "place",
     "scaled",
     "with_spare",
+    "within",
 ]
 
 MILLI = 1000  # millipermits in a permit
@@ -194,6 +195,13 @@ def place(total: int, mine: Sequence[Piece], want: int, others: Sequence[Piece])
         merged = _merge([*merged, [gap[0], gap[0] + take]])
         need -= take
     return [(start, end - start) for start, end in merged]
+
+
+def within(pieces: Sequence[Piece], space: Sequence[Piece]) -> bool:
+    """Whether every piece of ``pieces`` lies inside one piece of ``space``."""
+    return all(
+        any(s <= start and start + length <= s + n for s, n in space) for start, length in pieces
+    )
 
 
 def scaled(pieces: Sequence[Piece], new_total: int, old_total: int) -> list[Piece]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._alloc import MAX_PIECES, Piece, allocate, place, scaled, with_spare
+from ._alloc import MAX_PIECES, Piece, allocate, grant, place, scaled, with_spare, within
 
 __all__ = ["Model"]
 
@@ -184,27 +184,21 @@ class Model:
             target = allocate(algorithm, total, demands, self._num("cap_m"))[mine]
         else:
             target = with_spare(algorithm, total, demands)[mine]
-        grant = max(0, min(target, total - others))
+        granted = grant(target, total, others)
         taken = [piece for m in members if m is not me for piece in m.pieces]
         if now < self._num("rebuild_ms"):
-            grant = min(grant, reported)
+            granted = min(granted, reported)
             if not me.pieces and _sound(pieces, total) and not _overlaps(pieces, taken):
                 me.pieces = list(pieces)  # where it says it spends
         had = me.pieces
-        me.pieces = place(total, had, grant, taken)
-        if not _within(had, me.pieces):
+        me.pieces = place(total, had, granted, taken)
+        if not within(had, me.pieces):
             self._freed(now)
         me.has = sum(length for _, length in me.pieces)
         self._save(me)
         held = sum(m.has for m in members)
         flat = [x for piece in me.pieces for x in piece]
         return [1, me.has, held, flat, len(members), now, _flat(cfg)]
-
-
-def _within(pieces: Sequence[Piece], space: Sequence[Piece]) -> bool:
-    return all(
-        any(s <= start and start + length <= s + n for s, n in space) for start, length in pieces
-    )
 
 
 def _sound(pieces: Sequence[Piece], total: int) -> bool:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ._alloc import Piece, scaled
+from ._alloc import Piece, scaled, within
 
 __all__ = ["Share"]
 
@@ -140,7 +140,7 @@ class Share:
         if grant < 0 or held < grant or sum(length for _, length in pieces) != grant:
             raise ValueError(f"incoherent grant {grant}/{held} in {pieces}")
         w = now // self.window_ns
-        if not settled and not _within(pieces, self.pieces):
+        if not settled and not within(pieces, self.pieces):
             self._pending = (grant, held, pieces, w + 1, line)
             return
         self._pending = None
@@ -338,10 +338,3 @@ class Share:
         self.period_start = now
         self.last = (wants, used, demand)
         return wants, has, used
-
-
-def _within(pieces: tuple[Piece, ...], space: tuple[Piece, ...]) -> bool:
-    """Whether every piece of ``pieces`` lies inside one of ``space``."""
-    return all(
-        any(s <= start and start + length <= s + n for s, n in space) for start, length in pieces
-    )
