@@ -345,7 +345,7 @@ def quota(args: argparse.Namespace) -> int:
     try:
         from redis.exceptions import RedisError  # noqa: PLC0415 - the redis extra
 
-        from .stores.redis import connect  # noqa: PLC0415
+        from .stores._redisconn import connect  # noqa: PLC0415
     except ImportError:
         print("ratewarden quota needs: pip install 'ratewarden[redis]'", file=sys.stderr)
         return 2

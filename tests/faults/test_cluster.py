@@ -19,7 +19,8 @@ from redis.crc import key_slot
 
 import redis
 from ratewarden import AsyncLimiter, Decision, Limiter
-from ratewarden.stores.redis import _QUIET, AsyncRedisStore, RedisStore
+from ratewarden.stores._redisconn import QUIET
+from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.faults.load import (
     TASKS,
     THREADS,
@@ -61,7 +62,7 @@ def cluster() -> Iterator[RedisCluster]:
 
 
 def admin(node: RedisServer) -> redis.Redis:
-    return redis.Redis(port=node.port, **_QUIET)  # says nothing on connecting
+    return redis.Redis(port=node.port, **QUIET)  # says nothing on connecting
 
 
 def alive(cluster: RedisCluster) -> list[RedisServer]:

@@ -18,7 +18,7 @@ from ratewarden.fleet import AsyncFleetQuota, FleetQuota, QuotaConfig, set_quota
 from ratewarden.fleet._coord import Reply
 from ratewarden.fleet._member import Member
 from ratewarden.integrations.httpx import RateLimitTransport
-from ratewarden.stores.redis import connect
+from ratewarden.stores._redisconn import connect
 from tests.redis_server import RedisCluster, RedisServer, free_port
 
 START = 1_763_900_000.0

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 
 from ratewarden.algorithms import Algorithm, Params, State, peek
-from ratewarden.stores.redis import Scripts, pack, script_args
+from ratewarden.stores._scripts import Scripts, pack, script_args
 from tests.models import ALGOS
 from tests.redis_server import RedisCluster, RedisServer
 from tests.strategies import Scenario, scenarios

@@ -22,8 +22,9 @@ from redis.asyncio.connection import Connection, ConnectionPool
 
 import redis
 from ratewarden import AsyncLimiter, Decision, Limiter, StoreUnavailable
+from ratewarden.stores._redisconn import QUIET
 from ratewarden.stores._wire import usable
-from ratewarden.stores.redis import _QUIET, AsyncRedisStore, RedisStore
+from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisServer, free_port, redis_server
 
 LIVE = 5.0  # see test_async_redis_store.py
@@ -259,7 +260,7 @@ def test_a_redis_py_whose_connections_cannot_be_taken_over_keeps_the_pipeline(
 
 def admin(server: RedisServer) -> redis.Redis:
     """A client that sends nothing of its own on connecting, as the store's do."""
-    return redis.Redis(port=server.port, **_QUIET)
+    return redis.Redis(port=server.port, **QUIET)
 
 
 def resetstat(server: RedisServer) -> None:

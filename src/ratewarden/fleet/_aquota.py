@@ -10,7 +10,7 @@ from typing import Any
 from .._clock import Clock
 from .._errors import ConfigurationError, StoreUnavailable
 from .._waiting import check_max_wait
-from ..stores.redis import connect
+from ..stores._redisconn import connect
 from ._config import QuotaConfig
 from ._coord import AsyncCoordinator, QuotaStatus
 from ._shell import POLL, Shell, check_cost, log

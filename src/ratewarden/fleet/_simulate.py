@@ -291,7 +291,7 @@ def coordinator(args: argparse.Namespace) -> Iterator[BackendFactory]:
     if not (args.redis or args.start_redis):
         yield ModelBackend
         return
-    from ..stores.redis import connect  # noqa: PLC0415 - only with a Redis
+    from ..stores._redisconn import connect  # noqa: PLC0415 - only with a Redis
 
     with _redis_url(args) as url:
         client = connect(url, 5.0)

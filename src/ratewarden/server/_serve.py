@@ -230,11 +230,23 @@ def fit_descriptors(limits: ConnectionLimits, listeners: int) -> ConnectionLimit
 def make_store(url: str, options: ServeOptions) -> AsyncStore:
     if url in ("memory", "memory://"):
         return AsyncMemoryStore(max_keys=options.max_keys)
-    if url.split("://", 1)[0] not in ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel"):
-        raise ConfigurationError(f"--store takes 'memory' or a Redis URL, got {url!r}")
+    check_store_url(url)
     from ..stores.redis import AsyncRedisStore  # noqa: PLC0415 - only with a Redis store
 
     return AsyncRedisStore(url, timeout=options.store_timeout)
+
+
+def check_store_url(url: str) -> None:
+    """A Redis URL the stores' connection module accepts, and redis-py to open it."""
+    try:
+        from ..stores._redisconn import SCHEMES  # noqa: PLC0415 - only with a Redis store
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"--store takes 'memory' or a Redis URL, got {url!r}; a Redis store needs"
+            " redis-py: pip install 'ratewarden[server,redis]'"
+        ) from exc
+    if not url.startswith(SCHEMES):
+        raise ConfigurationError(f"--store takes 'memory' or a Redis URL, got {url!r}")
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
@@ -251,10 +263,8 @@ def check_options(options: ServeOptions) -> None:
     if type(options.workers) is not int or options.workers < 1:
         raise ConfigurationError(f"--workers must be >= 1, got {options.workers!r}")
     memory = options.store in ("memory", "memory://")
-    if not memory and not options.store.startswith(
-        ("redis://", "rediss://", "unix://", "redis+cluster://", "redis+sentinel://")
-    ):
-        raise ConfigurationError(f"--store takes 'memory' or a Redis URL, got {options.store!r}")
+    if not memory:
+        check_store_url(options.store)
     if options.workers > 1 and memory:
         raise ConfigurationError(
             f"--workers {options.workers} with the memory store: each process would keep "
