@@ -43,6 +43,7 @@ class LimiterOptions(TypedDict, total=False):
     refill: Refill
     name: str | None
     on_failure: OnFailure
+    two_tier: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ class _Config:
         refill: Refill = "continuous",
         name: str | None = None,
         on_failure: OnFailure = "raise",
+        two_tier: bool = False,
     ) -> _Config:
         parsed = parse_rate(rate)
         algo = get_algorithm(algorithm, refill=refill)
@@ -89,6 +91,10 @@ class _Config:
             owner = name[: -len(f"@{parsed}")]
         prefix = f"{tag}:" if owner is None else f"{owner}:{tag}:"
         options = BindOptions(burst=burst, prefix=prefix, rule=name, on_failure=on_failure)
+        if two_tier:
+            if type(two_tier) is not bool:
+                raise ConfigurationError(f"two_tier must be True or False, got {two_tier!r}")
+            options["two_tier"] = True
         return cls(parsed, algo, options)
 
 
@@ -146,6 +152,10 @@ class Limiter(_Shell):
     ``on_failure`` says what to answer when the store cannot decide (Redis down):
     ``"raise"`` `StoreUnavailable` (the default), ``"fail_open"`` allow, or
     ``"fail_closed"`` deny; the last two mark the Decision ``degraded``.
+    ``two_tier=True`` (Redis stores) counts in this process and syncs with Redis
+    every few milliseconds, asking Redis one check at a time only near the limit:
+    far fewer round trips, at the price of a small, bounded over-admission (see
+    docs/two-tier.md); the memory store is local already and ignores it.
     A cost larger than the limit can ever grant is denied with ``retry_after=inf``.
     """
 

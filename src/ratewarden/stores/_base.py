@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from typing import Any, NamedTuple, Protocol, TypeAlias, TypedDict, Unpack
+from typing import Any, NamedTuple, NotRequired, Protocol, TypeAlias, TypedDict, Unpack
 
 from .._clock import Clock
 from .._decision import Decision
@@ -57,6 +57,8 @@ class BindOptions(TypedDict):
     prefix: str  # prepended to every key, so limits sharing a store keep apart
     rule: str | None  # the name Decisions carry
     on_failure: OnFailure  # what to answer when the store cannot decide
+    # count locally and sync (the Redis stores; the memory store is local already)
+    two_tier: NotRequired[bool]
 
 
 class HitFn(Protocol):

@@ -1,0 +1,570 @@
+"""The two-tier store's I/O: the sync and async engines a Redis store keeps for its
+limits bound with ``two_tier=True`` (the logic is in `_twotier`).
+
+Everything that does no I/O lives once in `_Engine`: a check that needs Redis is
+planned as a generator that yields the script calls and is sent their replies,
+which each twin drives its own way (as the exact store's multi-tier plan is).
+The sync engine syncs from a daemon thread, the async one from a task; both sync
+every ``sync_interval``, and at once when a key's unsent hits pass ``flush_at``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+from .._clock import Clock
+from .._decision import Decision
+from .._errors import StoreError, StoreUnavailable
+from .._rate import Rate
+from ..algorithms import Algorithm
+from ._base import AsyncBound, BindOptions, Bound, Check, check_cost, pick
+from ._failure import Breaker, fallback
+from ._scripts import SYNC
+from ._twotier import Entry, LocalLimit, Sent, TwoTierSettings
+
+__all__ = ["AsyncTwoTier", "TwoTier"]
+
+log = logging.getLogger("ratewarden.stores")
+
+CHUNK = 512  # keys per sync script call: a call blocks Redis while it runs
+_ONE = 1
+
+# A script call for the shell to make, or the exact tiers of a request to check.
+Call = tuple[str, int, list[Any]]
+Step = Call | tuple[str, Sequence[Check]]
+EXACT_TIERS = "exact"
+
+
+class _Engine:
+    """What the twins share: the limits, the clock, planning; no I/O."""
+
+    def __init__(
+        self,
+        settings: TwoTierSettings,
+        breaker: Breaker,
+        test_clock: Clock | None,
+        keyslot: Callable[[str], int] | None,
+    ) -> None:
+        self.settings, self.breaker, self.test_clock = settings, breaker, test_clock
+        self.keyslot = keyslot
+        self.limits: list[LocalLimit] = []
+        self.offset_us = 0  # the server's clock less ours, from the last sync
+        self.closed = False
+
+    def now_us(self) -> int:
+        """The server's time as this process reckons it."""
+        if self.test_clock is not None:
+            return self.test_clock.time_ns() // 1000
+        return time.time_ns() // 1000 + self.offset_us
+
+    def now_arg(self) -> int | str:
+        """The script's time argument: the test clock's, else Redis's own."""
+        return "" if self.test_clock is None else self.test_clock.time_ns() // 1000
+
+    def heard(self, server_us: int, sent_at: int, back_at: int) -> None:
+        """The server's time from a reply: the clocks' offset, at the round trip's
+        midpoint (wrong by at most half of it)."""
+        if self.test_clock is None:
+            self.offset_us = server_us - (sent_at + back_at) // 2000
+
+    def make(self, algorithm: Algorithm, rate: Rate, options: BindOptions) -> LocalLimit:
+        limit = LocalLimit(algorithm, rate, options, self.settings)
+        self.limits.append(limit)
+        return limit
+
+    def entry(self, limit: LocalLimit, key: str) -> Entry:
+        entry = limit.entries.get(key)
+        if entry is None:
+            entry = limit.entries[key] = Entry(limit.prefix + key)
+        return entry
+
+    def blocked(self, tiers: Sequence[LocalLimit]) -> Decision | None:
+        """The policies' answer while the breaker is open, else None."""
+        if not self.breaker.failures or self.breaker.allow():
+            return None
+        wait = self.breaker.retry_after()
+        error = StoreUnavailable(f"redis: circuit open, next probe in {wait:.3f}s")
+        return pick([fallback(t.policy, t.size, t.rule, wait, error) for t in tiers])
+
+    def failed(self, tiers: Sequence[LocalLimit], error: StoreError) -> Decision:
+        self.breaker.failed()
+        wait = self.breaker.retry_after()
+        return pick([fallback(t.policy, t.size, t.rule, wait, error) for t in tiers])
+
+    # -- a request that needs Redis --------------------------------------------------
+
+    def plan(self, checks: Sequence[Check], lock: Any) -> Generator[Step, Any, Decision]:
+        """A request's checks (two-tier tiers, and any exact ones), written once for
+        both twins: each yields a script call (or the exact tiers) and is sent its
+        reply; a store error is thrown in.
+
+        The two-tier tiers are judged here first, nothing counted: one that is
+        denied on what is known denies the request. Those that need Redis go to it
+        together, all or none counted (`_sync.lua`'s "all"), then the exact tiers;
+        a denial there takes back what the two-tier ones counted. The rest are
+        counted here last."""
+        ours: list[tuple[LocalLimit, Entry, int, int]] = []
+        exact: list[Check] = []
+        with lock:
+            for limit, key, cost in checks:
+                check_cost(cost)
+                if isinstance(limit, LocalLimit):
+                    now = self.now_us() // limit.tick_us
+                    ours.append((limit, self.entry(limit, key), now, cost))
+                else:
+                    exact.append((limit, key, cost))
+        blocked = self.blocked([t[0] for t in ours])
+        if blocked is not None:
+            return blocked
+        decisions: list[Decision] = []
+        asked: list[tuple[LocalLimit, Entry, int, int]] = []
+        here: list[tuple[LocalLimit, Entry, int, int]] = []
+        with lock:
+            for limit, entry, now, cost in ours:
+                judged = judge(limit, entry, now, cost)
+                if judged is None:
+                    asked.append((limit, entry, now, cost))
+                elif not judged.allowed:
+                    decisions.append(judged)
+                else:
+                    here.append((limit, entry, now, cost))
+        if decisions:
+            return pick(decisions)
+        counted: list[tuple[LocalLimit, Entry, int, int]] = []
+        for group in self.groups(asked):
+            answers = yield from self.ask(group, lock, together=True)
+            if any(not d.allowed for d in answers):
+                self.refund(counted, lock)
+                return pick(answers)
+            counted += group
+            decisions += answers
+        if exact:
+            decision: Decision = yield EXACT_TIERS, exact
+            if not decision.allowed:
+                self.refund(counted, lock)
+                return decision
+            decisions.append(decision)
+        with lock:
+            for limit, entry, now, cost in here:
+                decisions.append(limit.admit(entry, now, cost))
+        return pick(decisions)
+
+    def one(
+        self, limit: LocalLimit, entry: Entry, cost: int, lock: Any
+    ) -> Generator[Step, Any, Decision]:
+        """One tier's exact check (`LocalLimit.decide` could not answer)."""
+        blocked = self.blocked([limit])
+        if blocked is not None:
+            return blocked
+        now = self.now_us() // limit.tick_us
+        answers = yield from self.ask([(limit, entry, now, cost)], lock, together=False)
+        return answers[0]
+
+    def fetch(self, limit: LocalLimit, entry: Entry, lock: Any) -> Generator[Step, Any, Decision]:
+        """Asks for an entry's state, checking nothing (a peek at an unknown key)."""
+        now = self.now_us() // limit.tick_us
+        yield from self.ask([(limit, entry, now, 0)], lock, together=False)
+        return peeked(limit, entry, now, 1)
+
+    def ask(
+        self, group: list[tuple[LocalLimit, Entry, int, int]], lock: Any, *, together: bool
+    ) -> Generator[Step, Any, list[Decision]]:
+        """One `_sync.lua` call for ``group`` (one cluster slot): their unsent hits
+        and their exact checks."""
+        keys: list[str] = []
+        parts: list[bytes] = []
+        sent: list[Sent] = []
+        with lock:
+            for limit, entry, _, cost in group:
+                payload, what = limit.send(entry, cost)
+                keys.append(entry.key)
+                parts.append(payload)
+                sent.append(what)
+        sent_at = time.time_ns()
+        try:
+            reply = yield (
+                SYNC,
+                len(keys),
+                [*keys, self.now_arg(), b"".join(parts), "all" if together else "one"],
+            )
+        except StoreError as exc:
+            with lock:
+                for (limit, entry, _, _), what in zip(group, sent, strict=True):
+                    limit.unsent(entry, what)
+            return [self.failed([t[0] for t in group], exc)]
+        if self.breaker.failures:
+            self.breaker.succeeded()
+        server_us = int(reply[0])
+        self.heard(server_us, sent_at, time.time_ns())
+        answers = []
+        with lock:
+            for i, ((limit, entry, _, _), what) in enumerate(zip(group, sent, strict=True)):
+                answer = limit.applied(entry, what, reply[5 * i + 1 : 5 * i + 6], server_us)
+                if answer is not None:  # None: a fetch, no check asked
+                    answers.append(answer)
+        return answers
+
+    def refund(self, counted: list[tuple[LocalLimit, Entry, int, int]], lock: Any) -> None:
+        """Takes back what tiers counted in Redis for a request another tier denied:
+        a negative delta, sent with the next sync."""
+        with lock:
+            for limit, entry, now, cost in counted:
+                limit.count(entry, now, -cost)
+
+    def groups(
+        self, tiers: list[tuple[LocalLimit, Entry, int, int]]
+    ) -> list[list[tuple[LocalLimit, Entry, int, int]]]:
+        """``tiers`` by cluster slot (one group on a single server): a script's keys
+        must share one. A key repeated goes in a group of its own."""
+        if not tiers:
+            return []
+        out: dict[Any, list[tuple[LocalLimit, Entry, int, int]]] = {}
+        for tier in tiers:
+            slot = 0 if self.keyslot is None else self.keyslot(tier[1].key)
+            group = out.setdefault(slot, [])
+            if any(t[1] is tier[1] for t in group):
+                group = out.setdefault((slot, len(out)), [])
+            group.append(tier)
+        return list(out.values())
+
+    # -- the periodic sync -----------------------------------------------------------
+
+    def batches(self, lock: Any) -> list[tuple[Call, list[tuple[LocalLimit, Entry, Sent]]]]:
+        """The sync's script calls: every entry with unsent hits, at most `CHUNK`
+        keys a call, one slot a call. Their hits are handed over here."""
+        groups: dict[int, list[tuple[LocalLimit, Entry, bytes, Sent]]] = {}
+        with lock:
+            for limit in self.limits:
+                for entry in limit.entries.values():
+                    if entry.delta or entry.pdelta:
+                        payload, sent = limit.send(entry, 0)
+                        slot = 0 if self.keyslot is None else self.keyslot(entry.key)
+                        groups.setdefault(slot, []).append((limit, entry, payload, sent))
+                self.evict(limit)
+        calls = []
+        now = self.now_arg()
+        for members in groups.values():
+            for first in range(0, len(members), CHUNK):
+                chunk = members[first : first + CHUNK]
+                keys = [m[1].key for m in chunk]
+                payload = b"".join(m[2] for m in chunk)
+                calls.append(
+                    (
+                        (SYNC, len(keys), [*keys, now, payload, "one"]),
+                        [(m[0], m[1], m[3]) for m in chunk],
+                    )
+                )
+        return calls
+
+    def synced(
+        self, chunk: list[tuple[LocalLimit, Entry, Sent]], reply: Any, lock: Any, sent_at: int
+    ) -> None:
+        """Takes in one sync call's reply (or, if it is an exception, gives the hits
+        back to be sent again)."""
+        with lock:
+            if isinstance(reply, BaseException):
+                for limit, entry, sent in chunk:
+                    limit.unsent(entry, sent)
+                return
+            server_us = int(reply[0])
+            for i, (limit, entry, sent) in enumerate(chunk):
+                limit.applied(entry, sent, reply[5 * i + 1 : 5 * i + 6], server_us)
+        self.heard(server_us, sent_at, time.time_ns())
+
+    def evict(self, limit: LocalLimit) -> None:
+        """Past ``max_keys``, drops the least recently synced entries that have
+        nothing unsent (called with the lock held)."""
+        entries = limit.entries
+        excess = len(entries) - self.settings.max_keys
+        if excess <= 0:
+            return
+        idle = sorted(
+            (e for e in entries.values() if not (e.delta or e.pdelta or e.sdelta or e.spdelta)),
+            key=lambda e: e.synced,
+        )
+        for entry in idle[: excess + self.settings.max_keys // 10]:
+            del entries[entry.key[len(limit.prefix) :]]
+
+
+def judge(limit: LocalLimit, entry: Entry, now: int, cost: int) -> Decision | None:
+    """`LocalLimit.decide` without counting: a denial, an allowed Decision to count
+    later, or None when Redis must decide."""
+    allowance, left = entry.allowance, entry.left
+    delta, pdelta, dwin, seen = entry.delta, entry.pdelta, entry.dwin, entry.seen
+    decision = limit.decide(entry, now, cost)
+    if decision is not None and decision.allowed:  # undo the count: `admit` redoes it
+        entry.allowance, entry.left = allowance, left
+        entry.delta, entry.pdelta, entry.dwin, entry.seen = delta, pdelta, dwin, seen
+    return decision
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+class TwoTier(_Engine):
+    """The sync engine of a `RedisStore`: a daemon thread syncs."""
+
+    def __init__(
+        self,
+        call: Callable[[str, int, list[Any]], Any],
+        settings: TwoTierSettings,
+        breaker: Breaker,
+        test_clock: Clock | None,
+        keyslot: Callable[[str], int] | None,
+    ) -> None:
+        super().__init__(settings, breaker, test_clock, keyslot)
+        self.call = call
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def bind(
+        self,
+        algorithm: Algorithm,
+        rate: Rate,
+        options: BindOptions,
+        exact_many: Callable[[Sequence[Check]], Decision],
+        delete: Callable[[str], None],
+    ) -> Bound:
+        limit = self.make(algorithm, rate, options)
+        entries, lock, tick_us, now_us = limit.entries, self.lock, limit.tick_us, self.now_us
+        decide, wake = limit.decide, self.wake
+        self.start()
+
+        def hit(key: str, cost: int = 1) -> Decision:
+            if cost is not _ONE:
+                check_cost(cost)
+            now = now_us() // tick_us
+            with lock:
+                entry = entries.get(key) or self.entry(limit, key)
+                decision = decide(entry, now, cost)
+                if decision is not None:
+                    if entry.delta >= limit.flush_at:
+                        wake.set()
+                    return decision
+            return self.drive(self.one(limit, entry, cost, lock), exact_many)
+
+        def peek(key: str, cost: int = 1) -> Decision:
+            check_cost(cost)
+            now = now_us() // tick_us
+            with lock:
+                entry = self.entry(limit, key)
+                if entry.synced >= 0 and now - entry.synced <= limit.stale:
+                    return peeked(limit, entry, now, cost)
+            self.sync()
+            if entry.synced < 0:  # nothing unsent to sync it with: ask for it
+                self.drive(self.fetch(limit, entry, lock), exact_many)
+            with lock:
+                return peeked(limit, entry, now_us() // tick_us, cost)
+
+        def reset(key: str) -> None:
+            delete(limit.prefix + key)
+            with lock:
+                limit.entries.pop(key, None)
+
+        limit.hit = hit
+        return Bound(hit, peek, reset, limit)
+
+    def hit_many(
+        self, checks: Sequence[Check], exact_many: Callable[[Sequence[Check]], Decision]
+    ) -> Decision:
+        return self.drive(self.plan(checks, self.lock), exact_many)
+
+    def drive(
+        self,
+        plan: Generator[Step, Any, Decision],
+        exact_many: Callable[[Sequence[Check]], Decision],
+    ) -> Decision:
+        try:
+            step = next(plan)
+            while True:
+                if step[0] == EXACT_TIERS:
+                    step = plan.send(exact_many(step[1]))  # type: ignore[arg-type]
+                    continue
+                try:
+                    result = self.call(*step)
+                except StoreError as exc:
+                    step = plan.throw(exc)
+                else:
+                    step = plan.send(result)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.run, name="ratewarden-two-tier", daemon=True)
+            self.thread.start()
+
+    def run(self) -> None:
+        interval = self.settings.sync_interval
+        while not self.closed:
+            self.wake.wait(interval)
+            self.wake.clear()
+            try:
+                self.sync()
+            except Exception:  # the thread must live on; the next sync tries again
+                log.exception("two-tier sync failed")
+
+    def sync(self) -> None:
+        """Sends every key's unsent hits now."""
+        for call, chunk in self.batches(self.lock):
+            sent_at = time.time_ns()
+            try:
+                reply = self.call(*call)
+            except StoreError as exc:
+                reply = exc
+            self.synced(chunk, reply, self.lock, sent_at)
+
+    def close(self) -> None:
+        """Stops the thread after a last sync."""
+        self.closed = True
+        self.wake.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        with contextlib.suppress(StoreError):
+            self.sync()
+
+
+class AsyncTwoTier(_Engine):
+    """The asyncio engine of an `AsyncRedisStore`: a task syncs, started by the first
+    check in a running loop."""
+
+    def __init__(
+        self,
+        submit: Callable[[str, int, list[Any]], Any],
+        settings: TwoTierSettings,
+        breaker: Breaker,
+        test_clock: Clock | None,
+        keyslot: Callable[[str], int] | None,
+    ) -> None:
+        super().__init__(settings, breaker, test_clock, keyslot)
+        self.submit = submit
+        self.lock = _NoLock()
+        self.task: asyncio.Task[None] | None = None
+        self.wake: asyncio.Event | None = None
+
+    def bind(
+        self,
+        algorithm: Algorithm,
+        rate: Rate,
+        options: BindOptions,
+        exact_many: Callable[[Sequence[Check]], Any],
+        delete: Callable[[str], Any],
+    ) -> AsyncBound:
+        limit = self.make(algorithm, rate, options)
+        entries, lock, tick_us, now_us = limit.entries, self.lock, limit.tick_us, self.now_us
+        decide = limit.decide
+
+        async def hit(key: str, cost: int = 1) -> Decision:
+            if cost is not _ONE:
+                check_cost(cost)
+            if self.task is None:
+                self.start()
+            entry = entries.get(key) or self.entry(limit, key)
+            decision = decide(entry, now_us() // tick_us, cost)
+            if decision is not None:
+                if entry.delta >= limit.flush_at and self.wake is not None:
+                    self.wake.set()
+                return decision
+            return await self.drive(self.one(limit, entry, cost, lock), exact_many)
+
+        async def peek(key: str, cost: int = 1) -> Decision:
+            check_cost(cost)
+            now = now_us() // tick_us
+            entry = self.entry(limit, key)
+            if entry.synced < 0 or now - entry.synced > limit.stale:
+                await self.sync()
+                if entry.synced < 0:  # nothing unsent to sync it with: ask for it
+                    await self.drive(self.fetch(limit, entry, lock), exact_many)
+                now = now_us() // tick_us
+            return peeked(limit, entry, now, cost)
+
+        async def reset(key: str) -> None:
+            await delete(limit.prefix + key)
+            limit.entries.pop(key, None)
+
+        limit.hit = hit
+        return AsyncBound(hit, peek, reset, limit)
+
+    async def hit_many(
+        self, checks: Sequence[Check], exact_many: Callable[[Sequence[Check]], Any]
+    ) -> Decision:
+        if self.task is None:
+            self.start()
+        return await self.drive(self.plan(checks, self.lock), exact_many)
+
+    async def drive(
+        self,
+        plan: Generator[Step, Any, Decision],
+        exact_many: Callable[[Sequence[Check]], Any],
+    ) -> Decision:
+        try:
+            step = next(plan)
+            while True:
+                if step[0] == EXACT_TIERS:
+                    step = plan.send(await exact_many(step[1]))  # type: ignore[arg-type]
+                    continue
+                try:
+                    result = await self.submit(*step)
+                except StoreError as exc:
+                    step = plan.throw(exc)
+                else:
+                    step = plan.send(result)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def start(self) -> None:
+        if self.task is None and not self.closed:
+            self.wake = asyncio.Event()
+            self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def run(self) -> None:
+        interval = self.settings.sync_interval
+        assert self.wake is not None
+        while not self.closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), interval)
+            self.wake.clear()
+            try:
+                await self.sync()
+            except Exception:  # the task must live on; the next sync tries again
+                log.exception("two-tier sync failed")
+
+    async def sync(self) -> None:
+        """Sends every key's unsent hits now, every call in one pipeline."""
+        batches = self.batches(self.lock)
+        if not batches:
+            return
+        sent_at = time.time_ns()
+        replies = await asyncio.gather(
+            *(self.submit(*call) for call, _ in batches), return_exceptions=True
+        )
+        for (_, chunk), reply in zip(batches, replies, strict=True):
+            self.synced(chunk, reply, self.lock, sent_at)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        with contextlib.suppress(StoreError):
+            await self.sync()
+
+
+def peeked(limit: LocalLimit, entry: Entry, now: int, cost: int) -> Decision:
+    """What a hit would be told on what is known here, counting nothing."""
+    from ..algorithms import peek  # noqa: PLC0415
+
+    return peek(limit.step, limit.current(entry, now), now, cost, limit.params)
