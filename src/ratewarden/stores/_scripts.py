@@ -19,7 +19,7 @@ from ..algorithms import Params
 from ._redisconn import FAILURES
 
 __all__ = [
-    "BATCH", "EXACT", "MANY", "REFUND", "STEP_IDS", "Scripts", "pack", "redis_params",
+    "BATCH", "EXACT", "MANY", "REFUND", "STEP_IDS", "SYNC", "Scripts", "pack", "redis_params",
     "script_args",
 ]  # fmt: skip
 
@@ -32,7 +32,7 @@ STEP_IDS = {
         1,
     )
 }  # fmt: skip
-MANY, REFUND, BATCH = "_many", "_refund", "_batch"
+MANY, REFUND, BATCH, SYNC = "_many", "_refund", "_batch", "_sync"
 
 
 def _source(name: str) -> str:
@@ -43,7 +43,7 @@ def _source(name: str) -> str:
     def read(part: str) -> str:
         return (lua / f"{part}.lua").read_text()
 
-    if name in (MANY, BATCH):
+    if name in (MANY, BATCH, SYNC):
         steps = [f"{read(step)}STEPS[{number}] = step\n" for step, number in STEP_IDS.items()]
         return "\n".join([read("_common"), *steps, read(name)])
     if name == REFUND:

@@ -25,9 +25,11 @@ from ._failure import Breaker
 from ._plan import Answers, Limit, Many, plan_calls
 from ._redisconn import FAILURES, check_raw_replies, connect, sentinels
 from ._scripts import BATCH, Scripts
+from ._twotier import LocalLimit, TwoTierSettings
+from ._twotierio import AsyncTwoTier, TwoTier
 from ._wire import Wire, usable
 
-__all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "connect"]
+__all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "TwoTierSettings", "connect"]
 
 
 class RedisStore:
@@ -58,7 +60,14 @@ class RedisStore:
     both be denied where one would have passed.
     """
 
-    def __init__(self, client: Any, *, timeout: float = 0.05, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        timeout: float = 0.05,
+        clock: Clock | None = None,
+        two_tier: TwoTierSettings | None = None,
+    ) -> None:
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
             client = connect(client, timeout)
@@ -69,8 +78,17 @@ class RedisStore:
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock  # for acquire's waits
         self._keyslot = client.keyslot if isinstance(client, RedisCluster) else None
+        self._two_tier = two_tier or TwoTierSettings()
+        self._local: TwoTier | None = None  # made by the first two-tier limit
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound:
+        if options.get("two_tier"):
+            if self._local is None:
+                self._local = TwoTier(
+                    self.scripts.call, self._two_tier, self.breaker, self._test_clock,
+                    self._keyslot,
+                )  # fmt: skip
+            return self._local.bind(algorithm, rate, options, self.hit_many, self._delete)
         limit = Limit(algorithm, rate, options, self.breaker, self._test_clock)
         call, script = self.scripts.call, limit.script
 
@@ -99,12 +117,20 @@ class RedisStore:
         return Bound(hit, peek, reset, limit)
 
     def hit_many(self, checks: Sequence[Check]) -> Decision:
+        if self._local is not None and any(type(c[0]) is LocalLimit for c in checks):
+            return self._local.hit_many(checks, self.hit_many)
         if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
             limit, key, cost = checks[0]
             return limit.hit(key, cost)  # type: ignore[no-any-return]
         return self._run(Many(checks))[0]  # type: ignore[return-value]
 
     def hit_tiers(self, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
+        if self._local is not None and any(type(c[0]) is LocalLimit for c in (*checks, *shadow)):
+            # the enforced tiers, then the shadow ones apart, as across cluster slots
+            decision = self.hit_many(checks) if checks else None
+            if not shadow or (decision is not None and not decision.allowed):
+                return decision, None
+            return decision, self.hit_many(shadow)
         if not shadow:
             return (self.hit_many(checks) if checks else None), None
         return self._run(Many(checks, shadow))
@@ -126,9 +152,18 @@ class RedisStore:
         except StoreError as exc:
             return many.failed(exc)
 
+    def _delete(self, key: str) -> None:
+        try:
+            self.client.delete(key)
+        except FAILURES as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+
     def close(self) -> None:
         """Close the connections, if this store made its client from a URL (a client
-        you passed in stays yours to close)."""
+        you passed in stays yours to close), after a last sync of the two-tier
+        limits' hits."""
+        if self._local is not None:
+            self._local.close()
         if self._owns_client:
             self.client.close()
             for sentinel in sentinels(self.client):
@@ -162,6 +197,7 @@ class AsyncRedisStore:
         timeout: float = 0.05,
         clock: Clock | None = None,
         max_batch: int = 128,
+        two_tier: TwoTierSettings | None = None,
     ) -> None:
         if type(max_batch) is not int or max_batch < 1:
             raise ConfigurationError(f"max_batch must be a positive integer, got {max_batch!r}")
@@ -175,6 +211,8 @@ class AsyncRedisStore:
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock
         self._keyslot = client.keyslot if isinstance(client, AsyncRedisCluster) else None
+        self._two_tier = two_tier or TwoTierSettings()
+        self._local: AsyncTwoTier | None = None  # made by the first two-tier limit
         # A client made here from a URL, on one plain server: the checks go over a
         # connection of the store's own (see _wire); a client passed in stays
         # untouched, every command through its own pool.
@@ -185,6 +223,13 @@ class AsyncRedisStore:
         self._batcher = Batcher(client, self.scripts, max_batch, wire, deadline)
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
+        if options.get("two_tier"):
+            if self._local is None:
+                self._local = AsyncTwoTier(
+                    self._batcher.submit, self._two_tier, self.breaker, self._test_clock,
+                    self._keyslot,
+                )  # fmt: skip
+            return self._local.bind(algorithm, rate, options, self.hit_many, self._delete)
         limit = Limit(algorithm, rate, options, self.breaker, self._test_clock)
         submit = self._batcher.submit
         # One node: the checks of a loop turn go out as one _batch.lua call. A
@@ -218,12 +263,19 @@ class AsyncRedisStore:
         return AsyncBound(hit, peek, reset, limit)
 
     async def hit_many(self, checks: Sequence[Check]) -> Decision:
+        if self._local is not None and any(type(c[0]) is LocalLimit for c in checks):
+            return await self._local.hit_many(checks, self.hit_many)
         if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
             limit, key, cost = checks[0]
             return await limit.hit(key, cost)  # type: ignore[no-any-return]
         return (await self._run(Many(checks)))[0]  # type: ignore[return-value]
 
     async def hit_tiers(self, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
+        if self._local is not None and any(type(c[0]) is LocalLimit for c in (*checks, *shadow)):
+            decision = await self.hit_many(checks) if checks else None
+            if not shadow or (decision is not None and not decision.allowed):
+                return decision, None
+            return decision, await self.hit_many(shadow)
         if not shadow:
             return (await self.hit_many(checks) if checks else None), None
         return await self._run(Many(checks, shadow))
@@ -245,8 +297,17 @@ class AsyncRedisStore:
         except StoreError as exc:
             return many.failed(exc)
 
+    async def _delete(self, key: str) -> None:
+        try:
+            await self.client.delete(key)
+        except (*FAILURES, OSError) as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
+
     async def aclose(self) -> None:
-        """Close the connections, if this store made its client from a URL."""
+        """Close the connections, if this store made its client from a URL, after a
+        last sync of the two-tier limits' hits."""
+        if self._local is not None:
+            await self._local.aclose()
         if self._batcher.wire is not None:
             await self._batcher.wire.aclose()
         if self._owns_client:
