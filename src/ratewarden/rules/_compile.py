@@ -84,6 +84,7 @@ class LimitSpec:
     burst: int | None
     refill: Refill
     on_failure: FailurePolicy
+    two_tier: bool = False  # counted locally and synced (store: two_tier)
 
 
 class CompiledRule:
@@ -147,13 +148,14 @@ class CompiledRule:
             self.cost, self.cost_attribute = rule.cost.default, rule.cost.attribute
         algorithm = rule.algorithm or file.defaults.algorithm
         on_failure = rule.on_failure or file.defaults.on_failure
+        two_tier = (rule.store or file.defaults.store) == "two_tier"
         rates = [parse_rate(r) for r in as_list(rule.rate)]
         # A rule's tiers are told apart by their rate, not their position, so that
         # reordering them in the file keeps their counters; "name@rate" counts under
         # the rule's name (see Limiter), so adding or removing a rate keeps them too.
         names = [rule.name] if len(rates) == 1 else [f"{rule.name}@{r}" for r in rates]
         self.limits = tuple(
-            LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure)
+            LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure, two_tier)
             for name, rate in zip(names, rates, strict=True)
         )
         self.slots: tuple[int, ...] = ()

@@ -43,6 +43,8 @@ __all__ = [
 Action = Literal["reject", "log_only", "delay", "shadow_ban"]
 FailurePolicy = Literal["fail_open", "fail_closed"]
 Refill = Literal["continuous", "interval"]
+# exact: every check asks the store; two_tier: counted locally, synced (Redis stores)
+Counting = Literal["exact", "two_tier"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _METHOD = re.compile(r"^[A-Za-z]+$")
@@ -96,6 +98,7 @@ class Rule(_Base, frozen=True):
     max_wait: float | None = None
     response: Response | None = None
     on_failure: FailurePolicy | None = None
+    store: Counting | None = None
 
 
 class ClientIP(_Base, frozen=True):
@@ -110,6 +113,7 @@ class ClientIP(_Base, frozen=True):
 class Defaults(_Base, frozen=True):
     algorithm: str = "sliding_window_counter"
     on_failure: FailurePolicy = "fail_open"
+    store: Counting = "exact"
 
 
 class RuleFile(_Base, frozen=True):
@@ -250,6 +254,15 @@ def _check_rates(rule: Rule, defaults: Defaults, bad: _Bad, at: str) -> None:
     except ConfigurationError as exc:
         bad("refill" if "refill" in str(exc) else "algorithm", str(exc))
         return
+    if (rule.store or defaults.store) == "two_tier" and (
+        algorithm == "sliding_window_log" or rule.refill == "interval"
+    ):
+        bad(
+            "store",
+            "store: two_tier counts fixed_window, sliding_window_counter and the continuous"
+            f" buckets, not {algorithm!r}"
+            + (" with refill: interval" if rule.refill == "interval" else ""),
+        )
     if rule.burst is not None:
         if algorithm not in _BUCKETS:
             bad("burst", f"burst applies to {', '.join(_BUCKETS)}, not {algorithm!r}")
