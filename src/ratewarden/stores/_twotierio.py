@@ -339,19 +339,26 @@ class TwoTier(_Engine):
     ) -> Bound:
         limit = self.make(algorithm, rate, options)
         entries, lock, tick_us, now_us = limit.entries, self.lock, limit.tick_us, self.now_us
-        decide, wake = limit.decide, self.wake
+        decide, fast, wake, flush_at = limit.decide, limit.fast(), self.wake, limit.flush_at
+        clock_ns = time.time_ns if self.test_clock is None else self.test_clock.time_ns
         self.start()
 
         def hit(key: str, cost: int = 1) -> Decision:
             if cost is not _ONE:
                 check_cost(cost)
-            now = now_us() // tick_us
+            now = (clock_ns() // 1000 + self.offset_us) // tick_us
             with lock:
-                entry = entries.get(key) or self.entry(limit, key)
+                entry = entries.get(key)
+                if entry is not None:
+                    decision = fast(entry, now, cost)
+                    if decision is not None:
+                        if entry.delta >= flush_at:
+                            wake.set()
+                        return decision
+                else:
+                    entry = self.entry(limit, key)
                 decision = decide(entry, now, cost)
                 if decision is not None:
-                    if entry.delta >= limit.flush_at:
-                        wake.set()
                     return decision
             return self.drive(self.one(limit, entry, cost, lock), exact_many)
 
@@ -464,18 +471,26 @@ class AsyncTwoTier(_Engine):
     ) -> AsyncBound:
         limit = self.make(algorithm, rate, options)
         entries, lock, tick_us, now_us = limit.entries, self.lock, limit.tick_us, self.now_us
-        decide = limit.decide
+        decide, fast, flush_at = limit.decide, limit.fast(), limit.flush_at
+        clock_ns = time.time_ns if self.test_clock is None else self.test_clock.time_ns
 
         async def hit(key: str, cost: int = 1) -> Decision:
             if cost is not _ONE:
                 check_cost(cost)
-            if self.task is None:
-                self.start()
-            entry = entries.get(key) or self.entry(limit, key)
-            decision = decide(entry, now_us() // tick_us, cost)
+            now = (clock_ns() // 1000 + self.offset_us) // tick_us
+            entry = entries.get(key)
+            if entry is not None:
+                decision = fast(entry, now, cost)
+                if decision is not None:
+                    if entry.delta >= flush_at and self.wake is not None:
+                        self.wake.set()
+                    return decision
+            else:
+                if self.task is None:
+                    self.start()
+                entry = self.entry(limit, key)
+            decision = decide(entry, now, cost)
             if decision is not None:
-                if entry.delta >= limit.flush_at and self.wake is not None:
-                    self.wake.set()
                 return decision
             return await self.drive(self.one(limit, entry, cost, lock), exact_many)
 
