@@ -7,7 +7,9 @@ exactly, in integer ticks (Lua numbers are doubles, exact below 2^53).
 from __future__ import annotations
 
 import hashlib
+import logging
 import struct
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -17,6 +19,8 @@ from .._errors import ConfigurationError, StoreUnavailable
 from .._rate import Rate
 from ..algorithms import Params
 from ._redisconn import FAILURES
+from ._syncwire import SyncWire
+from ._wire import Unsupported
 
 __all__ = [
     "BATCH", "EXACT", "MANY", "REFUND", "STEP_IDS", "SYNC", "Scripts", "pack", "redis_params",
@@ -33,6 +37,7 @@ STEP_IDS = {
     )
 }  # fmt: skip
 MANY, REFUND, BATCH, SYNC = "_many", "_refund", "_batch", "_sync"
+log = logging.getLogger("ratewarden.stores")
 
 
 def _source(name: str) -> str:
@@ -56,12 +61,20 @@ class Scripts:
     `REFUND`): called by SHA, computed here rather than asked of the server. On
     NOSCRIPT (first use, or after a server restart or SCRIPT FLUSH) `call` runs
     the script's source, which loads it as it runs; the async store sends SCRIPT
-    LOAD ahead of the retried calls in one round trip."""
+    LOAD ahead of the retried calls in one round trip. ``wire``: the sync store's
+    own connections (see ``_syncwire``), which carry the calls instead of the
+    client while they can."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, wire: SyncWire | None = None) -> None:
         self.client = client
         self._sources: dict[str, str] = {}
         self._shas: dict[str, str] = {}
+        self.wire = wire
+        self._evalsha: Any = client.evalsha
+        self._eval: Any = client.eval
+        if wire is not None:
+            self._evalsha = partial(wire.call, b"EVALSHA")
+            self._eval = partial(wire.call, b"EVAL")
 
     def source(self, name: str) -> str:
         return self._sources.get(name) or self._sources.setdefault(name, _source(name))
@@ -79,11 +92,15 @@ class Scripts:
         EVALSHA again would be two (each may cost up to the timeout)."""
         try:
             try:
-                return self.client.evalsha(self.sha(name), numkeys, *args)
+                return self._evalsha(self.sha(name), numkeys, *args)
             except NoScriptError:
-                return self.client.eval(self.source(name), numkeys, *args)
+                return self._eval(self.source(name), numkeys, *args)
         except FAILURES as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
+        except Unsupported as exc:  # this redis-py's connections cannot be taken over
+            log.warning("redis: the store's own connections are off, redis-py's carry on: %s", exc)
+            self._evalsha, self._eval, self.wire = self.client.evalsha, self.client.eval, None
+            return self.call(name, numkeys, args)
 
 
 EXACT = 2**53  # Lua numbers are doubles: integers are exact below this

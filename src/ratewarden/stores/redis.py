@@ -25,6 +25,8 @@ from ._failure import Breaker
 from ._plan import Answers, Limit, Many, plan_calls
 from ._redisconn import FAILURES, check_raw_replies, connect, sentinels
 from ._scripts import BATCH, Scripts
+from ._syncwire import SyncWire
+from ._syncwire import usable as sync_usable
 from ._twotier import LocalLimit, TwoTierSettings
 from ._twotierio import AsyncTwoTier, TwoTier
 from ._wire import Wire, usable
@@ -41,9 +43,11 @@ class RedisStore:
     (default 50 ms) per step, which bounds how long a decision can take while
     Redis is in trouble: a check is one round trip; a new connection adds its
     connect (and AUTH or SELECT if the URL has them), a server that lost its
-    scripts one round trip more. (redis-py's sockets time each step, not the
-    whole; `AsyncRedisStore` bounds the whole.) A client you pass keeps its own
-    settings. A circuit breaker stops calling Redis for a moment after repeated
+    scripts one round trip more. (A round trip is timed as a whole on one server,
+    where the scripts go over connections of the store's own, see ``_syncwire``;
+    redis-py's sockets, elsewhere, time each read; `AsyncRedisStore` bounds the
+    whole check.) A client you pass keeps its own settings and carries every
+    command itself. A circuit breaker stops calling Redis for a moment after repeated
     failures, so that a down server does not cost the timeout on every call, and
     probes for its return.
 
@@ -73,7 +77,11 @@ class RedisStore:
             client = connect(client, timeout)
         check_raw_replies(client)
         self.client = client
-        self.scripts = Scripts(client)
+        # A client made here from a URL, on one plain server: the scripts go over
+        # connections of the store's own (see _syncwire); a client passed in stays
+        # untouched, every command through its own pool.
+        wire = SyncWire(client) if self._owns_client and sync_usable(client) else None
+        self.scripts = Scripts(client, wire)
         self.breaker = Breaker()
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock  # for acquire's waits
@@ -164,6 +172,8 @@ class RedisStore:
         limits' hits."""
         if self._local is not None:
             self._local.close()
+        if self.scripts.wire is not None:
+            self.scripts.wire.close()
         if self._owns_client:
             self.client.close()
             for sentinel in sentinels(self.client):
