@@ -12,6 +12,10 @@ gets its grant back. The coordinator splits the total ``equal``-ly or by demand
 never grants a member more than the total minus what the others hold. See
 docs/fleet.md.
 
+`RegionSplit` splits a global limit across regions that each have their own
+Redis: `RegionalLimiter` enforces a region's share exactly there, and
+`RegionRebalancer` moves the shares with the same coordinator by measured demand.
+
 Install with ``pip install ratewarden[redis]``.
 """
 
@@ -21,6 +25,8 @@ from ._aquota import AsyncFleetQuota, AsyncQuotaSlot
 from ._config import QuotaConfig
 from ._coord import AsyncCoordinator, Coordinator, MemberStatus, QuotaStatus
 from ._quota import FleetQuota, QuotaSlot
+from ._regionio import RegionalLimiter, RegionRebalancer
+from ._regions import RegionSplit
 
 __all__ = [
     "ALLOCATORS",
@@ -33,6 +39,9 @@ __all__ = [
     "QuotaConfig",
     "QuotaSlot",
     "QuotaStatus",
+    "RegionRebalancer",
+    "RegionSplit",
+    "RegionalLimiter",
     "alist_quotas",
     "allocate",
     "ashow_quota",
