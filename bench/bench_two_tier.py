@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
     configs = []
-    for keys, limit in ((1, 100_000_000), (1, 200_000), (KEYS, 4)):
+    for keys, limit in ((1, 100_000_000), (1, 200_000), (KEYS, 100)):
         for interval in (None, 0.01, 0.05, 0.2):
             configs.append({
                 "keys": keys, "limit": limit, "rate": f"{limit}/second", "interval": interval,

@@ -26,6 +26,7 @@ steps = st.lists(
         st.integers(-1, 1),  # its window, relative to now's
         st.integers(0, 5),  # the previous window's delta
         st.integers(0, 12),  # an exact check's cost (0: none)
+        st.integers(0, 6),  # a lease asked with it
     ),
     min_size=1,
     max_size=12,
@@ -47,22 +48,27 @@ def test_sync_script_matches_python(
     key = f"parity:{uuid.uuid4().hex}"
     now = EPOCH_US
     state = None
-    for gap, delta, window, pdelta, cost in script:
+    for gap, delta, window, pdelta, cost, lease in script:
         now += gap
         dwin = limit.window(now) + window * limit.params.period if limit.windowed else 0
-        payload = struct.pack(">5d", limit.step_id, delta, dwin, pdelta, cost) + limit.packed
+        payload = struct.pack(">6d", limit.step_id, delta, dwin, pdelta, cost, lease) + limit.packed
         reply = scripts.call(SYNC, 1, [key, now, payload, "one"])
         expected = state
         if delta or pdelta:
             expected = force(limit, expected, now, delta, dwin, pdelta=pdelta)
-        allowed = -1
+        allowed, granted = -1, 0
         if cost:
-            decision, after = limit.step(expected, now, cost, limit.params)
+            decision, after = limit.step(expected, now, cost + lease, limit.params)
+            if decision.allowed and lease:
+                granted = lease
+            else:
+                decision, after = limit.step(expected, now, cost, limit.params)
             allowed = int(decision.allowed)
             if decision.allowed:
                 expected = after
             assert reply[2] == decision.remaining
         assert reply[1] == allowed
+        assert reply[6] == granted
         got = decode(reply[5])
         if expected is not None and expected[0] <= now:
             expected = None  # a state already full: the script drops it

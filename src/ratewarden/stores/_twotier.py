@@ -47,7 +47,7 @@ SUPPORTED = ("fixed_window", "sliding_window_counter", "bucket")
 COLD_SHARE = 0.125  # a process's share of the room before it has measured the rates
 STALE_SYNCS = 20  # a state older than this many sync intervals is asked for again
 EXACT_CHECK = None  # `LocalLimit.decide`'s answer when Redis must decide
-_ENTRY = struct.Struct(">5d")
+_ENTRY = struct.Struct(">6d")
 _STATE = {2: struct.Struct(">2d"), 3: struct.Struct(">3d")}
 
 
@@ -84,9 +84,9 @@ class Entry:
     """One key of one limit, as this process knows it."""
 
     __slots__ = (
-        "allowance", "delta", "dwin", "grew", "key", "left", "others", "own", "pdelta",
-        "rate_at", "reset_at", "sdelta", "sdwin", "seen", "spdelta", "state", "synced",
-        "syncs", "until",
+        "allowance", "delta", "dwin", "grew", "key", "lease_until", "leased", "left", "others",
+        "own", "pdelta", "rate_at", "reset_at", "sdelta", "sdwin", "seen", "spdelta", "state",
+        "synced", "syncs", "until",
     )  # fmt: skip
 
     def __init__(self, key: str) -> None:
@@ -100,6 +100,8 @@ class Entry:
         self.sdelta = self.spdelta = self.sdwin = 0  # sent, reply not yet applied
         self.allowance = 0  # units the fast path may admit until `until`
         self.until = 0
+        self.leased = 0  # units Redis counted for this process to hand out, until:
+        self.lease_until = 0
         self.left = 0  # estimated room, for Decisions
         self.reset_at = 0
         self.own = 0.0  # this process's units per tick
@@ -114,8 +116,9 @@ class Entry:
         )
 
 
-# What one sync of an entry carried: delta, pdelta, their window, an exact check's cost.
-Sent = tuple[int, int, int, int]
+# What one sync of an entry carried: delta, pdelta, their window, an exact check's
+# cost, the lease asked with it.
+Sent = tuple[int, int, int, int, int]
 
 
 class LocalLimit:
@@ -145,6 +148,8 @@ class LocalLimit:
         self.stale = self.interval * STALE_SYNCS
         self.keep = (1 - settings.exact_above) * self.size
         self.flush_at = max(int(settings.flush_at * self.size), 1)
+        # what a process admits of a key it has no state of, between two syncs
+        self.cold = int(self.keep * COLD_SHARE)
         self.entries: dict[str, Entry] = {}
         self.hit: Any = None  # the store's bound hit, for a hit_many of this one tier
 
@@ -179,8 +184,23 @@ class LocalLimit:
         can give it, counted if allowed; `EXACT_CHECK` if Redis must decide."""
         if entry.allowance >= cost and now < entry.until:
             return self.admit(entry, now, cost)
+        if entry.leased >= cost and now < entry.lease_until:
+            entry.leased -= cost
+            entry.seen += cost
+            entry.left -= cost
+            return Decision(
+                True, self.size, max(entry.left, 0), max(entry.reset_at - now, 0) / self.params.hz,
+                0.0, self.rule,
+            )  # fmt: skip
         if entry.synced < 0 or now - entry.synced > self.stale:
-            return EXACT_CHECK
+            # Unknown here: a few hits pass on no knowledge, at most `cold` a sync
+            # (the next sync, which they call for, brings the state); then Redis.
+            if entry.delta + cost > self.cold:
+                return EXACT_CHECK
+            decision = self.step(self.current(entry, now), now, cost, self.params)[0]
+            if decision.allowed:
+                self.count(entry, now, cost)
+            return decision
         state = self.current(entry, now)
         lower = self.step(state, now, cost, self.params)[0]
         if not lower.allowed:  # the others only add: Redis would deny it too
@@ -209,10 +229,13 @@ class LocalLimit:
 
         def fast(entry: Entry, now: int, cost: int) -> Decision | None:
             if entry.allowance < cost or now >= entry.until:
-                return None
-            entry.allowance -= cost
+                if entry.leased < cost or now >= entry.lease_until:
+                    return None
+                entry.leased -= cost  # counted in Redis already
+            else:
+                entry.allowance -= cost
+                entry.delta += cost
             left = entry.left = entry.left - cost
-            entry.delta += cost
             entry.seen += cost
             reset = entry.reset_at - now
             return Decision(True, size, left, reset / hz if reset > 0 else 0.0, 0.0, rule)
@@ -257,22 +280,31 @@ class LocalLimit:
 
     # -- syncing --------------------------------------------------------------------
 
-    def send(self, entry: Entry, cost: int) -> tuple[bytes, Sent]:
-        """`_sync.lua`'s 13 doubles for the entry with its unsent hits handed over,
-        and an exact check of ``cost`` (0: none); and what was sent, for `applied`
-        (or `unsent`, should the sync fail)."""
-        sent = (entry.delta, entry.pdelta, entry.dwin, cost)
+    def lease(self, entry: Entry, cost: int) -> int:
+        """Units to ask beyond an exact check's ``cost``, counted in Redis for this
+        process to hand out without asking again: about an eighth of a sync
+        interval of its own traffic, and at most a quarter of the room it
+        reckons is left. Unused at the window's end, they go unused: the limit
+        can come out short by what the processes hold, never over."""
+        lease = min(int(entry.own * self.interval / 8), entry.left // 4)
+        return lease if lease >= cost else 0
+
+    def send(self, entry: Entry, cost: int, lease: int = 0) -> tuple[bytes, Sent]:
+        """`_sync.lua`'s 14 doubles for the entry with its unsent hits handed over,
+        an exact check of ``cost`` (0: none) and a ``lease``; and what was sent, for
+        `applied` (or `unsent`, should the sync fail)."""
+        sent = (entry.delta, entry.pdelta, entry.dwin, cost, lease)
         entry.sdelta += entry.delta
         entry.spdelta += entry.pdelta
         entry.sdwin = entry.dwin
         entry.delta = entry.pdelta = 0
         # a cost past 2^53 is denied all the same, and would not pack as a double
-        head = _ENTRY.pack(self.step_id, sent[0], sent[2], sent[1], min(cost, EXACT))
+        head = _ENTRY.pack(self.step_id, sent[0], sent[2], sent[1], min(cost, EXACT), lease)
         return head + self.packed, sent
 
     def unsent(self, entry: Entry, sent: Sent) -> None:
         """A sync failed: its hits are unsent again, nothing lost."""
-        delta, pdelta, dwin, _ = sent
+        delta, pdelta, dwin, _, _ = sent
         entry.sdelta -= delta
         entry.spdelta -= pdelta
         if not self.windowed or dwin == entry.dwin:
@@ -284,23 +316,28 @@ class LocalLimit:
     def applied(
         self, entry: Entry, sent: Sent, reply: list[Any], server_us: int
     ) -> Decision | None:
-        """Takes in a sync's reply for the entry (its five values): the new state, the
-        rates, the next allowance; and the exact check's Decision, if one was asked."""
-        delta, pdelta, dwin, cost = sent
+        """Takes in a sync's reply for the entry (its six values): the new state, the
+        rates, a lease, the next allowance; and the exact check's Decision, if one
+        was asked."""
+        delta, pdelta, dwin, cost, _ = sent
         entry.sdelta -= delta
         entry.spdelta -= pdelta
         now = server_us // self.tick_us
-        allowed, remaining, reset, retry, raw = reply
+        allowed, remaining, reset, retry, raw, granted = reply
         state = decode(raw)
         if entry.synced >= 0 and now >= entry.synced:
             # what Redis would hold had nobody else counted: the room it lost beyond
             # that is the others' doing
             expected = force(self, entry.state, now, delta, dwin, pdelta=pdelta)
             if allowed == 1:
-                expected = self.step(expected, now, cost, self.params)[1]
+                expected = self.step(expected, now, cost + granted, self.params)[1]
             entry.grew += max(self.room(expected, now) - self.room(state, now), 0)
         if allowed == 1:
             entry.seen += cost
+            if granted:
+                entry.leased += granted
+                remaining += granted  # the caller's room: the lease is still to hand out
+                entry.lease_until = self.window(now) if self.windowed else now + self.stale
         if entry.synced < 0 or now >= entry.synced:
             entry.state, entry.synced = state, now
             entry.syncs += 1

@@ -182,7 +182,8 @@ class _Engine:
         sent: list[Sent] = []
         with lock:
             for limit, entry, _, cost in group:
-                payload, what = limit.send(entry, cost)
+                lease = 0 if together or not cost else limit.lease(entry, cost)
+                payload, what = limit.send(entry, cost, lease)
                 keys.append(entry.key)
                 parts.append(payload)
                 sent.append(what)
@@ -205,7 +206,7 @@ class _Engine:
         answers = []
         with lock:
             for i, ((limit, entry, _, _), what) in enumerate(zip(group, sent, strict=True)):
-                answer = limit.applied(entry, what, reply[5 * i + 1 : 5 * i + 6], server_us)
+                answer = limit.applied(entry, what, reply[6 * i + 1 : 6 * i + 7], server_us)
                 if answer is not None:  # None: a fetch, no check asked
                     answers.append(answer)
         return answers
@@ -274,7 +275,7 @@ class _Engine:
                 return
             server_us = int(reply[0])
             for i, (limit, entry, sent) in enumerate(chunk):
-                limit.applied(entry, sent, reply[5 * i + 1 : 5 * i + 6], server_us)
+                limit.applied(entry, sent, reply[6 * i + 1 : 6 * i + 7], server_us)
         self.heard(server_us, sent_at, time.time_ns())
 
     def evict(self, limit: LocalLimit) -> None:

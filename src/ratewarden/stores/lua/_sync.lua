@@ -3,13 +3,16 @@
 -- the exact checks asked for, and returns every key's state for the local estimates.
 -- KEYS     one key per entry (distinct)
 -- ARGV[1]  now_us ("" = Redis server TIME)
--- ARGV[2]  per key 13 big-endian doubles: step number, delta (may be negative: a
+-- ARGV[2]  per key 14 big-endian doubles: step number, delta (may be negative: a
 --          refund), the tick of the end of the window the delta was admitted in (0 for
 --          buckets), the previous window's delta (sliding window counter), the cost
---          of an exact check (0: none), then the limit's 8 constants
+--          of an exact check (0: none), a lease: units to count beyond that cost if
+--          they fit, for the process to hand out itself (0: none), then the limit's 8
+--          constants
 -- ARGV[3]  "all": the exact checks pass together or none counts (one request's tiers)
 -- returns  {now_us, then per key: allowed (-1: no check), remaining, reset_after,
---          retry_after (-1 = never), the state as stored ("" = none)}
+--          retry_after (-1 = never), the state as stored ("" = none), the lease
+--          counted (0 when it did not fit: then only the cost was tried)}
 local now_us, explicit = clock(ARGV[1])
 local entries = ARGV[2]
 local together = ARGV[3] == 'all'
@@ -67,22 +70,29 @@ FORCE[4] = function(state, now, delta)  -- continuous bucket: {full_at, rem}
 end
 
 local n = #KEYS
-local nows, olds, counted, states, limits = {}, {}, {}, {}, {}
+local nows, olds, counted, states, limits, leases = {}, {}, {}, {}, {}, {}
 local out = {now_us}
 local passed = true
 for i = 1, n do
-  local step_id, delta, dwin, pdelta, cost
-  step_id, delta, dwin, pdelta, cost, tick, limit, period, burst, scale, unit, capacity, span =
-    struct.unpack('>ddddddddddddd', entries, 104 * i - 103)
+  local step_id, delta, dwin, pdelta, cost, lease
+  step_id, delta, dwin, pdelta, cost, lease, tick, limit, period, burst, scale, unit, capacity,
+    span = struct.unpack('>dddddddddddddd', entries, 112 * i - 111)
   local now = now_us
   if tick > 1 then now = fdiv(now_us, tick) end
   local old = load(KEYS[i])
   local state = old
   if delta ~= 0 or pdelta ~= 0 then state = FORCE[step_id](state, now, delta, dwin, pdelta) end
   local allowed, remaining, reset, retry = -1, 0, 0, 0
+  leases[i] = 0
   if cost > 0 then
     local new
-    allowed, remaining, reset, retry, new = STEPS[step_id](state, now, cost)
+    if lease > 0 then
+      allowed, remaining, reset, retry, new = STEPS[step_id](state, now, cost + lease)
+      if allowed == 1 then leases[i] = lease end
+    end
+    if leases[i] == 0 then
+      allowed, remaining, reset, retry, new = STEPS[step_id](state, now, cost)
+    end
     if allowed == 1 then
       olds[i], counted[i] = state, true  -- kept, should the request's other tiers fail
       state = new
@@ -92,14 +102,15 @@ for i = 1, n do
   end
   nows[i], states[i] = now, state
   limits[i] = {tick, limit, period, burst, scale, unit, capacity, span, old}
-  local at = 5 * i - 3  -- out[1] is now_us; five values a key
+  local at = 6 * i - 4  -- out[1] is now_us; six values a key
   out[at], out[at + 1], out[at + 2], out[at + 3] = allowed, remaining, reset, retry
 end
 for i = 1, n do
   local state = states[i]
   if together and not passed and counted[i] then
     state = olds[i]
-    out[5 * i - 3] = 0  -- another tier denied: this one counts nothing either
+    out[6 * i - 4] = 0  -- another tier denied: this one counts nothing either
+    leases[i] = 0
   end
   local l = limits[i]
   tick, limit, period, burst, scale, unit, capacity, span = l[1], l[2], l[3], l[4], l[5],
@@ -107,6 +118,7 @@ for i = 1, n do
   if state ~= l[9] then
     if state then save(KEYS[i], state, nows[i], tick, explicit) else redis.call('DEL', KEYS[i]) end
   end
-  out[5 * i + 1] = state and encode(state) or ''
+  out[6 * i] = state and encode(state) or ''
+  out[6 * i + 1] = leases[i]
 end
 return out
