@@ -1,12 +1,25 @@
-"""Redis store: ratewarden vs `limits`' RedisStorage vs a raw EVALSHA round trip.
+"""Redis store: what one synchronous check costs, ours against `limits`, `throttled-py`
+and `pyrate-limiter` on the same redis-server, plus 64 concurrent async callers.
 
     .venv/bin/python bench/bench_redis.py [--rounds N] [--hits N]
 
 Starts its own redis-server on a free loopback port (never the machine's shared one)
-and runs every candidate against it, interleaved in rounds, single thread, sync;
-reports the minimum and median microseconds per check over the rounds, and each
-candidate's overhead over the raw round trip (a trivial script by SHA through the
-same redis-py client: the floor any script-based limiter pays).
+and runs every candidate against it, interleaved in rounds, single thread, sync. Per
+check and candidate it reports the minimum over the rounds of:
+
+- wall: microseconds per check, as a caller waits;
+- client: the benchmark process's CPU time (``time.process_time``: user and system,
+  so the socket's system calls count too);
+- server: redis-server's own CPU time (its main thread's run time from
+  ``/proc/<pid>/schedstat``: commands, networking, the event loop);
+- cmd: what ``INFO commandstats`` says the commands took (a script's inner calls
+  are inside its EVALSHA's time and are not added again);
+- CPU: client + server, what the check costs the machine.
+
+The minimum is the figure to read: the machine has two cores, shared by the client,
+the server and whatever else runs. Beside every peer, what it promises less than
+ours (ours: Redis's clock, a denied request counts nowhere, windows aligned to the
+epoch, exact integers, one atomic script call per check).
 """
 
 from __future__ import annotations
@@ -21,13 +34,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import throttled
 from limits import parse, storage, strategies
 from limits.aio import storage as aio_storage
 from limits.aio import strategies as aio_strategies
+from pyrate_limiter import BucketFactory, Duration, RateItem, RedisBucket
+from pyrate_limiter import Limiter as PyrateLimiter
+from pyrate_limiter import Rate as PyrateRate
 from tests.redis_server import redis_server
 
 import redis
@@ -35,65 +53,126 @@ from ratewarden import AsyncLimiter, Limiter, hit_many
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 
 KEYS = [f"{{user:{i}}}" for i in range(1000)]  # hash-tagged, as tiers in a cluster need
+BIG = 1_000_000_000  # every check passes: the cost of admitting, not of refusing
+
+OURS = "server clock, denied not counted, aligned, exact, atomic"
 
 
-def candidates(url: str) -> dict[str, Callable[[str], object]]:
+@dataclass
+class Candidate:
+    hit: Callable[[str], object]
+    promises: str = ""  # what it promises less than ours
+    wall: list[float] = field(default_factory=list)
+    client: list[float] = field(default_factory=list)
+    server: list[float] = field(default_factory=list)
+    cmd: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+
+class _PyrateBuckets(BucketFactory):
+    """A RedisBucket per key, as pyrate-limiter's docs route names to buckets; no
+    leaker thread (it would add its own CPU to the client's, and trims nothing the
+    benchmark reads)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client, self.rates = client, [PyrateRate(BIG, Duration.HOUR)]
+        self.buckets: dict[str, RedisBucket] = {}
+
+    def wrap_item(self, name: str, weight: int = 1) -> RateItem:
+        return RateItem(name, time.time_ns() // 1_000_000, weight)
+
+    def get(self, item: RateItem) -> RedisBucket:
+        bucket = self.buckets.get(item.name)
+        if bucket is None:
+            bucket = RedisBucket.init(self.rates, self.client, f"pyrate:{item.name}")
+            self.buckets[item.name] = bucket
+        return bucket  # type: ignore[no-any-return]
+
+
+def candidates(url: str) -> dict[str, Candidate]:
     client = redis.Redis.from_url(url)
     sha = client.script_load("return 1")
-    out: dict[str, Callable[[str], object]] = {
-        "raw EVALSHA (trivial script)": lambda k: client.evalsha(sha, 1, k)
-    }
-    store = RedisStore(client)
+    out = {"raw EVALSHA via redis-py (trivial script)": Candidate(
+        lambda k: client.evalsha(sha, 1, k), "a floor: no limiter at all"
+    )}  # fmt: skip
+    store = RedisStore(url)  # from a URL: the store's own connections (_syncwire)
     for algorithm in ("fixed_window", "sliding_window_counter", "token_bucket", "gcra"):
-        out[f"ratewarden {algorithm}"] = Limiter(
-            "1000000000/hour", algorithm=algorithm, store=store, name=algorithm
-        ).hit
-    big = "1000000000/{}"
+        limiter = Limiter(f"{BIG}/hour", algorithm=algorithm, store=store, name=algorithm)
+        out[f"ratewarden {algorithm}"] = Candidate(limiter.hit, OURS)
+    passed = Limiter(f"{BIG}/hour", store=RedisStore(client), name="passed")
+    out["ratewarden fixed_window, client passed in"] = Candidate(
+        passed.hit, "ours through redis-py's client"
+    )
     tiers = [
-        Limiter(big.format("second"), algorithm="token_bucket", store=store, name="t1"),
-        Limiter(big.format("minute"), algorithm="sliding_window_counter", store=store, name="t2"),
-        Limiter(big.format("hour"), algorithm="fixed_window", store=store, name="t3"),
-        Limiter(big.format("day"), algorithm="gcra", store=store, name="t4"),
+        Limiter(f"{BIG}/second", algorithm="token_bucket", store=store, name="t1"),
+        Limiter(f"{BIG}/minute", algorithm="sliding_window_counter", store=store, name="t2"),
+        Limiter(f"{BIG}/hour", algorithm="fixed_window", store=store, name="t3"),
+        Limiter(f"{BIG}/day", algorithm="gcra", store=store, name="t4"),
     ]
-    out["ratewarden hit_many, 1 tier"] = lambda k: hit_many([(tiers[1], k)])
-    out["ratewarden hit_many, 4 tiers"] = lambda k: hit_many([(t, k) for t in tiers])
-    item = parse("1000000000/hour")
-    for label, kind in (
-        ("fixed_window", strategies.FixedWindowRateLimiter),
-        ("moving_window", strategies.MovingWindowRateLimiter),
-        ("sliding_window_counter", strategies.SlidingWindowCounterRateLimiter),
-    ):
+    out["ratewarden hit_many, 1 tier"] = Candidate(lambda k: hit_many([(tiers[1], k)]), OURS)
+    out["ratewarden hit_many, 4 tiers"] = Candidate(
+        lambda k: hit_many([(t, k) for t in tiers]), OURS
+    )
+    item = parse(f"{BIG}/hour")
+    for label, kind, promises in (
+        ("fixed_window", strategies.FixedWindowRateLimiter,
+         "counts denied requests; window from a key's first hit, not aligned"),
+        ("moving_window", strategies.MovingWindowRateLimiter,
+         "client clock; a log entry per request"),
+        ("sliding_window_counter", strategies.SlidingWindowCounterRateLimiter,
+         "client clock; counts denied requests"),
+    ):  # fmt: skip
         # limits keys every strategy alike: a prefix each keeps them from colliding
         hit = kind(storage.RedisStorage(url, key_prefix=f"LIMITS-{label}")).hit
-        out[f"limits {label}"] = lambda k, hit=hit: hit(item, k)
+        out[f"limits {label}"] = Candidate(lambda k, hit=hit: hit(item, k), promises)
+    for label, promises in (
+        ("fixed_window", "client clock; counts denied; INCRBY then EXPIRE: not atomic"),
+        ("gcra", "floating point (not exact); TTL in whole seconds"),
+        ("token_bucket", "server clock in whole seconds; floating point"),
+        ("sliding_window", "client clock; counts denied requests"),
+    ):
+        limit = throttled.Throttled(
+            using=label, quota=f"{BIG}/h", store=throttled.RedisStore(server=url),
+            key_prefix=f"throttled-{label}", timeout=-1,
+        ).limit  # fmt: skip
+        out[f"throttled-py {label}"] = Candidate(lambda k, limit=limit: limit(k), promises)
+    pyrate = PyrateLimiter(_PyrateBuckets(client))
+    out["pyrate-limiter RedisBucket (log)"] = Candidate(
+        lambda k: pyrate.try_acquire(k, blocking=False),
+        "client clock; a sorted-set entry per request",
+    )
     return out
 
 
-def server_time(admin: redis.Redis) -> float:
-    """Microseconds Redis spent on the commands clients sent since the last reset
-    (scripts' inner calls are inside their EVALSHA's time, so they are not added)."""
-    stats = admin.info("commandstats")
-    return sum(
-        v["usec"] for k, v in stats.items() if k not in ("cmdstat_config", "cmdstat_info")
-        and not k.startswith("cmdstat_time") and not k.startswith("cmdstat_get")
-        and not k.startswith("cmdstat_set") and not k.startswith("cmdstat_del")
-    )  # fmt: skip
+def server_cmd_us(admin: redis.Redis) -> float:
+    """Microseconds Redis spent on the commands clients sent since the last reset. A
+    script's inner calls are listed too but are inside its EVALSHA's time: where a
+    candidate ran scripts, only the script commands count."""
+    stats = {k[len("cmdstat_") :]: v for k, v in admin.info("commandstats").items()}
+    stats = {k: v for k, v in stats.items() if k not in ("config|resetstat", "info", "config")}
+    scripts = {k: v for k, v in stats.items() if k.startswith(("eval", "fcall"))}
+    return float(sum(v["usec"] for v in (scripts or stats).values()))
+
+
+def server_cpu_ns(pid: int) -> int:
+    """redis-server's main thread's time on a CPU so far, in nanoseconds."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 async def async_rates(url: str, callers: int, per_caller: int) -> dict[str, float]:
     """Checks per second with ``callers`` concurrent tasks, ours and limits' async."""
     store = AsyncRedisStore(url)
-    ours = AsyncLimiter("1000000000/hour", algorithm="fixed_window", store=store, name="async")
-    item = parse("1000000000/hour")
+    ours = AsyncLimiter(f"{BIG}/hour", algorithm="fixed_window", store=store, name="async")
+    item = parse(f"{BIG}/hour")
     theirs = aio_strategies.FixedWindowRateLimiter(
         aio_storage.RedisStorage(f"async+{url}", implementation="redispy", key_prefix="LA")
     )
-    candidates = {
+    hits = {
         "ratewarden AsyncRedisStore fixed_window": ours.hit,
         "limits aio RedisStorage fixed_window (redis-py)": lambda k: theirs.hit(item, k),
     }
     rates: dict[str, float] = {}
-    for label, hit in candidates.items():
+    for label, hit in hits.items():
 
         async def caller(i: int, hit: Callable[[str], object] = hit) -> None:
             for j in range(per_caller):
@@ -124,57 +203,70 @@ def ceiling(port: int, sha: str) -> float:
     return float(found[-1]) if found else float("nan")
 
 
+def measure(funcs: dict[str, Candidate], keys: list[str], rounds: int, admin: redis.Redis,
+            pid: int) -> None:  # fmt: skip
+    names = list(funcs)
+    n = len(keys)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            c = funcs[name]
+            hit = c.hit
+            gc.collect()
+            admin.config_resetstat()
+            server0 = server_cpu_ns(pid)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for k in keys:
+                hit(k)
+            wall, client = time.perf_counter() - wall0, time.process_time() - cpu0
+            server = (server_cpu_ns(pid) - server0) / 1e9
+            c.wall.append(wall / n * 1e6)
+            c.client.append(client / n * 1e6)
+            c.server.append(server / n * 1e6)
+            c.cpu.append((client + server) / n * 1e6)
+            c.cmd.append(server_cmd_us(admin) / n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--hits", type=int, default=3000)
+    parser.add_argument("--no-async", action="store_true", help="the sync table only")
     args = parser.parse_args()
     keys = (KEYS * (args.hits // len(KEYS) + 1))[: args.hits]
     with redis_server() as server:
+        assert server.process is not None
         funcs = candidates(server.url)
         for f in funcs.values():  # warm up: scripts loaded, connections made
-            for k in KEYS[:50]:
-                f(k)
-        times: dict[str, list[float]] = {name: [] for name in funcs}
-        server_us: dict[str, list[float]] = {name: [] for name in funcs}
-        names = list(funcs)
+            for k in KEYS:
+                f.hit(k)
         with server.client() as admin:
-            for r in range(args.rounds):
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    f = funcs[name]
-                    gc.collect()
-                    admin.config_resetstat()
-                    start = time.perf_counter()
-                    for k in keys:
-                        f(k)
-                    times[name].append((time.perf_counter() - start) / len(keys) * 1e6)
-                    server_us[name].append(server_time(admin) / len(keys))
-        rates = asyncio.run(async_rates(server.url, 64, 100))
+            measure(funcs, keys, args.rounds, admin, server.process.pid)
+        rates = {} if args.no_async else asyncio.run(async_rates(server.url, 64, 100))
         with server.client() as admin:
             top = ceiling(server.port, admin.script_load("return 1"))
-    raw = min(times["raw EVALSHA (trivial script)"])
-    print(f"sync, one thread, {args.hits} checks x {args.rounds} rounds, 1000 keys cycled")
-    print("client: wall time per check; server: Redis's own time per check (commandstats,")
-    print("every command a check sent, scripts' inner calls included)")
-    print(f"{'candidate':<40}{'min us':>9}{'median':>9}{'over raw':>10}{'server us':>11}")
-    for name in names:
-        low = min(times[name])
+    print(f"sync, one thread, {args.hits} checks x {args.rounds} rounds, 1000 keys cycled;")
+    print("us per check, minimum over the rounds (median of CPU in brackets)")
+    print(f"{'candidate':<44}{'wall':>7}{'client':>8}{'server':>8}{'cmd':>6}{'CPU':>7}"
+          f"{'(med)':>8}  promises less")  # fmt: skip
+    for name, c in funcs.items():
         print(
-            f"{name:<40}{low:>9.1f}{statistics.median(times[name]):>9.1f}{low - raw:>+10.1f}"
-            f"{min(server_us[name]):>11.1f}"
+            f"{name:<44}{min(c.wall):>7.1f}{min(c.client):>8.1f}{min(c.server):>8.1f}"
+            f"{min(c.cmd):>6.1f}{min(c.cpu):>7.1f}{statistics.median(c.cpu):>8.1f}  {c.promises}"
         )
-    one, four = (min(times[f"ratewarden hit_many, {n}"]) for n in ("1 tier", "4 tiers"))
-    single = min(times["ratewarden sliding_window_counter"])
-    print(
-        f"\n4 tiers (token bucket, sliding counter, fixed window, gcra) in one call:"
-        f" {four / single:.2f}x one hit() (sliding counter), {four / one:.2f}x hit_many of"
-        " one tier"
-    )
+    one, four = (funcs[f"ratewarden hit_many, {n}"] for n in ("1 tier", "4 tiers"))
+    single = funcs["ratewarden sliding_window_counter"]
+    print("\n4 tiers (token bucket, sliding counter, fixed window, gcra) in one call:")
+    for label, pick in (("wall", "wall"), ("CPU", "cpu"), ("server cmd", "cmd")):
+        f, o, s = (min(getattr(c, pick)) for c in (four, one, single))
+        print(
+            f"  {label:<11}{f / s:.2f}x one hit() (sliding counter), {f / o:.2f}x hit_many of one"
+        )
     print(f"\nredis-benchmark EVALSHA ceiling (trivial script, -P 16): {top:,.0f} requests/s")
-    print("\nasync, one process, 64 concurrent callers x 100 checks, best of 3")
-    base = rates["limits aio RedisStorage fixed_window (redis-py)"]
-    for label, rate in rates.items():
-        print(f"{label:<50}{rate:>10.0f} checks/s{rate / base:>8.1f}x limits")
+    if rates:
+        print("\nasync, one process, 64 concurrent callers x 100 checks, best of 3")
+        base = rates["limits aio RedisStorage fixed_window (redis-py)"]
+        for label, rate in rates.items():
+            print(f"{label:<50}{rate:>10.0f} checks/s{rate / base:>8.1f}x limits")
 
 
 if __name__ == "__main__":
