@@ -344,11 +344,15 @@ class LocalLimit:
         if entry.rate_at < 0:
             entry.rate_at, entry.seen, entry.grew = now, 0, 0
         elif now - entry.rate_at >= self.interval // 2 + 1:
-            elapsed = now - entry.rate_at
-            own, others = entry.seen / elapsed, entry.grew / elapsed
-            if entry.syncs > 2:
-                own, others = (entry.own + own) / 2, (entry.others + others) / 2
-            entry.own, entry.others = own, others
+            # Nothing admitted anywhere (a full window, or no traffic) says nothing
+            # of the rates: they keep what the last busy interval said, so that the
+            # next window does not open with every process taking the whole room.
+            if entry.seen or entry.grew:
+                elapsed = now - entry.rate_at
+                own, others = entry.seen / elapsed, entry.grew / elapsed
+                if entry.syncs > 2:
+                    own, others = (entry.own + own) / 2, (entry.others + others) / 2
+                entry.own, entry.others = own, others
             entry.rate_at, entry.seen, entry.grew = now, 0, 0
         answer = None
         if allowed >= 0:
