@@ -151,7 +151,9 @@ class Limiter(_Shell):
     share counters.
     ``on_failure`` says what to answer when the store cannot decide (Redis down):
     ``"raise"`` `StoreUnavailable` (the default), ``"fail_open"`` allow, or
-    ``"fail_closed"`` deny; the last two mark the Decision ``degraded``.
+    ``"fail_closed"`` deny, or ``"local_fallback"`` count here, against the limit
+    divided by the store's ``instances`` (Redis stores); all but the first mark
+    the Decision ``degraded``.
     ``two_tier=True`` (Redis stores) counts in this process and syncs with Redis
     every few milliseconds, asking Redis one check at a time only near the limit:
     far fewer round trips, at the price of a small, bounded over-admission (see

@@ -288,3 +288,19 @@ def test_the_connection_cap_fits_the_open_file_limit(rules_file: Path, tmp_path:
     assert done.returncode == 1
     assert "the process may open only 200 files (ulimit -n): too few to serve" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_instances_reach_the_store_and_bad_ones_are_refused(redis_single: RedisServer) -> None:
+    from ratewarden import ConfigurationError  # noqa: PLC0415
+    from ratewarden.server._serve import ServeOptions, check_options, make_store  # noqa: PLC0415
+
+    with pytest.raises(ConfigurationError, match="--instances"):
+        check_options(ServeOptions(config="rules.yaml", store=redis_single.url, instances=0))
+    store = make_store(
+        redis_single.url, ServeOptions(config="rules.yaml", store=redis_single.url, workers=3)
+    )
+    assert store._fallback.count() == 3  # type: ignore[attr-defined]  # default: --workers
+    store = make_store(
+        redis_single.url, ServeOptions(config="rules.yaml", store=redis_single.url, instances=12)
+    )
+    assert store._fallback.count() == 12  # type: ignore[attr-defined]

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 Action = Literal["reject", "log_only", "delay", "shadow_ban"]
-FailurePolicy = Literal["fail_open", "fail_closed"]
+FailurePolicy = Literal["fail_open", "fail_closed", "local_fallback"]
 Refill = Literal["continuous", "interval"]
 # exact: every check asks the store; two_tier: counted locally, synced (Redis stores)
 Counting = Literal["exact", "two_tier"]

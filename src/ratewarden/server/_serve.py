@@ -67,6 +67,7 @@ class ServeOptions:
     max_keys: int = 1_000_000
     store_timeout: float = 0.05
     workers: int = 1
+    instances: int | None = None  # sharing the limits, for local_fallback; None: workers
     drain: float = 10.0
     log_format: str = "json"
     log_level: str = "info"
@@ -120,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--store-timeout", type=float, default=0.05, metavar="SECONDS")
     add("--workers", type=int, default=1,
         help="processes (a Redis store only: the memory store is per process)")  # fmt: skip
+    add("--instances", type=int, default=None, metavar="N",
+        help="processes sharing the Redis store's limits, all hosts together: while Redis "
+        "is unreachable, rules with on_failure: local_fallback enforce limit / N in each "
+        "(default: --workers)")  # fmt: skip
     add("--drain", type=float, default=10.0, metavar="SECONDS",
         help="on SIGTERM, how long requests in flight may take to finish")  # fmt: skip
     add("--log-format", choices=("json", "text"), default="json")
@@ -164,6 +169,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         max_keys=args.max_keys,
         store_timeout=args.store_timeout,
         workers=args.workers,
+        instances=args.instances,
         drain=args.drain,
         log_format=args.log_format,
         log_level=args.log_level,
@@ -233,7 +239,8 @@ def make_store(url: str, options: ServeOptions) -> AsyncStore:
     check_store_url(url)
     from ..stores.redis import AsyncRedisStore  # noqa: PLC0415 - only with a Redis store
 
-    return AsyncRedisStore(url, timeout=options.store_timeout)
+    instances = options.workers if options.instances is None else options.instances
+    return AsyncRedisStore(url, timeout=options.store_timeout, instances=instances)
 
 
 def check_store_url(url: str) -> None:
@@ -262,6 +269,10 @@ def check_options(options: ServeOptions) -> None:
         raise ConfigurationError("--http off and --grpc off: nothing to serve")
     if type(options.workers) is not int or options.workers < 1:
         raise ConfigurationError(f"--workers must be >= 1, got {options.workers!r}")
+    if options.instances is not None and (
+        type(options.instances) is not int or options.instances < 1
+    ):
+        raise ConfigurationError(f"--instances must be >= 1, got {options.instances!r}")
     memory = options.store in ("memory", "memory://")
     if not memory:
         check_store_url(options.store)

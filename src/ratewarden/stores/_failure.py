@@ -14,8 +14,8 @@ from .._errors import ConfigurationError, StoreError
 
 __all__ = ["POLICIES", "Breaker", "OnFailure", "check_policy", "fallback"]
 
-OnFailure = Literal["raise", "fail_open", "fail_closed"]
-POLICIES = ("raise", "fail_open", "fail_closed")
+OnFailure = Literal["raise", "fail_open", "fail_closed", "local_fallback"]
+POLICIES = ("raise", "fail_open", "fail_closed", "local_fallback")
 
 
 def check_policy(policy: object) -> None:
@@ -27,8 +27,9 @@ def fallback(
     policy: OnFailure, size: int, rule: str | None, retry_after: float, error: StoreError
 ) -> Decision:
     """The policy's answer when the store failed with ``error`` (raised again as it is
-    under ``"raise"``, its cause kept)."""
-    if policy == "fail_open":
+    under ``"raise"``, its cause kept). ``"local_fallback"`` here, where no
+    local count is kept (the memory store's own limits), allows, as fail_open."""
+    if policy in ("fail_open", "local_fallback"):
         return Decision(True, size, size, 0.0, 0.0, rule, True)
     if policy == "fail_closed":
         return Decision(False, size, 0, retry_after, retry_after, rule, True)

@@ -16,7 +16,8 @@ from .._errors import ConfigurationError, StoreError, StoreUnavailable
 from .._rate import Rate
 from ..algorithms import Algorithm
 from ._base import BindOptions, Check, check_cost, pick
-from ._failure import Breaker, fallback
+from ._failure import Breaker
+from ._fallback import Share, answer
 from ._scripts import EXACT, MANY, REFUND, STEP_IDS, pack, redis_params, script_args
 
 __all__ = ["Answers", "Call", "Limit", "Many", "plan_calls"]
@@ -51,12 +52,13 @@ class Limit:
         self.prefix, self.policy = options["prefix"], options["on_failure"]
         self.breaker, self.test_clock = breaker, test_clock
         self.hit: Any = None  # the store's bound hit, for a hit_many of this one tier
+        self.local: Share | None = None  # what local_fallback counts on, if it is the policy
 
     def request(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
         """The script's arguments, or the policy's answer while the breaker is open."""
         check_cost(cost)
         if self.breaker.failures:
-            blocked = _blocked([self])
+            blocked = _blocked([self], [(key, cost)], peek=mode == "peek")
             if blocked is not None:
                 return blocked
         clock = self.test_clock
@@ -67,7 +69,7 @@ class Limit:
         """As `request`, for _batch.lua: the key and the check's 12 doubles."""
         check_cost(cost)
         if self.breaker.failures:
-            blocked = _blocked([self])
+            blocked = _blocked([self], [(key, cost)], peek=mode == "peek")
             if blocked is not None:
                 return blocked
         clock = self.test_clock
@@ -86,26 +88,33 @@ class Limit:
             self.rule,
         )  # fmt: skip
 
-    def failed(self, error: StoreError) -> Decision:
-        return _failed([self], error)
+    def failed(self, error: StoreError, key: str, cost: int, mode: str = "hit") -> Decision:
+        return _failed([self], error, [(key, cost)], peek=mode == "peek")
 
 
-def _blocked(limits: Sequence[Limit]) -> Decision | None:
+def _blocked(
+    limits: Sequence[Limit], checks: Sequence[tuple[str, int]], *, peek: bool = False
+) -> Decision | None:
     """The policies' answer while the (shared) breaker is open, else None."""
     breaker = limits[0].breaker
     if breaker.allow():
         return None
     wait = breaker.retry_after()
     error = StoreUnavailable(f"redis: circuit open, next probe in {wait:.3f}s")
-    return pick([fallback(lim.policy, lim.size, lim.rule, wait, error) for lim in limits])
+    return answer(limits, checks, wait, error, peek=peek)
 
 
-def _failed(limits: Sequence[Limit], error: StoreError) -> Decision:
+def _failed(
+    limits: Sequence[Limit],
+    error: StoreError,
+    checks: Sequence[tuple[str, int]],
+    *,
+    peek: bool = False,
+) -> Decision:
     """The policies' answer when the store failed: ``"raise"`` in any tier raises."""
     breaker = limits[0].breaker
     breaker.failed()
-    wait = breaker.retry_after()
-    return pick([fallback(lim.policy, lim.size, lim.rule, wait, error) for lim in limits])
+    return answer(limits, checks, breaker.retry_after(), error, peek=peek)
 
 
 class Many:
@@ -116,11 +125,13 @@ class Many:
             raise ConfigurationError("hit_many needs at least one check")
         self.limits: list[Limit] = []
         self.keys: list[str] = []
+        self.raw: list[tuple[str, int]] = []  # the keys as given, and the costs
         self.tiers: list[bytes] = []  # per tier: step number, cost, the limit's constants
         for limit, key, cost in (*checks, *shadow):
             check_cost(cost)
             self.limits.append(limit)
             self.keys.append(limit.prefix + key)
+            self.raw.append((key, cost))
             # a cost past 2^53 is denied all the same, and would not pack as a double
             self.tiers.append(limit.head + _DOUBLE.pack(min(cost, EXACT)) + limit.packed)
         self.enforced = len(checks)  # the tiers after these are shadow tiers
@@ -152,15 +163,19 @@ class Many:
 
     def failed(self, error: StoreError) -> tuple[Decision | None, Decision | None]:
         """The enforced tiers' policies answer; shadow tiers report nothing."""
-        limits = self.limits[: self.enforced]
-        return (_failed(limits, error) if limits else None), None
+        enforced = self.enforced
+        if not enforced:  # shadow tiers report nothing
+            return None, None
+        return _failed(self.limits[:enforced], error, self.raw[:enforced]), None
 
     def blocked(self) -> tuple[Decision | None, Decision | None] | None:
-        limits = self.limits[: self.enforced] or self.limits
-        decision = _blocked(limits)
+        enforced = self.enforced
+        if not enforced:  # shadow tiers only: nothing to answer, only whether to ask
+            return None if self.limits[0].breaker.allow() else (None, None)
+        decision = _blocked(self.limits[:enforced], self.raw[:enforced])
         if decision is None:
             return None
-        return (decision if self.enforced else None), None
+        return decision, None
 
     def slots(self, keyslot: Any) -> list[list[int]]:
         """The tiers grouped by cluster slot, in order of first appearance."""

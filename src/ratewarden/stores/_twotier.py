@@ -38,6 +38,7 @@ from .._errors import ConfigurationError
 from .._rate import Rate
 from ..algorithms import Algorithm, State
 from ._base import BindOptions
+from ._fallback import Share
 from ._scripts import EXACT, STEP_IDS, pack, redis_params
 
 __all__ = ["EXACT_CHECK", "Entry", "LocalLimit", "TwoTierSettings"]
@@ -152,6 +153,7 @@ class LocalLimit:
         self.cold = int(self.keep * COLD_SHARE)
         self.entries: dict[str, Entry] = {}
         self.hit: Any = None  # the store's bound hit, for a hit_many of this one tier
+        self.local: Share | None = None  # what local_fallback counts on, if it is the policy
 
     def __repr__(self) -> str:
         return f"<LocalLimit {self.prefix!r}, {len(self.entries)} keys>"

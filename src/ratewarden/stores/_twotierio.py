@@ -24,7 +24,8 @@ from .._errors import StoreError, StoreUnavailable
 from .._rate import Rate
 from ..algorithms import Algorithm
 from ._base import AsyncBound, BindOptions, Bound, Check, check_cost, pick
-from ._failure import Breaker, fallback
+from ._failure import Breaker
+from ._fallback import LocalFallback, answer
 from ._scripts import SYNC
 from ._twotier import Entry, LocalLimit, Sent, TwoTierSettings
 
@@ -50,8 +51,11 @@ class _Engine:
         breaker: Breaker,
         test_clock: Clock | None,
         keyslot: Callable[[str], int] | None,
+        *,
+        fallback: LocalFallback,
     ) -> None:
         self.settings, self.breaker, self.test_clock = settings, breaker, test_clock
+        self.fallback = fallback
         self.keyslot = keyslot
         self.limits: list[LocalLimit] = []
         self.offset_us = 0  # the server's clock less ours, from the last sync
@@ -75,6 +79,8 @@ class _Engine:
 
     def make(self, algorithm: Algorithm, rate: Rate, options: BindOptions) -> LocalLimit:
         limit = LocalLimit(algorithm, rate, options, self.settings)
+        if options["on_failure"] == "local_fallback":
+            limit.local = self.fallback.share(algorithm, rate, options)
         self.limits.append(limit)
         return limit
 
@@ -84,18 +90,19 @@ class _Engine:
             entry = limit.entries[key] = Entry(limit.prefix + key)
         return entry
 
-    def blocked(self, tiers: Sequence[LocalLimit]) -> Decision | None:
+    def blocked(self, tiers: Sequence[tuple[LocalLimit, Entry, int, int]]) -> Decision | None:
         """The policies' answer while the breaker is open, else None."""
         if not self.breaker.failures or self.breaker.allow():
             return None
         wait = self.breaker.retry_after()
         error = StoreUnavailable(f"redis: circuit open, next probe in {wait:.3f}s")
-        return pick([fallback(t.policy, t.size, t.rule, wait, error) for t in tiers])
+        return answer([t[0] for t in tiers], _checks(tiers), wait, error)
 
-    def failed(self, tiers: Sequence[LocalLimit], error: StoreError) -> Decision:
+    def failed(
+        self, tiers: Sequence[tuple[LocalLimit, Entry, int, int]], error: StoreError
+    ) -> Decision:
         self.breaker.failed()
-        wait = self.breaker.retry_after()
-        return pick([fallback(t.policy, t.size, t.rule, wait, error) for t in tiers])
+        return answer([t[0] for t in tiers], _checks(tiers), self.breaker.retry_after(), error)
 
     # -- a request that needs Redis --------------------------------------------------
 
@@ -119,7 +126,7 @@ class _Engine:
                     ours.append((limit, self.entry(limit, key), now, cost))
                 else:
                     exact.append((limit, key, cost))
-        blocked = self.blocked([t[0] for t in ours])
+        blocked = self.blocked(ours)
         if blocked is not None:
             return blocked
         decisions: list[Decision] = []
@@ -159,10 +166,10 @@ class _Engine:
         self, limit: LocalLimit, entry: Entry, cost: int, lock: Any
     ) -> Generator[Step, Any, Decision]:
         """One tier's exact check (`LocalLimit.decide` could not answer)."""
-        blocked = self.blocked([limit])
+        now = self.now_us() // limit.tick_us
+        blocked = self.blocked([(limit, entry, now, cost)])
         if blocked is not None:
             return blocked
-        now = self.now_us() // limit.tick_us
         answers = yield from self.ask([(limit, entry, now, cost)], lock, together=False)
         return answers[0]
 
@@ -198,7 +205,7 @@ class _Engine:
             with lock:
                 for (limit, entry, _, _), what in zip(group, sent, strict=True):
                     limit.unsent(entry, what)
-            return [self.failed([t[0] for t in group], exc)]
+            return [self.failed(group, exc)]
         if self.breaker.failures:
             self.breaker.succeeded()
         server_us = int(reply[0])
@@ -293,6 +300,11 @@ class _Engine:
             del entries[entry.key[len(limit.prefix) :]]
 
 
+def _checks(tiers: Sequence[tuple[LocalLimit, Entry, int, int]]) -> list[tuple[str, int]]:
+    """The keys as the caller gave them, and the costs, for the failure policies."""
+    return [(entry.key[len(limit.prefix) :], cost) for limit, entry, _, cost in tiers]
+
+
 def judge(limit: LocalLimit, entry: Entry, now: int, cost: int) -> Decision | None:
     """`LocalLimit.decide` without counting: a denial, an allowed Decision to count
     later, or None when Redis must decide."""
@@ -323,8 +335,10 @@ class TwoTier(_Engine):
         breaker: Breaker,
         test_clock: Clock | None,
         keyslot: Callable[[str], int] | None,
+        *,
+        fallback: LocalFallback,
     ) -> None:
-        super().__init__(settings, breaker, test_clock, keyslot)
+        super().__init__(settings, breaker, test_clock, keyslot, fallback=fallback)
         self.call = call
         self.lock = threading.Lock()
         self.wake = threading.Event()
@@ -455,8 +469,10 @@ class AsyncTwoTier(_Engine):
         breaker: Breaker,
         test_clock: Clock | None,
         keyslot: Callable[[str], int] | None,
+        *,
+        fallback: LocalFallback,
     ) -> None:
-        super().__init__(settings, breaker, test_clock, keyslot)
+        super().__init__(settings, breaker, test_clock, keyslot, fallback=fallback)
         self.submit = submit
         self.lock = _NoLock()
         self.task: asyncio.Task[None] | None = None

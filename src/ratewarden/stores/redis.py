@@ -22,6 +22,7 @@ from ..algorithms import Algorithm
 from ._base import AsyncBound, BindOptions, Bound, Check
 from ._batcher import Batcher
 from ._failure import Breaker
+from ._fallback import Instances, LocalFallback
 from ._plan import Answers, Limit, Many, plan_calls
 from ._redisconn import FAILURES, check_raw_replies, connect, sentinels
 from ._scripts import BATCH, Scripts
@@ -71,6 +72,7 @@ class RedisStore:
         timeout: float = 0.05,
         clock: Clock | None = None,
         two_tier: TwoTierSettings | None = None,
+        instances: Instances = 1,
     ) -> None:
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
@@ -87,6 +89,7 @@ class RedisStore:
         self.clock: Clock = SystemClock() if clock is None else clock  # for acquire's waits
         self._keyslot = client.keyslot if isinstance(client, RedisCluster) else None
         self._two_tier = two_tier or TwoTierSettings()
+        self._fallback = LocalFallback(instances, clock)
         self._local: TwoTier | None = None  # made by the first two-tier limit
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound:
@@ -94,10 +97,12 @@ class RedisStore:
             if self._local is None:
                 self._local = TwoTier(
                     self.scripts.call, self._two_tier, self.breaker, self._test_clock,
-                    self._keyslot,
+                    self._keyslot, fallback=self._fallback,
                 )  # fmt: skip
             return self._local.bind(algorithm, rate, options, self.hit_many, self._delete)
         limit = Limit(algorithm, rate, options, self.breaker, self._test_clock)
+        if options["on_failure"] == "local_fallback":
+            limit.local = self._fallback.share(algorithm, rate, options)
         call, script = self.scripts.call, limit.script
 
         def run(key: str, cost: int, mode: str) -> Decision:
@@ -107,7 +112,7 @@ class RedisStore:
             try:
                 return limit.answer(call(script, 1, request))
             except StoreError as exc:
-                return limit.failed(exc)
+                return limit.failed(exc, key, cost, mode)
 
         def hit(key: str, cost: int = 1) -> Decision:
             return run(key, cost, "hit")
@@ -208,6 +213,7 @@ class AsyncRedisStore:
         clock: Clock | None = None,
         max_batch: int = 128,
         two_tier: TwoTierSettings | None = None,
+        instances: Instances = 1,
     ) -> None:
         if type(max_batch) is not int or max_batch < 1:
             raise ConfigurationError(f"max_batch must be a positive integer, got {max_batch!r}")
@@ -222,6 +228,7 @@ class AsyncRedisStore:
         self.clock: Clock = SystemClock() if clock is None else clock
         self._keyslot = client.keyslot if isinstance(client, AsyncRedisCluster) else None
         self._two_tier = two_tier or TwoTierSettings()
+        self._fallback = LocalFallback(instances, clock)
         self._local: AsyncTwoTier | None = None  # made by the first two-tier limit
         # A client made here from a URL, on one plain server: the checks go over a
         # connection of the store's own (see _wire); a client passed in stays
@@ -237,10 +244,12 @@ class AsyncRedisStore:
             if self._local is None:
                 self._local = AsyncTwoTier(
                     self._batcher.submit, self._two_tier, self.breaker, self._test_clock,
-                    self._keyslot,
+                    self._keyslot, fallback=self._fallback,
                 )  # fmt: skip
             return self._local.bind(algorithm, rate, options, self.hit_many, self._delete)
         limit = Limit(algorithm, rate, options, self.breaker, self._test_clock)
+        if options["on_failure"] == "local_fallback":
+            limit.local = self._fallback.share(algorithm, rate, options)
         submit = self._batcher.submit
         # One node: the checks of a loop turn go out as one _batch.lua call. A
         # cluster's keys span slots, which one script call cannot: one call each.
@@ -255,7 +264,7 @@ class AsyncRedisStore:
             try:
                 return limit.answer(await submit(script, 1, request))
             except StoreError as exc:
-                return limit.failed(exc)
+                return limit.failed(exc, key, cost, mode)
 
         async def hit(key: str, cost: int = 1) -> Decision:
             return await run(key, cost, "hit")

@@ -1,0 +1,127 @@
+"""The ``local_fallback`` failure policy: while the store cannot decide, each process
+enforces its part of the limit on its own.
+
+Its part is the limit divided by the number of instances sharing the store (a count
+given to the store, or a callable asked each time, such as a fleet's membership),
+counted in a memory store of this process's own. Answers are marked degraded. When
+the store answers again its own counts decide once more; the local ones are left to
+expire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from .._clock import Clock
+from .._decision import Decision
+from .._errors import ConfigurationError, StoreError
+from .._rate import Rate
+from ..algorithms import Algorithm
+from ._base import BindOptions, Bound, pick
+from ._failure import OnFailure, fallback
+
+__all__ = ["Instances", "LocalFallback", "Share", "answer"]
+
+Instances = int | Callable[[], int]
+MAX_KEYS = 100_000  # per store: an outage must not grow memory without end
+
+
+class LocalFallback:
+    """The memory store a Redis store falls back on, and how many share the limits."""
+
+    def __init__(self, instances: Instances, clock: Clock | None) -> None:
+        if not callable(instances) and (type(instances) is not int or instances < 1):
+            raise ConfigurationError(
+                f"instances must be a positive integer or a callable, got {instances!r}"
+            )
+        from .memory import MemoryStore  # noqa: PLC0415 - the memory store imports this package
+
+        self.instances = instances
+        self.store = MemoryStore(max_keys=MAX_KEYS, **({} if clock is None else {"clock": clock}))
+
+    def count(self) -> int:
+        """Instances sharing the limits now: a callable's answer, at least 1 (a
+        callable that fails or answers nonsense counts as 1: this process alone)."""
+        if not callable(self.instances):
+            return self.instances
+        try:
+            n = self.instances()
+        except Exception:  # a failing count must not turn an outage into errors
+            return 1
+        return n if type(n) is int and n >= 1 else 1
+
+    def share(self, algorithm: Algorithm, rate: Rate, options: BindOptions) -> Share:
+        return Share(self, algorithm, rate, options)
+
+
+class Share:
+    """One limit's local part, bound again whenever the number of instances moves."""
+
+    def __init__(
+        self, fallback: LocalFallback, algorithm: Algorithm, rate: Rate, options: BindOptions
+    ) -> None:
+        self.fallback, self.algorithm, self.rate, self.options = fallback, algorithm, rate, options
+        self.bound: dict[int, Bound] = {}
+
+    def get(self) -> Bound:
+        n = self.fallback.count()
+        bound = self.bound.get(n)
+        if bound is None:
+            rate, burst = self.rate, self.options["burst"]
+            part = Rate(max(rate.limit // n, 1), rate.period)
+            options = BindOptions(
+                burst=None if burst is None else max(burst // n, 1),
+                prefix=f"{self.options['prefix']}fallback/{n}:",
+                rule=self.options["rule"],
+                on_failure="raise",
+            )
+            bound = self.bound[n] = self.fallback.store.bind(self.algorithm, part, **options)
+        return bound
+
+
+class Tier(Protocol):
+    """What a store's limit shows the policies (the exact and the two-tier ones)."""
+
+    policy: OnFailure
+    size: int
+    rule: str | None
+    local: Share | None
+
+
+def answer(
+    tiers: Sequence[Tier],
+    checks: Sequence[tuple[str, int]],
+    wait: float,
+    error: StoreError,
+    *,
+    peek: bool = False,
+) -> Decision:
+    """The policies' answer for a request's ``tiers`` (each with its key and cost)
+    when the store failed with ``error``: ``"raise"`` in any tier raises; the
+    ``local_fallback`` tiers are counted here together, as one request."""
+    decisions: list[Decision] = []
+    local: list[tuple[Any, str, int]] = []
+    bounds: list[Bound] = []
+    store: Any = None
+    for tier, (key, cost) in zip(tiers, checks, strict=True):
+        if tier.policy == "local_fallback" and tier.local is not None:
+            store = tier.local.fallback.store
+            bound = tier.local.get()
+            bounds.append(bound)
+            local.append((bound.tier, key, cost))
+        else:
+            decisions.append(fallback(tier.policy, tier.size, tier.rule, wait, error))
+    if local:
+        if peek:
+            here = pick(
+                [b.peek(key, cost) for b, (_, key, cost) in zip(bounds, local, strict=True)]
+            )
+        elif len(local) == 1:
+            here = bounds[0].hit(local[0][1], local[0][2])
+        else:
+            here = store.hit_many(local)
+        decisions.append(msgspec.structs.replace(here, degraded=True))
+    return pick(decisions)
