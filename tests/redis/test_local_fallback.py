@@ -61,6 +61,8 @@ def test_a_callable_counts_the_instances_each_time(server: RedisServer) -> None:
     assert sum(limiter.hit("k").allowed for _ in range(20)) == 5
     members[0] = 5  # the fleet grew: a part of its own, from nothing
     assert sum(limiter.hit("k").allowed for _ in range(20)) == 2
+    members[0] = 0  # nonsense (or a count that fails): the last good one, 5, holds
+    assert not limiter.hit("k").allowed
     store.close()
 
 

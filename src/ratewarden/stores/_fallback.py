@@ -40,18 +40,23 @@ class LocalFallback:
         from .memory import MemoryStore  # noqa: PLC0415 - the memory store imports this package
 
         self.instances = instances
+        self.last = 1  # a callable's last good count
         self.store = MemoryStore(max_keys=MAX_KEYS, **({} if clock is None else {"clock": clock}))
 
     def count(self) -> int:
-        """Instances sharing the limits now: a callable's answer, at least 1 (a
-        callable that fails or answers nonsense counts as 1: this process alone)."""
+        """Instances sharing the limits now: a callable's answer; when it fails or
+        answers anything but a positive integer (it may need the store that is
+        down), its last good answer, or 1 (this process alone) if it never gave one."""
         if not callable(self.instances):
             return self.instances
         try:
             n = self.instances()
         except Exception:  # a failing count must not turn an outage into errors
-            return 1
-        return n if type(n) is int and n >= 1 else 1
+            return self.last
+        if type(n) is not int or n < 1:
+            return self.last
+        self.last = n
+        return n
 
     def share(self, algorithm: Algorithm, rate: Rate, options: BindOptions) -> Share:
         return Share(self, algorithm, rate, options)
