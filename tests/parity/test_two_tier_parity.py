@@ -33,7 +33,7 @@ steps = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     algorithm=st.sampled_from(["fixed_window", "sliding_window_counter", "gcra"]),
     rate=st.sampled_from(["20/second", "7/2second", "100/minute"]),

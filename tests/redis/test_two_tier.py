@@ -242,3 +242,40 @@ def test_an_unknown_key_passes_a_little_then_asks(
     assert counter.calls == 1  # the 13th asked Redis, and learnt the window is full
     sync(a)
     assert used(observer, name, "1000/hour", "k", "fixed_window") == 1012
+
+
+def test_memory_stays_bounded_under_a_flood_of_keys(
+    redis_single: RedisServer, clock: FakeClock
+) -> None:
+    store = RedisStore(redis_single.url, clock=clock,
+                       two_tier=TwoTierSettings(sync_interval=60, max_keys=100))  # fmt: skip
+    limiter = Limiter("1000/hour", store=store, name=f"n{uuid.uuid4().hex}",
+                      algorithm="fixed_window", two_tier=True)  # fmt: skip
+    for i in range(300):  # each passes on no knowledge: its hit waits for a sync
+        assert limiter.hit(f"k{i}").allowed
+    assert store._local is not None
+    entries = store._local.limits[0].entries
+    assert len(entries) == 111  # a tenth over, then keys go to Redis, not to memory
+    sync(store)
+    assert len(entries) == 90  # the sync sent every hit, then dropped the oldest
+    observer = RedisStore(redis_single.url, clock=clock)
+    assert sum(used(observer, limiter.name or "", "1000/hour", f"k{i}", "fixed_window")
+               for i in range(300)) == 300  # fmt: skip
+    store.close()
+    observer.close()
+
+
+def test_a_store_dropped_without_close_ends_its_thread(redis_single: RedisServer) -> None:
+    import gc  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    store = RedisStore(redis_single.url, two_tier=TwoTierSettings(sync_interval=0.01))
+    Limiter("10/second", store=store, two_tier=True).hit("k")
+    assert store._local is not None
+    thread = store._local.thread
+    assert thread is not None
+    del store
+    gc.collect()
+    thread.join(timeout=2)
+    assert not thread.is_alive()
+    assert all(t.name != "ratewarden-two-tier" or t is not thread for t in threading.enumerate())

@@ -197,8 +197,9 @@ class LocalLimit:
         if entry.synced < 0 or now - entry.synced > self.stale:
             # Unknown here: a few hits pass on no knowledge, at most `cold` a sync
             # (the next sync, which they call for, brings the state); then Redis.
-            if entry.delta + cost > self.cold:
-                return EXACT_CHECK
+            kept = self.entries.get(entry.key[len(self.prefix) :]) is entry
+            if entry.delta + cost > self.cold or not kept:
+                return EXACT_CHECK  # past what passes unknown, or an entry not kept
             decision = self.step(self.current(entry, now), now, cost, self.params)[0]
             if decision.allowed:
                 self.count(entry, now, cost)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
@@ -140,18 +141,11 @@ class TwoTier(Engine):
 
     def start(self) -> None:
         if self.thread is None:
-            self.thread = threading.Thread(target=self.run, name="ratewarden-two-tier", daemon=True)
+            self.thread = threading.Thread(
+                target=_run, args=(weakref.ref(self), self.wake, self.settings.sync_interval),
+                name="ratewarden-two-tier", daemon=True,
+            )  # fmt: skip
             self.thread.start()
-
-    def run(self) -> None:
-        interval = self.settings.sync_interval
-        while not self.closed:
-            self.wake.wait(interval)
-            self.wake.clear()
-            try:
-                self.sync()
-            except Exception:  # the thread must live on; the next sync tries again
-                log.exception("two-tier sync failed")
 
     def sync(self) -> None:
         """Sends every key's unsent hits now."""
@@ -162,6 +156,7 @@ class TwoTier(Engine):
             except StoreError as exc:
                 reply = exc
             self.synced(chunk, reply, self.lock, sent_at)
+        self.trim(self.lock)
 
     def close(self) -> None:
         """Stops the thread after a last sync."""
@@ -171,6 +166,22 @@ class TwoTier(Engine):
             self.thread.join(timeout=5)
         with contextlib.suppress(StoreError):
             self.sync()
+
+
+def _run(engine_ref: weakref.ref[TwoTier], wake: threading.Event, interval: float) -> None:
+    """The sync thread. It holds its engine only while syncing, so a store dropped
+    without `close` is collected (its unsent hits with it) and the thread ends."""
+    while True:
+        wake.wait(interval)
+        wake.clear()
+        engine = engine_ref()
+        if engine is None or engine.closed:
+            return
+        try:
+            engine.sync()
+        except Exception:  # the thread must live on; the next sync tries again
+            log.exception("two-tier sync failed")
+        del engine
 
 
 class AsyncTwoTier(Engine):
@@ -291,14 +302,14 @@ class AsyncTwoTier(Engine):
     async def sync(self) -> None:
         """Sends every key's unsent hits now, every call in one pipeline."""
         batches = self.batches(self.lock)
-        if not batches:
-            return
-        sent_at = time.time_ns()
-        replies = await asyncio.gather(
-            *(self.submit(*call) for call, _ in batches), return_exceptions=True
-        )
-        for (_, chunk), reply in zip(batches, replies, strict=True):
-            self.synced(chunk, reply, self.lock, sent_at)
+        if batches:
+            sent_at = time.time_ns()
+            replies = await asyncio.gather(
+                *(self.submit(*call) for call, _ in batches), return_exceptions=True
+            )
+            for (_, chunk), reply in zip(batches, replies, strict=True):
+                self.synced(chunk, reply, self.lock, sent_at)
+        self.trim(self.lock)
 
     async def aclose(self) -> None:
         self.closed = True

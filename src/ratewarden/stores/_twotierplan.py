@@ -80,9 +80,15 @@ class Engine:
         return limit
 
     def entry(self, limit: LocalLimit, key: str) -> Entry:
-        entry = limit.entries.get(key)
+        """The key's entry; past a tenth over ``max_keys`` (keys arriving faster than
+        the syncs evict, or a store that is down holding every entry's hits), one
+        that is not kept: its checks go to Redis (`LocalLimit.decide`)."""
+        entries = limit.entries
+        entry = entries.get(key)
         if entry is None:
-            entry = limit.entries[key] = Entry(limit.prefix + key)
+            entry = Entry(limit.prefix + key)
+            if len(entries) <= self.settings.max_keys * 1.1:
+                entries[key] = entry
         return entry
 
     def blocked(self, tiers: Sequence[tuple[LocalLimit, Entry, int, int]]) -> Decision | None:
@@ -249,7 +255,6 @@ class Engine:
                         payload, sent = limit.send(entry, 0)
                         slot = 0 if self.keyslot is None else self.keyslot(entry.key)
                         groups.setdefault(slot, []).append((limit, entry, payload, sent))
-                self.evict(limit)
         calls = []
         now = self.now_arg()
         for members in groups.values():
@@ -280,19 +285,30 @@ class Engine:
                 limit.applied(entry, sent, reply[6 * i + 1 : 6 * i + 7], server_us)
         self.heard(server_us, sent_at, time.time_ns())
 
+    def trim(self, lock: Any) -> None:
+        """After a sync: every limit back under ``max_keys``."""
+        with lock:
+            for limit in self.limits:
+                self.evict(limit)
+
     def evict(self, limit: LocalLimit) -> None:
-        """Past ``max_keys``, drops the least recently synced entries that have
-        nothing unsent (called with the lock held)."""
+        """Past ``max_keys``, drops the oldest entries that have nothing unsent,
+        down to nine tenths of it (called with the lock held; the work is the
+        entries dropped and the busy ones passed over, not the whole dict)."""
         entries = limit.entries
-        excess = len(entries) - self.settings.max_keys
-        if excess <= 0:
+        settings = self.settings
+        drop = len(entries) - settings.max_keys
+        if drop <= 0:
             return
-        idle = sorted(
-            (e for e in entries.values() if not (e.delta or e.pdelta or e.sdelta or e.spdelta)),
-            key=lambda e: e.synced,
-        )
-        for entry in idle[: excess + self.settings.max_keys // 10]:
-            del entries[entry.key[len(limit.prefix) :]]
+        drop += settings.max_keys // 10
+        gone = []
+        for key, entry in entries.items():  # oldest first: dicts keep insertion order
+            if not (entry.delta or entry.pdelta or entry.sdelta or entry.spdelta):
+                gone.append(key)
+                if len(gone) >= drop:
+                    break
+        for key in gone:
+            del entries[key]
 
 
 def _checks(tiers: Sequence[tuple[LocalLimit, Entry, int, int]]) -> list[tuple[str, int]]:

@@ -112,6 +112,7 @@ for i = 1, n do
     out[6 * i - 4] = 0  -- another tier denied: this one counts nothing either
     leases[i] = 0
   end
+  if state and state[1] <= nows[i] then state = nil end  -- full again: no state to keep
   local l = limits[i]
   tick, limit, period, burst, scale, unit, capacity, span = l[1], l[2], l[3], l[4], l[5],
     l[6], l[7], l[8]
