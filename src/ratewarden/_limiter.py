@@ -18,8 +18,17 @@ from ._errors import ConfigurationError
 from ._rate import Rate, parse_rate
 from ._waiting import AsyncTurns, Turns, check_max_wait, deadline_ns, next_wait, timed_out
 from .algorithms import Algorithm, Refill, get_algorithm
-from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
-from .stores._base import AsyncHitFn, AsyncResetFn, BindOptions, Check, HitFn, ResetFn
+from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store, _shards
+from .stores._base import (
+    AsyncBound,
+    AsyncHitFn,
+    AsyncResetFn,
+    BindOptions,
+    Bound,
+    Check,
+    HitFn,
+    ResetFn,
+)
 from .stores._failure import OnFailure, check_policy
 
 __all__ = [
@@ -44,6 +53,8 @@ class LimiterOptions(TypedDict, total=False):
     name: str | None
     on_failure: OnFailure
     two_tier: bool
+    shards: int
+    promote_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +62,8 @@ class _Config:
     rate: Rate
     algorithm: Algorithm
     options: BindOptions
+    shards: int = 1
+    promote_at: float | None = None
 
     @classmethod
     def make(
@@ -63,6 +76,8 @@ class _Config:
         name: str | None = None,
         on_failure: OnFailure = "raise",
         two_tier: bool = False,
+        shards: int = 1,
+        promote_at: float | None = None,
     ) -> _Config:
         parsed = parse_rate(rate)
         algo = get_algorithm(algorithm, refill=refill)
@@ -95,7 +110,20 @@ class _Config:
             if type(two_tier) is not bool:
                 raise ConfigurationError(f"two_tier must be True or False, got {two_tier!r}")
             options["two_tier"] = True
-        return cls(parsed, algo, options)
+        _shards.check_shards(shards, promote_at)
+        return cls(parsed, algo, options, shards, promote_at)
+
+    def bind(self, store: Store) -> Bound:
+        if self.shards == 1:
+            return store.bind(self.algorithm, self.rate, **self.options)
+        return _shards.bind(store, self.algorithm, self.rate, self.options,
+                            shards=self.shards, promote_at=self.promote_at)  # fmt: skip
+
+    def abind(self, store: AsyncStore) -> AsyncBound:
+        if self.shards == 1:
+            return store.bind(self.algorithm, self.rate, **self.options)
+        return _shards.abind(store, self.algorithm, self.rate, self.options,
+                             shards=self.shards, promote_at=self.promote_at)  # fmt: skip
 
 
 class _Shell:
@@ -128,9 +156,10 @@ class _Shell:
         options = self._config.options
         burst = "" if options["burst"] is None else f", burst={options['burst']}"
         name = "" if options["rule"] is None else f", name={options['rule']!r}"
+        shards = "" if self._config.shards == 1 else f", shards={self._config.shards}"
         return (
             f"{type(self).__name__}({str(self.rate)!r}, algorithm={self.algorithm!r}{burst}"
-            f"{name}, store={self.store!r})"
+            f"{name}{shards}, store={self.store!r})"
         )
 
 
@@ -158,6 +187,11 @@ class Limiter(_Shell):
     every few milliseconds, asking Redis one check at a time only near the limit:
     far fewer round trips, at the price of a small, bounded over-admission (see
     docs/two-tier.md); the memory store is local already and ignores it.
+    ``shards=N`` splits each key's limit into N exact parts in different Redis
+    Cluster slots, so that a hot key spreads over the nodes; the key never admits
+    more than its limit, and leaves less than N * cost unused (see docs/sharding.md).
+    ``promote_at`` (with ``shards``) keeps a key on its own counter until this
+    process checks it that many times a second.
     A cost larger than the limit can ever grant is denied with ``retry_after=inf``.
     """
 
@@ -171,9 +205,7 @@ class Limiter(_Shell):
     ) -> None:
         self._config = _Config.make(rate, **options)
         self.store = MemoryStore() if store is None else store
-        self.hit, self.peek, self.reset, self._tier = self.store.bind(
-            self._config.algorithm, self._config.rate, **self._config.options
-        )
+        self.hit, self.peek, self.reset, self._tier = self._config.bind(self.store)
         self._turns = Turns()
 
     def acquire(self, key: str, max_wait: float, cost: int = 1) -> Decision:
@@ -218,9 +250,7 @@ class AsyncLimiter(_Shell):
     ) -> None:
         self._config = _Config.make(rate, **options)
         self.store = AsyncMemoryStore() if store is None else store
-        self.hit, self.peek, self.reset, self._tier = self.store.bind(
-            self._config.algorithm, self._config.rate, **self._config.options
-        )
+        self.hit, self.peek, self.reset, self._tier = self._config.abind(self.store)
         self._turns = AsyncTurns()
 
     async def acquire(self, key: str, max_wait: float, cost: int = 1) -> Decision:
@@ -277,9 +307,13 @@ class AsyncSlot(AsyncContextDecorator):
 _L = TypeVar("_L", Limiter, AsyncLimiter)
 
 
-def _checks(checks: Iterable[tuple[_L, str] | tuple[_L, str, int]]) -> tuple[Any, list[Check]]:
-    """The store every tier shares, and the tiers as that store takes them."""
+def _checks(
+    checks: Iterable[tuple[_L, str] | tuple[_L, str, int]],
+) -> tuple[Any, list[Check], bool]:
+    """The store every tier shares, the tiers as that store takes them, and whether
+    any is sharded (then `_shards` drives the store)."""
     store: Any = None
+    sharded = False
     tiers: list[Check] = []
     for check in checks:
         if not isinstance(check, tuple) or len(check) not in (2, 3):  # type: ignore[redundant-expr]
@@ -296,9 +330,10 @@ def _checks(checks: Iterable[tuple[_L, str] | tuple[_L, str, int]]) -> tuple[Any
                 "hit_many needs every limiter on one store: it counts all tiers atomically"
             )
         tiers.append((limiter._tier, key, check[2] if len(check) == 3 else 1))
+        sharded = sharded or limiter._config.shards > 1
     if store is None:
         raise ConfigurationError("hit_many needs at least one (limiter, key) to check")
-    return store, tiers
+    return store, tiers, sharded
 
 
 def hit_many(checks: Iterable[tuple[Limiter, str] | tuple[Limiter, str, int]]) -> Decision:
@@ -314,7 +349,9 @@ def hit_many(checks: Iterable[tuple[Limiter, str] | tuple[Limiter, str, int]]) -
     retry_after (its ``rule`` names it: give your limiters names); if allowed, that
     of the tier with the least room left relative to its size.
     """
-    store, tiers = _checks(checks)
+    store, tiers, sharded = _checks(checks)
+    if sharded:
+        return _shards.hit_many(store, tiers)
     return store.hit_many(tiers)  # type: ignore[no-any-return]
 
 
@@ -322,22 +359,24 @@ async def ahit_many(
     checks: Iterable[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]],
 ) -> Decision:
     """The asyncio twin of `hit_many`, for `AsyncLimiter` tiers."""
-    store, tiers = _checks(checks)
+    store, tiers, sharded = _checks(checks)
+    if sharded:
+        return await _shards.ahit_many(store, tiers)
     return await store.hit_many(tiers)  # type: ignore[no-any-return]
 
 
 def _tiers(
     checks: Sequence[tuple[_L, str, int]], shadow: Sequence[tuple[_L, str, int]]
-) -> tuple[Any, list[Check], list[Check]]:
-    store, tiers = _checks(checks) if checks else (None, [])
-    shadow_store, shadow_tiers = _checks(shadow) if shadow else (store, [])
+) -> tuple[Any, list[Check], list[Check], bool]:
+    store, tiers, sharded = _checks(checks) if checks else (None, [], False)
+    shadow_store, shadow_tiers, shadow_sharded = _checks(shadow) if shadow else (store, [], False)
     if store is None:
         store = shadow_store
     elif shadow_store is not store:
         raise ConfigurationError("hit_tiers needs every limiter on one store")
     if store is None:
         raise ConfigurationError("hit_tiers needs at least one (limiter, key) to check")
-    return store, tiers, shadow_tiers
+    return store, tiers, shadow_tiers, sharded or shadow_sharded
 
 
 def hit_tiers(
@@ -346,7 +385,9 @@ def hit_tiers(
     """For the rule engine: `hit_many` of ``checks`` and, if it admitted the request
     (or there were none), of the ``shadow`` tiers that never deny, in one store
     call. Their Decisions; None for a side not checked."""
-    store, tiers, shadow_tiers = _tiers(checks, shadow)
+    store, tiers, shadow_tiers, sharded = _tiers(checks, shadow)
+    if sharded:
+        return _shards.hit_tiers(store, tiers, shadow_tiers)
     return store.hit_tiers(tiers, shadow_tiers)  # type: ignore[no-any-return]
 
 
@@ -355,7 +396,9 @@ async def ahit_tiers(
     shadow: Sequence[tuple[AsyncLimiter, str, int]],
 ) -> tuple[Decision | None, Decision | None]:
     """The asyncio twin of `hit_tiers`."""
-    store, tiers, shadow_tiers = _tiers(checks, shadow)
+    store, tiers, shadow_tiers, sharded = _tiers(checks, shadow)
+    if sharded:
+        return await _shards.ahit_tiers(store, tiers, shadow_tiers)
     return await store.hit_tiers(tiers, shadow_tiers)  # type: ignore[no-any-return]
 
 

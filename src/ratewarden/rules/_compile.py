@@ -85,6 +85,7 @@ class LimitSpec:
     refill: Refill
     on_failure: FailurePolicy
     two_tier: bool = False  # counted locally and synced (store: two_tier)
+    shards: int = 1  # each key's limit split over this many cluster slots
 
 
 class CompiledRule:
@@ -149,13 +150,14 @@ class CompiledRule:
         algorithm = rule.algorithm or file.defaults.algorithm
         on_failure = rule.on_failure or file.defaults.on_failure
         two_tier = (rule.store or file.defaults.store) == "two_tier"
+        shards = rule.shards or 1
         rates = [parse_rate(r) for r in as_list(rule.rate)]
         # A rule's tiers are told apart by their rate, not their position, so that
         # reordering them in the file keeps their counters; "name@rate" counts under
         # the rule's name (see Limiter), so adding or removing a rate keeps them too.
         names = [rule.name] if len(rates) == 1 else [f"{rule.name}@{r}" for r in rates]
         self.limits = tuple(
-            LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure, two_tier)
+            LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure, two_tier, shards)
             for name, rate in zip(names, rates, strict=True)
         )
         self.slots: tuple[int, ...] = ()

@@ -270,7 +270,7 @@ class RuleEngine(_Core[Limiter]):
         return Limiter(
             spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
             refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
-            two_tier=spec.two_tier,
+            two_tier=spec.two_tier, shards=spec.shards,
         )  # fmt: skip
 
     def check(
@@ -304,7 +304,7 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
         return AsyncLimiter(
             spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
             refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
-            two_tier=spec.two_tier,
+            two_tier=spec.two_tier, shards=spec.shards,
         )  # fmt: skip
 
     async def acheck(

@@ -12,6 +12,7 @@ compiler (`_compile`) normalises.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import math
 import re
@@ -23,6 +24,7 @@ import yaml
 from .._errors import ConfigurationError
 from .._rate import parse_rate
 from ..algorithms import get_algorithm
+from ..stores._shards import MAX_SHARDS
 from ._errors import Problem, RuleFileError
 from ._paths import parse_pattern
 from ._source import Document
@@ -99,6 +101,7 @@ class Rule(_Base, frozen=True):
     response: Response | None = None
     on_failure: FailurePolicy | None = None
     store: Counting | None = None
+    shards: int | None = None  # one key's limit split over this many cluster slots
 
 
 class ClientIP(_Base, frozen=True):
@@ -263,11 +266,30 @@ def _check_rates(rule: Rule, defaults: Defaults, bad: _Bad, at: str) -> None:
             f" buckets, not {algorithm!r}"
             + (" with refill: interval" if rule.refill == "interval" else ""),
         )
+    if rule.shards is not None:
+        _check_shards(rule, bad)
     if rule.burst is not None:
         if algorithm not in _BUCKETS:
             bad("burst", f"burst applies to {', '.join(_BUCKETS)}, not {algorithm!r}")
         elif rule.burst < 1:
             bad("burst", f"burst must be a positive integer, got {rule.burst}")
+
+
+def _check_shards(rule: Rule, bad: _Bad) -> None:
+    shards = rule.shards
+    if shards is None:
+        return
+    if not 1 <= shards <= MAX_SHARDS:
+        bad("shards", f"shards must be an integer from 1 to {MAX_SHARDS}, got {shards}")
+        return
+    # every shard holds a share of each rate (and of the burst): at least 1
+    for text in as_list(rule.rate):
+        with contextlib.suppress(ConfigurationError):  # a bad rate is reported already
+            if parse_rate(text).limit < shards:
+                bad("shards", f"shards: {shards} needs a limit of at least {shards} in every"
+                    f" rate, got {text!r}")  # fmt: skip
+    if rule.burst is not None and 1 <= rule.burst < shards:
+        bad("shards", f"shards: {shards} needs a burst of at least {shards}, got {rule.burst}")
 
 
 def _check_by(who: str) -> str | None:
