@@ -48,3 +48,19 @@ def test_the_fleet_example_runs_against_our_own_server(redis_single: RedisServer
     namespace: dict[str, object] = {"__name__": "readme"}
     exec(compile(code, "README.md fleet block", "exec"), namespace)
     assert namespace["granted"] == 2000.0
+
+
+def test_every_relative_link_stays_in_the_repository_and_exists() -> None:
+    """A link in the README or the docs that leaves the repository, or names a file
+    that is not there, is a dead link for every reader of a clone."""
+    root = README.parent.resolve()
+    pages = [README, *sorted((root / "docs").glob("*.md"))]
+    for page in pages:
+        text = page.read_text()
+        links = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r"`(\.\./[^`]+)`", text)
+        for link in links:
+            if re.match(r"[a-z]+:", link) or link.startswith("#"):
+                continue  # a URL or an anchor
+            target = (page.parent / link.split("#")[0]).resolve()
+            assert target.is_relative_to(root), f"{page.name}: {link} leaves the repository"
+            assert target.exists(), f"{page.name}: {link} does not exist"
