@@ -33,3 +33,26 @@ def test_ci_runs_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "./dev test" in readme
     assert "exec ./dev test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_version_is_written_once() -> None:
+    import ratewarden  # noqa: PLC0415
+
+    assert ratewarden.__version__ == CONFIG["project"]["version"]
+    assert "__version__ =" not in (ROOT / "src" / "ratewarden" / "__init__.py").read_text()
+
+
+def test_no_ruff_ignore_goes_unused() -> None:
+    """Each ignored rule is one the code would break: an ignore nothing needs hides
+    the next real violation of it."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    ruff = Path(sys.executable).parent / "ruff"
+    for rule in CONFIG["tool"]["ruff"]["lint"]["ignore"]:
+        done = subprocess.run(
+            [str(ruff), "check", "--isolated", "--select", rule, "--output-format", "concise",
+             "--exit-zero", "src", "tests", "bench", "examples"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert rule in done.stdout, f"ruff ignores {rule}, which nothing triggers"

@@ -36,4 +36,13 @@ __all__ = [
     "hit_many",
     "parse_rate",
 ]
-__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> str:
+    """``__version__``, read from the installed package's metadata on first use, so
+    that pyproject.toml alone says it and importing ratewarden stays light."""
+    if name == "__version__":
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("ratewarden")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
