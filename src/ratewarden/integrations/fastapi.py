@@ -51,7 +51,7 @@ class RateLimited(HTTPException):
 async def rate_limited_handler(request: Request, exc: Exception) -> Response:
     """Answers a `RateLimited` with its reply as it is (problem+json, or a shadow
     ban's configured response)."""
-    if not isinstance(exc, RateLimited):  # pragma: no cover - registered for RateLimited only
+    if not isinstance(exc, RateLimited):  # registered for RateLimited only
         raise exc
     reply = exc.reply
     return Response(reply.body, status_code=reply.status, headers=dict(reply.headers))

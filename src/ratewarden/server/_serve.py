@@ -19,7 +19,7 @@ import multiprocessing
 import os
 import signal
 import socket
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -200,7 +200,7 @@ def fit_descriptors(limits: ConnectionLimits, listeners: int) -> ConnectionLimit
     store's sockets with it, where one at its cap refuses only the newcomers."""
     try:
         import resource  # noqa: PLC0415 - POSIX only
-    except ImportError:  # pragma: no cover - not POSIX
+    except ImportError:  # not POSIX
         return limits
     need = listeners * limits.max_connections + SPARE_DESCRIPTORS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -400,7 +400,7 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
                       envoy_options=options.envoy)  # fmt: skip
     servers = _Servers(options, http_socket)
     # The compiled rules and the imported modules live as long as the process:
-    # moved out of the collector's reach, they no longer lengthen every full
+    # moved out of the collector's reach, they do not lengthen every full
     # collection (a pause each request in flight then waits out)
     gc.collect()
     gc.freeze()
@@ -504,9 +504,3 @@ def run(options: ServeOptions) -> int:
     if http_socket is not None:
         http_socket.close()
     return code
-
-
-def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - cli.py calls run
-    parser = argparse.ArgumentParser(prog="ratewarden serve")
-    add_arguments(parser)
-    return run(options_from(parser.parse_args(argv)))

@@ -59,7 +59,7 @@ try:  # the redis extra brings it; a bare redis-py keeps redis-py's commands
     import hiredis
 
     HIREDIS = True
-except ImportError:  # pragma: no cover
+except ImportError:
     HIREDIS = False
 
 __all__ = ["SyncWire", "usable"]
@@ -203,7 +203,7 @@ class SyncWire:
         while self._idle:
             try:
                 self._idle.pop().close()
-            except IndexError:  # pragma: no cover - another thread took the last
+            except IndexError:  # another thread took the last
                 break
 
     def _forget(self) -> None:

@@ -48,7 +48,7 @@ try:  # the redis extra brings it; a bare redis-py keeps the pipelines
     import hiredis
 
     HIREDIS = True
-except ImportError:  # pragma: no cover
+except ImportError:
     HIREDIS = False
 
 __all__ = ["Unsupported", "Wire", "usable"]
