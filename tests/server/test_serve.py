@@ -126,6 +126,22 @@ def test_workers_share_a_redis_store(
             with httpx.Client(base_url=served.url) as client:  # new connections: both workers
                 allowed.append(client.post("/v1/check", json=body).json()["allowed"])
         assert allowed == [True] * 3 + [False] * 5
+        # Both workers answered: each one's /metrics counts the checks it served, and
+        # the kernel spreads new connections over them (all 40 on one worker: 2^-39).
+        other = {"attributes": {"path": "/other", "method": "GET", "ip": "7.7.7.7"}}
+        for _ in range(32):
+            with httpx.Client(base_url=served.url) as client:
+                client.post("/v1/check", json=other)
+        served_by = set()
+        count = re.compile(r'ratewarden_request_duration_seconds_count\{endpoint="check"\} (\S+)')
+        for _ in range(40):
+            with httpx.Client(base_url=served.url) as client:
+                text = client.get("/metrics").text
+            found = count.search(text)
+            assert found, text[:2000]
+            served_by.add(int(float(found.group(1))))
+        assert len(served_by) == 2, f"one worker answered every check: {served_by}"
+        assert sum(served_by) == 40, served_by
         # gRPC too: every worker listens on the port, with the same counters
         codes = [grpc_check(served.grpc, "8.8.8.8") for _ in range(5)]
         assert codes == [1, 1, 1, 2, 2]
