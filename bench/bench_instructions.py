@@ -1,6 +1,6 @@
 """Machine instructions per hit, counted by callgrind: ours, `limits` and the floor.
 
-Timings on this project's shared 2-core machines swing by 2x between runs; instruction
+Timings on shared virtual machines swing by 2x between runs; instruction
 counts do not (the same binary, input and environment give the same count). They are
 not time (cache misses and atomic instructions cost more than they count), so this
 complements bench_memory.py rather than replacing it.

@@ -395,7 +395,7 @@ async def latency(
     as a burst, each request timed from that moment.
 
     A tick more than STALL late means the generator's own process did not run:
-    on this VM both cores freeze together now and then (a bare sleep loop sees
+    on a shared virtual machine every core freezes now and then (a bare sleep loop sees
     40-110 ms gaps on both CPUs at the same instants, with nothing else running).
     Requests in flight then, and the catch-up burst after, land in the tail
     whatever the server does; `Latencies.outside_stalls` sets aside those fired

@@ -225,8 +225,8 @@ def test_a_cancelled_async_waiter_does_not_strand_the_queue() -> None:
 
 
 def test_acquire_forever_under_contention() -> None:
-    """max_wait=inf with other callers queued: Event.wait(inf) used to overflow,
-    and the failed waiter stranded the key for every later caller."""
+    """max_wait=inf with other callers queued: Event.wait(inf) overflows, and a
+    waiter that fails must not strand the key for every later caller."""
     limiter = Limiter("200/second", algorithm="gcra", burst=1)
     errors: list[BaseException] = []
 

@@ -17,7 +17,7 @@ For each fault the suite checks (tests/faults/load.py):
   Redis's counts), asyncio tasks, file descriptors, memory (tracemalloc, and
   the objects the garbage collector tracks).
 
-This VM freezes now and then (both cores, tens of milliseconds): a decision in
+A shared virtual machine freezes now and then (every core, tens of milliseconds): a decision in
 flight then may be slow, or time out, whatever the store does. A decision that
 was in flight during such a stall of the test process is excused from the time
 bound, and from being healthy where it should have been, and counted

@@ -35,7 +35,7 @@ from ratewarden import AsyncLimiter, Decision, Limiter
 from ratewarden.stores._failure import Breaker
 
 TIMEOUT = 0.05  # the store's timeout in these tests: the production default
-# Slack on top of the timeout for one decision: this is a shared 2-core VM where a
+# Slack on top of the timeout for one decision: on a shared machine a
 # thread can wait for the GIL (5 ms switch interval), a GC pass or a stall of the
 # machine itself; more than a slow decision needs, far less than a second timeout.
 SLACK = 0.15
@@ -164,9 +164,9 @@ def percentile(values: list[float], p: float) -> float:
 
 class Stalls:
     """Times when this process did not run: a thread that sleeps `TICK` at a
-    time notes each wake-up later than `STALL`. This VM freezes both cores now
-    and then (bench/bench_service.py measured 40-110 ms gaps with nothing else
-    running), and a decision in flight then can time out whatever the store
+    time notes each wake-up later than `STALL`. A shared virtual machine freezes
+    every core now and then (bench/bench_service.py measures 40-110 ms gaps with
+    nothing else running), and a decision in flight then can time out whatever the store
     does; the checks of healthy phases excuse decisions that overlap a stall,
     and the report counts them."""
 

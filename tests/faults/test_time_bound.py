@@ -1,8 +1,8 @@
 """The store's timeout bounds a whole decision, not each round trip within it.
 
 Cases the fault suite's load does not pin down, each built so that the code it
-guards makes a difference of a whole timeout or more (this VM stalls for up to
-~100 ms at times; the margins are larger than that):
+guards makes a difference of a whole timeout or more (a shared virtual machine
+stalls for up to ~100 ms at times; the margins are larger than that):
 
 - a check queued behind a batch that hangs still answers within the timeout of
   its own submission (AsyncRedisStore batches: a check that waited for the one
@@ -29,7 +29,7 @@ def name() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
 
 
-MARGIN = 0.25  # scheduling and the VM's stalls; far less than what each case guards
+MARGIN = 0.25  # scheduling and a machine's stalls; far less than what each case guards
 
 
 def test_a_check_behind_a_hung_batch_answers_within_its_own_timeout() -> None:

@@ -284,8 +284,8 @@ def test_sighup_reloads(tmp_path: Path, store: MemoryStore) -> None:
     restore = engine.reload_on_sighup()
     try:
         path.write_text("rules: [{name: a, rate: 1/minute}, {name: b, rate: 9/minute}]\n")
-        # As if the signal landed inside a hit: the handler used to reload right
-        # there, and binding the new limiters waited forever on the store's lock.
+        # As if the signal landed inside a hit: a handler that reloaded right
+        # there would wait forever on the store's lock to bind the new limiters.
         with store._lock:
             os.kill(os.getpid(), signal.SIGHUP)  # the handler starts a reloading thread
         assert eventually(lambda: len(engine.ruleset) == 2)

@@ -343,6 +343,6 @@ def test_a_billion_laughs_is_refused_at_its_first_alias() -> None:
     ],
 )
 def test_deep_nesting_is_refused_not_a_crash(text: str) -> None:
-    """libyaml's composer recurses in C: this used to kill the process."""
+    """libyaml's composer recurses in C: unbounded nesting kills the process."""
     with pytest.raises(RuleFileError, match="nested more than 64 levels"):
         loads(text, "deep.yaml")

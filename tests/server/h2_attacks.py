@@ -426,7 +426,7 @@ class Result:
 
 
 def _run(attack: Attack, port: int, token: bytes, deadline: float, out: Any) -> None:
-    # The attacker shares this machine's two cores with the server and the
+    # The attacker shares the machine's cores with the server and the
     # legitimate client; at a lower priority it stands in for a client elsewhere
     # whose only way in is the connection, and still sends as fast as it can.
     os.nice(10)

@@ -1,5 +1,8 @@
-"""Requests through Envoy, nginx and Traefik get 200s, then 429s exactly as
-examples/gateways/rules.yaml says (3 a minute per client on /api/*)."""
+"""Requests through real gateways in front of ``ratewarden serve`` get 200s, then
+429s exactly as the rules say: Envoy (its rate-limit filter over gRPC), nginx
+(auth_request) and Traefik (forwardAuth) with examples/gateways/rules.yaml (3 a
+minute per client on /api/*), and Envoy with an envoyproxy/ratelimit config
+served as a drop-in."""
 
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
-"""What the outgoing-call integrations share (httpx, aiohttp): no I/O here.
+"""What the outgoing-call integrations share (httpx, aiohttp): the pauses, and
+the waits for a permit, written once for sync and async.
 
 Before a call: a permit from the limiter for the call's key, after any pause a
-provider asked for on that key, all within ``max_wait``. After a call: a 429 (or
-503) with ``Retry-After`` pauses the key until then, so the next calls wait
-instead of collecting more refusals. The shells only sleep and send.
+provider asked for on that key, all within ``max_wait`` (`Pauses.permit` and
+`Pauses.apermit` wait: the limiter's ``acquire`` and the clock's sleep). After a
+call: a 429 (or 503) with ``Retry-After`` pauses the key until then, so the next
+calls wait instead of collecting more refusals. The client integrations only
+hook these into the request and send.
 """
 
 from __future__ import annotations

@@ -92,8 +92,8 @@ class Outcome(msgspec.Struct, frozen=True):
     def headers(self, *, legacy: bool = True, ietf: bool = True) -> list[tuple[str, str]]:
         """The response headers for this outcome (see `ratewarden._headers`):
         X-RateLimit-* (``legacy``) and RateLimit / RateLimit-Policy (``ietf``) for
-        the enforced limit closest to denying, and Retry-After when denied. None
-        when no enforced limit applied; ``log_only`` limits never show."""
+        the enforced limit closest to denying, and Retry-After when denied. An
+        empty list when no enforced limit applied; ``log_only`` limits never show."""
         if self.decision is None:
             return []
         policies: dict[str, Policy] = {}
@@ -133,7 +133,7 @@ class _Core(Generic[L]):
         self._reloading = threading.Lock()
         self._install(ruleset)
 
-    def _limiter(self, spec: LimitSpec) -> L:  # pragma: no cover - the shells override
+    def _limiter(self, spec: LimitSpec) -> L:  # the shells override
         raise NotImplementedError
 
     def _install(self, ruleset: RuleSet) -> None:
