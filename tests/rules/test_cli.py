@@ -122,3 +122,38 @@ def test_import_ratewarden_pulls_in_no_yaml() -> None:
         "sys.exit(str(bad) if bad else 0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_check_config_knows_an_envoy_ratelimit_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """envoyproxy/ratelimit's format is checked as that, not as a rule file with an
+    unknown field `domain`; a directory of it (a ConfigMap) too."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "domain: mongo_cps\n"
+        "descriptors:\n"
+        "  - key: database\n"
+        "    value: users\n"
+        "    rate_limit: {unit: second, requests_per_unit: 500}\n"
+        "    descriptors:\n"
+        "      - key: user\n"
+        "        rate_limit: {unlimited: true}\n"
+    )
+    assert main(["check-config", str(path)]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].split() == ["domain", "descriptor", "rate", "name", "flags"]
+    assert lines[1].split() == ["mongo_cps", "database=users", "500/second", "-", "-"]
+    assert lines[2].split()[:4] == ["mongo_cps", "database=users", ">", "user"]
+    assert "unlimited" in lines[2]
+    assert "envoyproxy/ratelimit configuration" in lines[-1]
+    assert err == ""
+    (tmp_path / "bad.yaml").write_text(
+        "domain: x\ndescriptors:\n"
+        "  - key: k\n    rate_limit: {unit: parsec, requests_per_unit: 5}\n"
+    )
+    assert main(["check-config", str(tmp_path)]) == 1
+    _, err = capsys.readouterr()
+    assert "unit 'parsec'" in err
+    assert "unknown field" not in err
