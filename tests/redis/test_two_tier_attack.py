@@ -90,11 +90,6 @@ def fresh() -> str:
 # -- defects ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reset() clears only this process's entry: another process keeps the full"
-    " state it synced and denies locally until the window ends, where Redis allows",
-)
 def test_a_reset_reaches_the_other_processes(
     redis_single: RedisServer, made: list[RedisStore], clock: FakeClock
 ) -> None:
@@ -106,7 +101,8 @@ def test_a_reset_reaches_the_other_processes(
     )
     manual(a, b)
     assert la.hit("k", 1000).allowed
-    assert not lb.hit("k").allowed  # b asked Redis and learnt the window is full
+    # more than passes on no knowledge: b asks Redis, and learns the window is full
+    assert not lb.hit("k", 20).allowed
     la.reset("k")
     assert used(redis_single.url, clock, name, "1000/hour", "k", "fixed_window") == 0
     for _ in range(5):  # minutes pass, syncs run: b still denies, on what it knew
@@ -115,12 +111,6 @@ def test_a_reset_reaches_the_other_processes(
     assert lb.hit("k").allowed  # Redis holds next to nothing: it would allow
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="judge() does not restore entry.leased: a multi-tier request denied by"
-    " another tier spends a lease unit, and an allowed one spends a lease unit and is"
-    " counted as a delta too (two units in Redis for one admitted)",
-)
 def test_a_denied_multi_tier_request_spends_no_lease(
     redis_single: RedisServer, made: list[RedisStore], clock: FakeClock
 ) -> None:
@@ -152,18 +142,13 @@ def test_a_denied_multi_tier_request_spends_no_lease(
     assert e.leased == leased, "a denied request spent a lease unit"
     assert hit_many([(two, "k"), (roomy, "k")]).allowed
     sync(a)
-    # one admitted: one unit more in Redis, or one lease unit handed out
-    assert used(redis_single.url, clock, name, rate, "k", "fixed_window") + e.leased == (
-        counted + leased
+    # Redis counts what passed and the lease units not yet handed out: one more
+    # passed, whether from a lease or counted anew
+    assert used(redis_single.url, clock, name, rate, "k", "fixed_window") - e.leased == (
+        counted - leased + 1
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hit_many judges each tier alone: a key repeated in one request passes on"
-    " the same allowance (or the same unknown-key budget) once per repetition; the"
-    " exact store denies it",
-)
 def test_a_key_repeated_in_hit_many(
     redis_single: RedisServer, made: list[RedisStore], clock: FakeClock
 ) -> None:
@@ -181,12 +166,6 @@ def test_a_key_repeated_in_hit_many(
     assert not decision.allowed, f"admitted {over} units past a full window"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="eviction past max_keys drops the oldest entries, hot or not: each time a"
-    " full key comes back it is unknown and passes `cold` units blind again, so"
-    " over-admission grows with the churn (12 per eviction here, without bound)",
-)
 def test_key_churn_does_not_reopen_a_full_key(
     redis_single: RedisServer, made: list[RedisStore], clock: FakeClock
 ) -> None:
@@ -207,12 +186,6 @@ def test_key_churn_does_not_reopen_a_full_key(
     assert over <= 12, f"{over} units past a full window (one unknown-key budget: 12)"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an exact check in flight leaves the allowance live: other threads spend it"
-    " while Redis admits the check on a state without them (1000/hour admits 1701);"
-    " and the check's older reply then overwrites a newer sync's state",
-)
 def test_an_exact_check_in_flight_and_the_other_threads(
     redis_single: RedisServer, made: list[RedisStore], clock: FakeClock
 ) -> None:
@@ -230,7 +203,7 @@ def test_an_exact_check_in_flight_and_the_other_threads(
         clock.advance(0.05)
         sync(a)
     e = entry(a, "k")
-    assert e.allowance > 100
+    assert e.allowance >= 2
     engine = a._local
     assert engine is not None
     real = engine.call
@@ -253,13 +226,6 @@ def test_an_exact_check_in_flight_and_the_other_threads(
     assert counted <= 1010, f"{counted} admitted on 1000/hour"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="processes starting together on a key: after 3 replies (exact checks"
-    " count) a process with no rate measured takes share 1.0, i.e. the whole room"
-    " less the margin, each; 10 processes admit 3x the limit (best case, a sync"
-    " on every flush_at: 1.35x)",
-)
 @pytest.mark.parametrize("flush", [False, True], ids=["within-one-interval", "flush-at-once"])
 def test_processes_starting_together_on_one_key(
     redis_single: RedisServer, made: list[RedisStore], clock: FakeClock, flush: bool
@@ -286,12 +252,6 @@ def test_processes_starting_together_on_one_key(
     assert counted <= 10000 * 1.125, f"{counted} admitted on 10000/minute"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rates measured apart (each process alone on the key) say 'others: 0';"
-    " when both then burst in one window, each takes the whole room less the margin:"
-    " 1800 on 1000/minute",
-)
 def test_processes_that_took_turns_then_burst_together(
     redis_single: RedisServer, made: list[RedisStore], clock: FakeClock
 ) -> None:
@@ -318,18 +278,14 @@ def test_processes_that_took_turns_then_burst_together(
     assert counted <= 1010, f"{counted} admitted on 1000/minute"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AsyncTwoTier.aclose cancels the sync task mid-sync: the hits in flight"
-    " (sdelta) are neither waited for nor sent again, and the connection closes under"
-    " them (4000 of 6000 admitted never reach Redis)",
-)
 def test_aclose_during_a_sync_in_flight_loses_nothing(redis_single: RedisServer) -> None:
     clock = FakeClock(START)
 
     async def main() -> tuple[int, int]:
         s = AsyncRedisStore(
-            redis_single.url, clock=clock, two_tier=TwoTierSettings(sync_interval=0.02)
+            redis_single.url,
+            clock=clock,
+            two_tier=TwoTierSettings(sync_interval=0.02, flush_at=0.005),
         )
         name = fresh()
         limiter = AsyncLimiter("100000/hour", store=s, name=name, algorithm="fixed_window",
@@ -342,7 +298,7 @@ def test_aclose_during_a_sync_in_flight_loses_nothing(redis_single: RedisServer)
             await asyncio.sleep(0.02)
         with redis_single.client() as client:
             client.execute_command("CLIENT", "PAUSE", "300", "ALL")  # a slow Redis
-        for _ in range(4000):  # flush_at wakes the task: a sync goes out, and waits
+        for _ in range(400):  # within flush_at (500): they pass here; a sync goes out
             admitted += (await limiter.hit("k")).allowed
         assert s._local is not None
         e = s._local.limits[0].entries["k"]
@@ -360,12 +316,6 @@ def test_aclose_during_a_sync_in_flight_loses_nothing(redis_single: RedisServer)
     assert counted == admitted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="AsyncTwoTier starts its sync task only when hit() makes a new entry:"
-    " after a peek() made the entry first, no periodic sync ever runs (hits reach"
-    " Redis only with exact checks or at aclose)",
-)
 def test_async_sync_task_runs_after_a_peek_first(redis_single: RedisServer) -> None:
     clock = FakeClock(START)
 
@@ -392,12 +342,6 @@ def test_async_sync_task_runs_after_a_peek_first(redis_single: RedisServer) -> N
     assert counted == admitted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RedisStore(url, two_tier=True) (the Limiter's spelling) is taken as"
-    " settings: AttributeError 'bool' object has no attribute 'sync_interval' at the"
-    " first bind, not a ConfigurationError",
-)
 def test_two_tier_true_on_the_store_is_a_clear_error(redis_single: RedisServer) -> None:
     def bind() -> None:
         s = RedisStore(redis_single.url, two_tier=True)  # type: ignore[arg-type]
@@ -410,12 +354,6 @@ def test_two_tier_true_on_the_store_is_a_clear_error(redis_single: RedisServer) 
         bind()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="before its first reply a process places windows by its own clock (offset"
-    " 0): with the clock behind across a window edge, the hits it passes on an unknown"
-    " key are counted in a window Redis has left, and dropped (100 of 100 here)",
-)
 def test_a_skewed_clock_before_the_first_sync(
     redis_single: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -423,7 +361,8 @@ def test_a_skewed_clock_before_the_first_sync(
 
     real = time.time_ns
     skew = -((real() // 10**9) % 3600 + 10) * 10**9  # 10 s before the hour, here
-    shim = types.SimpleNamespace(time_ns=lambda: real() + skew)
+    shim = types.SimpleNamespace(time_ns=lambda: real() + skew, monotonic=time.monotonic,
+                                 sleep=time.sleep)  # fmt: skip
     monkeypatch.setattr(_twotierio, "time", shim)
     monkeypatch.setattr(_twotierplan, "time", shim)
     name = fresh()
@@ -538,7 +477,9 @@ def test_nothing_lost_across_a_restart_and_a_window_edge(clock: FakeClock, algor
             admitted.append(sum(limiter.hit("k").allowed for _ in range(100)))
             clock.advance(0.1)
             sync(s)
-        assert sum(admitted) == 1000  # the allowance keeps passing while Redis is down
+        # while Redis is down the allowance passes up to flush_at unsent hits, then
+        # the policy (fail_closed) answers
+        assert 0 < sum(admitted) < 1000
         server.start()
         s.breaker.succeeded()
         sync(s)
@@ -551,8 +492,8 @@ def test_nothing_lost_across_a_restart_and_a_window_edge(clock: FakeClock, algor
         assert counted == after
     elif algorithm == "sliding_window_counter":  # the window before weighs 59.75 s/60
         assert abs(counted - (after + before * (60 - 0.25) / 60)) <= 1
-    else:  # the bucket: all 1000, less what drained after the sync (none, no time)
-        assert counted == 1000
+    else:  # the bucket: everything, less what drained after the sync (none, no time)
+        assert counted == sum(admitted)
 
 
 def test_memory_stays_bounded_while_redis_is_down(clock: FakeClock) -> None:

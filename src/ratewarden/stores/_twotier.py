@@ -46,7 +46,10 @@ __all__ = ["EXACT_CHECK", "Entry", "LocalLimit", "TwoTierSettings"]
 INF = math.inf
 SUPPORTED = ("fixed_window", "sliding_window_counter", "bucket")
 COLD_SHARE = 0.125  # a process's share of the room before it has measured the rates
-STALE_SYNCS = 20  # a state older than this many sync intervals is asked for again
+# A state older than this many sync intervals, and than STALE_AT_LEAST seconds, is
+# asked for again: a reset, or a Redis restart, is seen within that.
+STALE_SYNCS = 20
+STALE_AT_LEAST = 1.0
 EXACT_CHECK = None  # `LocalLimit.decide`'s answer when Redis must decide
 _ENTRY = struct.Struct(">6d")
 _STATE = {2: struct.Struct(">2d"), 3: struct.Struct(">3d")}
@@ -65,7 +68,7 @@ class TwoTierSettings:
 
     sync_interval: float = 0.05
     exact_above: float = 0.9
-    flush_at: float = 0.05
+    flush_at: float = 0.002
     max_keys: int = 1_000_000
 
     def __post_init__(self) -> None:
@@ -85,9 +88,10 @@ class Entry:
     """One key of one limit, as this process knows it."""
 
     __slots__ = (
-        "allowance", "delta", "dwin", "grew", "key", "lease_until", "leased", "left", "others",
-        "own", "pdelta", "rate_at", "reset_at", "sdelta", "sdwin", "seen", "spdelta", "state",
-        "synced", "syncs", "until",
+        "allowance", "asking", "delta", "dwin", "grew", "key", "lease_until", "leased", "left",
+        "others",
+        "own", "pdelta", "rate_at", "reset_at", "samples", "sdelta", "sdwin", "seen", "sent",
+        "spdelta", "state", "synced", "synced_us", "syncs", "taken", "until",
     )  # fmt: skip
 
     def __init__(self, key: str) -> None:
@@ -95,6 +99,11 @@ class Entry:
         self.state: State | None = None  # as Redis returned it at `synced`
         self.synced = -1  # server tick of that state; -1: never seen
         self.syncs = 0  # replies applied
+        self.synced_us = -1  # the server's time of the state, and the send it answered:
+        self.taken = 0  # a reply older than the state held is not applied
+        self.sent = 0  # syncs of this entry sent, numbering them
+        self.asking = 0  # the costs of exact checks under way, which may count
+        self.samples = 0  # rate measurements taken
         self.delta = 0  # admitted here and not yet sent, in window `dwin`
         self.dwin = 0
         self.pdelta = 0  # admitted here in the window before `dwin` (sliding counter)
@@ -118,8 +127,8 @@ class Entry:
 
 
 # What one sync of an entry carried: delta, pdelta, their window, an exact check's
-# cost, the lease asked with it.
-Sent = tuple[int, int, int, int, int]
+# cost, the lease asked with it, its number among the entry's syncs.
+Sent = tuple[int, int, int, int, int, int]
 
 
 class LocalLimit:
@@ -146,11 +155,12 @@ class LocalLimit:
         self.policy = options["on_failure"]
         self.settings = settings
         self.interval = max(round(settings.sync_interval * 1e6 / tick_us), 1)  # ticks
-        self.stale = self.interval * STALE_SYNCS
+        self.stale = max(self.interval * STALE_SYNCS, round(STALE_AT_LEAST * 1e6 / tick_us))
         self.keep = (1 - settings.exact_above) * self.size
         self.flush_at = max(int(settings.flush_at * self.size), 1)
         # what a process admits of a key it has no state of, between two syncs
         self.cold = int(self.keep * COLD_SHARE)
+        self.timed = False  # the clocks' offset is known (the engine sets it)
         self.entries: dict[str, Entry] = {}
         self.hit: Any = None  # the store's bound hit, for a hit_many of this one tier
         self.local: Share | None = None  # what local_fallback counts on, if it is the policy
@@ -194,23 +204,30 @@ class LocalLimit:
                 True, self.size, max(entry.left, 0), max(entry.reset_at - now, 0) / self.params.hz,
                 0.0, self.rule,
             )  # fmt: skip
-        if entry.synced < 0 or now - entry.synced > self.stale:
+        # Past here Redis may be asked, the lock let go meanwhile: another thread
+        # must not spend an allowance the answer may show spent.
+        entry.allowance = 0
+        if entry.synced < 0:
             # Unknown here: a few hits pass on no knowledge, at most `cold` a sync
             # (the next sync, which they call for, brings the state); then Redis.
+            # Not before the clocks' offset is known: a window placed by a clock
+            # that is off would count them where Redis drops them.
             kept = self.entries.get(entry.key[len(self.prefix) :]) is entry
-            if entry.delta + cost > self.cold or not kept:
-                return EXACT_CHECK  # past what passes unknown, or an entry not kept
+            if entry.delta + cost > self.cold or not kept or not self.timed:
+                return EXACT_CHECK
             decision = self.step(self.current(entry, now), now, cost, self.params)[0]
             if decision.allowed:
                 self.count(entry, now, cost)
             return decision
+        if now - entry.synced > self.stale:
+            return EXACT_CHECK  # a state this old may be reset, or lost by a restart
         state = self.current(entry, now)
         lower = self.step(state, now, cost, self.params)[0]
         if not lower.allowed:  # the others only add: Redis would deny it too
-            entry.allowance = 0
             return lower
         self.plan(entry, state, now, lower)
         if entry.allowance < cost:
+            entry.allowance = 0
             return EXACT_CHECK
         return self.admit(entry, now, cost)
 
@@ -248,13 +265,21 @@ class LocalLimit:
     def plan(self, entry: Entry, state: State | None, now: int, seen: Decision) -> None:
         """Sizes the entry's allowance from ``state`` (its own hits counted)."""
         others = entry.others
-        room = self.room(state, now)
+        room = self.room(state, now) - entry.asking
         margin = self.keep + others * (now - entry.synced + 2 * self.interval)
         total = entry.own + others
-        share = entry.own / total if total > 0 else 1.0
-        if entry.syncs < 3:
-            share *= COLD_SHARE
-        entry.allowance = max(int((room - margin) * share), 0)
+        # Between two states a process admits at most flush_at on its own (the
+        # others' rates may be stale: they were idle, and burst now), and until it
+        # has measured the rates, an eighth of its share and at most `cold`: this
+        # bounds what processes starting together on a key can cost.
+        if entry.samples < 2 or total <= 0:
+            share, most = COLD_SHARE, self.cold
+        else:
+            share, most = entry.own / total, self.flush_at
+        # (what it has admitted since the state it holds: unsent, and sent but
+        # not yet answered)
+        since = entry.delta + entry.sdelta
+        entry.allowance = max(min(int((room - margin) * share), most - since), 0)
         entry.left = room
         entry.reset_at = now + round(seen.reset_after * self.params.hz)
         until = now + self.interval
@@ -296,7 +321,9 @@ class LocalLimit:
         """`_sync.lua`'s 14 doubles for the entry with its unsent hits handed over,
         an exact check of ``cost`` (0: none) and a ``lease``; and what was sent, for
         `applied` (or `unsent`, should the sync fail)."""
-        sent = (entry.delta, entry.pdelta, entry.dwin, cost, lease)
+        entry.sent += 1
+        entry.asking += cost
+        sent = (entry.delta, entry.pdelta, entry.dwin, cost, lease, entry.sent)
         entry.sdelta += entry.delta
         entry.spdelta += entry.pdelta
         entry.sdwin = entry.dwin
@@ -307,7 +334,8 @@ class LocalLimit:
 
     def unsent(self, entry: Entry, sent: Sent) -> None:
         """A sync failed: its hits are unsent again, nothing lost."""
-        delta, pdelta, dwin, _, _ = sent
+        delta, pdelta, dwin, cost, _, _ = sent
+        entry.asking -= cost
         entry.sdelta -= delta
         entry.spdelta -= pdelta
         if not self.windowed or dwin == entry.dwin:
@@ -322,13 +350,17 @@ class LocalLimit:
         """Takes in a sync's reply for the entry (its six values): the new state, the
         rates, a lease, the next allowance; and the exact check's Decision, if one
         was asked."""
-        delta, pdelta, dwin, cost, _ = sent
+        delta, pdelta, dwin, cost, _, number = sent
+        entry.asking -= cost
         entry.sdelta -= delta
         entry.spdelta -= pdelta
         now = server_us // self.tick_us
         allowed, remaining, reset, retry, raw, granted = reply
         state = decode(raw)
-        if entry.synced >= 0 and now >= entry.synced:
+        # Replies of one entry can come back out of order (threads, connections): a
+        # state older than the one held would forget hits and admit them again.
+        newer = (server_us, number) > (entry.synced_us, entry.taken)
+        if entry.synced >= 0 and newer:
             # what Redis would hold had nobody else counted: the room it lost beyond
             # that is the others' doing
             expected = force(self, entry.state, now, delta, dwin, pdelta=pdelta)
@@ -341,8 +373,9 @@ class LocalLimit:
                 entry.leased += granted
                 remaining += granted  # the caller's room: the lease is still to hand out
                 entry.lease_until = self.window(now) if self.windowed else now + self.stale
-        if entry.synced < 0 or now >= entry.synced:
+        if newer:
             entry.state, entry.synced = state, now
+            entry.synced_us, entry.taken = server_us, number
             entry.syncs += 1
         if entry.rate_at < 0:
             entry.rate_at, entry.seen, entry.grew = now, 0, 0
@@ -353,9 +386,10 @@ class LocalLimit:
             if entry.seen or entry.grew:
                 elapsed = now - entry.rate_at
                 own, others = entry.seen / elapsed, entry.grew / elapsed
-                if entry.syncs > 2:
+                if entry.samples:
                     own, others = (entry.own + own) / 2, (entry.others + others) / 2
                 entry.own, entry.others = own, others
+                entry.samples += 1
             entry.rate_at, entry.seen, entry.grew = now, 0, 0
         answer = None
         if allowed >= 0:

@@ -31,6 +31,8 @@ __all__ = ["AsyncTwoTier", "TwoTier"]
 
 log = logging.getLogger("ratewarden.stores")
 _ONE = 1
+CLOSE_WAIT = 5.0  # seconds a closing store tries to send its last hits
+CLOSE_RETRY = 0.05  # seconds between its tries
 
 
 class _NoLock:
@@ -163,9 +165,13 @@ class TwoTier(Engine):
         self.closed = True
         self.wake.set()
         if self.thread is not None:
-            self.thread.join(timeout=5)
-        with contextlib.suppress(StoreError):
+            self.thread.join(timeout=CLOSE_WAIT)
+        deadline = time.monotonic() + CLOSE_WAIT
+        self.sync()
+        while self.unsent()[0] and time.monotonic() < deadline:  # Redis slow, or down
+            time.sleep(CLOSE_RETRY)
             self.sync()
+        self.unsent_at_close()
 
 
 def _run(engine_ref: weakref.ref[TwoTier], wake: threading.Event, interval: float) -> None:
@@ -229,9 +235,8 @@ class AsyncTwoTier(Engine):
                         self.wake.set()
                     return decision
             else:
-                if self.task is None:
-                    self.start()
                 entry = self.entry(limit, key)
+            self.running()
             decision = decide(entry, now, cost)
             if decision is not None:
                 return decision
@@ -239,6 +244,7 @@ class AsyncTwoTier(Engine):
 
         async def peek(key: str, cost: int = 1) -> Decision:
             check_cost(cost)
+            self.running()
             now = now_us() // tick_us
             entry = self.entry(limit, key)
             if entry.synced < 0 or now - entry.synced > limit.stale:
@@ -258,8 +264,7 @@ class AsyncTwoTier(Engine):
     async def hit_many(
         self, checks: Sequence[Check], exact_many: Callable[[Sequence[Check]], Any]
     ) -> Decision:
-        if self.task is None:
-            self.start()
+        self.running()
         return await self.drive(self.plan(checks, self.lock), exact_many)
 
     async def drive(
@@ -282,10 +287,16 @@ class AsyncTwoTier(Engine):
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 
-    def start(self) -> None:
-        if self.task is None and not self.closed:
-            self.wake = asyncio.Event()
-            self.task = asyncio.get_running_loop().create_task(self.run())
+    def running(self) -> None:
+        """Starts the sync task in this loop, unless it runs there already (a check
+        of another loop, or one after the last task ended, starts a new one)."""
+        task = self.task
+        if self.closed or (
+            task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop()
+        ):
+            return
+        self.wake = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self.run())
 
     async def run(self) -> None:
         interval = self.settings.sync_interval
@@ -312,10 +323,21 @@ class AsyncTwoTier(Engine):
         self.trim(self.lock)
 
     async def aclose(self) -> None:
+        """Stops the task after a last sync. A sync under way is let finish (cut
+        short, the hits it carries would be in flight for good), within a bound."""
         self.closed = True
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        with contextlib.suppress(StoreError):
+        task = self.task
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            if self.wake is not None:
+                self.wake.set()
+            await asyncio.wait({task}, timeout=CLOSE_WAIT)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        deadline = time.monotonic() + CLOSE_WAIT
+        await self.sync()
+        while self.unsent()[0] and time.monotonic() < deadline:  # Redis slow, or down
+            await asyncio.sleep(CLOSE_RETRY)
             await self.sync()
+        self.unsent_at_close()

@@ -54,6 +54,7 @@ class Engine:
         self.keyslot = keyslot
         self.limits: list[LocalLimit] = []
         self.offset_us = 0  # the server's clock less ours, from the last sync
+        self.timed = test_clock is not None  # the offset is known (a test clock has none)
         self.closed = False
 
     def now_us(self) -> int:
@@ -71,9 +72,14 @@ class Engine:
         midpoint (wrong by at most half of it)."""
         if self.test_clock is None:
             self.offset_us = server_us - (sent_at + back_at) // 2000
+        if not self.timed:
+            self.timed = True
+            for limit in self.limits:
+                limit.timed = True
 
     def make(self, algorithm: Algorithm, rate: Rate, options: BindOptions) -> LocalLimit:
         limit = LocalLimit(algorithm, rate, options, self.settings)
+        limit.timed = self.timed
         if options["on_failure"] == "local_fallback":
             limit.local = self.fallback.share(algorithm, rate, options)
         self.limits.append(limit)
@@ -133,9 +139,12 @@ class Engine:
         decisions: list[Decision] = []
         asked: list[tuple[LocalLimit, Entry, int, int]] = []
         here: list[tuple[LocalLimit, Entry, int, int]] = []
+        repeated = {id(t[1]) for t in ours if sum(u[1] is t[1] for u in ours) > 1}
         with lock:
             for limit, entry, now, cost in ours:
-                judged = judge(limit, entry, now, cost)
+                # a key in several tiers: each judged alone would spend one allowance
+                # twice; Redis sees them in turn
+                judged = None if id(entry) in repeated else judge(limit, entry, now, cost)
                 if judged is None:
                     asked.append((limit, entry, now, cost))
                 elif not judged.allowed:
@@ -160,7 +169,12 @@ class Engine:
             decisions.append(decision)
         with lock:
             for limit, entry, now, cost in here:
-                decisions.append(limit.admit(entry, now, cost))
+                # as judged (a lease, or the allowance), or counted here if another
+                # thread has spent what the judgement saw
+                decided = limit.decide(entry, now, cost)
+                if decided is None or not decided.allowed:
+                    decided = limit.admit(entry, now, cost)
+                decisions.append(decided)
         return pick(decisions)
 
     def one(
@@ -285,6 +299,22 @@ class Engine:
                 limit.applied(entry, sent, reply[6 * i + 1 : 6 * i + 7], server_us)
         self.heard(server_us, sent_at, time.time_ns())
 
+    def unsent(self) -> tuple[int, int]:
+        """Hits not yet in Redis, and their keys."""
+        units = keys = 0
+        for limit in self.limits:
+            for entry in limit.entries.values():
+                left = abs(entry.delta) + abs(entry.pdelta) + abs(entry.sdelta)
+                if left:
+                    units, keys = units + left, keys + 1
+        return units, keys
+
+    def unsent_at_close(self) -> None:
+        """Says so when a closing store could not send every hit (Redis down)."""
+        units, keys = self.unsent()
+        if units:
+            log.warning("two-tier: %d hits of %d keys could not reach Redis at close", units, keys)
+
     def trim(self, lock: Any) -> None:
         """After a sync: every limit back under ``max_keys``."""
         with lock:
@@ -303,7 +333,10 @@ class Engine:
         drop += settings.max_keys // 10
         gone = []
         for key, entry in entries.items():  # oldest first: dicts keep insertion order
-            if not (entry.delta or entry.pdelta or entry.sdelta or entry.spdelta):
+            # One with hits to send stays, and so does one known full: dropped, it
+            # would pass hits on no knowledge when it comes back.
+            full = entry.synced >= 0 and entry.left <= 0
+            if not (entry.delta or entry.pdelta or entry.sdelta or entry.spdelta or full):
                 gone.append(key)
                 if len(gone) >= drop:
                     break
@@ -319,11 +352,11 @@ def _checks(tiers: Sequence[tuple[LocalLimit, Entry, int, int]]) -> list[tuple[s
 def judge(limit: LocalLimit, entry: Entry, now: int, cost: int) -> Decision | None:
     """`LocalLimit.decide` without counting: a denial, an allowed Decision to count
     later, or None when Redis must decide."""
-    allowance, left = entry.allowance, entry.left
+    allowance, left, leased = entry.allowance, entry.left, entry.leased
     delta, pdelta, dwin, seen = entry.delta, entry.pdelta, entry.dwin, entry.seen
     decision = limit.decide(entry, now, cost)
-    if decision is not None and decision.allowed:  # undo the count: `admit` redoes it
-        entry.allowance, entry.left = allowance, left
+    if decision is not None and decision.allowed:  # undo the count: the plan redoes it
+        entry.allowance, entry.left, entry.leased = allowance, left, leased
         entry.delta, entry.pdelta, entry.dwin, entry.seen = delta, pdelta, dwin, seen
     return decision
 

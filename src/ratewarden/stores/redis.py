@@ -35,6 +35,17 @@ from ._wire import Wire, usable
 __all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "TwoTierSettings", "connect"]
 
 
+def _settings(two_tier: object) -> TwoTierSettings:
+    if two_tier is None:
+        return TwoTierSettings()
+    if not isinstance(two_tier, TwoTierSettings):
+        raise ConfigurationError(
+            f"two_tier takes TwoTierSettings(...), got {two_tier!r}; a limit counts in two"
+            " tiers when it is bound with two_tier=True (Limiter(..., two_tier=True))"
+        )
+    return two_tier
+
+
 class RedisStore:
     """A store in Redis, Redis Cluster or a Sentinel-watched Redis, from a URL (see
     `connect`) or an existing ``redis.Redis`` / ``redis.RedisCluster`` client.
@@ -88,7 +99,7 @@ class RedisStore:
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock  # for acquire's waits
         self._keyslot = client.keyslot if isinstance(client, RedisCluster) else None
-        self._two_tier = two_tier or TwoTierSettings()
+        self._two_tier = _settings(two_tier)
         self._fallback = LocalFallback(instances, clock)
         self._local: TwoTier | None = None  # made by the first two-tier limit
 
@@ -227,7 +238,7 @@ class AsyncRedisStore:
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock
         self._keyslot = client.keyslot if isinstance(client, AsyncRedisCluster) else None
-        self._two_tier = two_tier or TwoTierSettings()
+        self._two_tier = _settings(two_tier)
         self._fallback = LocalFallback(instances, clock)
         self._local: AsyncTwoTier | None = None  # made by the first two-tier limit
         # A client made here from a URL, on one plain server: the checks go over a
