@@ -53,14 +53,17 @@ class Model:
                 return t - now
         raise AssertionError("model: no pass within the horizon")
 
-    def reset_after(self, now: int) -> int:
+    def reset_after(self, now: int) -> float:
         for t in range(now, now + self.horizon()):
             if self.whole(t):
                 return t - now
         raise AssertionError("model: never whole within the horizon")
 
-    def hit(self, now: int, cost: int) -> tuple[bool, int, float, int]:
-        """(allowed, remaining, retry_after, reset_after) in ticks, admitting if allowed."""
+    def hit(self, now: int, cost: int) -> tuple[bool, int, float, float]:
+        """(allowed, remaining, retry_after, reset_after) in ticks, admitting if allowed.
+
+        Typed as Decision's fields: mypy narrows a tuple compared with one whose
+        element types differ (int for float) to nothing."""
         if self.allows(now, cost):
             self.history.append((now, cost))
             return True, self.remaining(now), 0, self.reset_after(now)

@@ -124,11 +124,14 @@ def test_waiting_threads_are_served_in_arrival_order() -> None:
     limiter = Limiter("50/second", algorithm="token_bucket", burst=1)
     limiter.hit("k")
     order: list[int] = []
+
+    def queue_up(i: int) -> None:
+        limiter.acquire("k", max_wait=5.0)
+        order.append(i)
+
     threads = []
     for i in range(5):
-        thread = threading.Thread(
-            target=lambda i=i: (limiter.acquire("k", max_wait=5.0), order.append(i))
-        )
+        thread = threading.Thread(target=queue_up, args=(i,))
         thread.start()
         threads.append(thread)
         deadline = time.monotonic() + 2

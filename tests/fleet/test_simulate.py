@@ -16,10 +16,10 @@ import pytest
 
 from ratewarden.cli import main as ratewarden
 from ratewarden.fleet._scenarios import Result, Scenario, check, documented
+from ratewarden.fleet._simbackend import TrueClock
 from ratewarden.fleet._simulate import (
     ModelBackend,
     RedisBackend,
-    TrueClock,
     _Progress,
     add_arguments,
     main,

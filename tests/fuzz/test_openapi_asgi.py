@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import schemathesis
 from hypothesis import settings
@@ -16,6 +17,9 @@ from hypothesis import settings
 from ratewarden import AsyncMemoryStore
 from ratewarden.server import App, Service
 from tests.server.conftest import ENVOY, RULES
+
+if TYPE_CHECKING:
+    from schemathesis.specs.openapi.schemas import OpenApiCase
 
 # 413: a body over the size limit is refused before it is read, which no schema says
 CHECKS = {
@@ -45,5 +49,5 @@ schema = schemathesis.openapi.from_asgi(
 
 @schema.parametrize()
 @settings(max_examples=EXAMPLES)
-def test_api_conforms(case: schemathesis.Case) -> None:
+def test_api_conforms(case: OpenApiCase) -> None:
     case.call_and_validate()

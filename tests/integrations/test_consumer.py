@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
@@ -113,7 +114,7 @@ def test_four_workers_share_50_per_second_for_2_seconds(
 
 def provider(
     statuses: list[tuple[int, dict[str, str]]], seen: list[tuple[str, float]], clock: FakeClock
-):  # type: ignore[no-untyped-def]
+) -> Callable[[httpx.Request], httpx.Response]:
     """A mock provider answering ``statuses`` in turn, then 200; it notes when
     each request arrived (fake time) and for which host."""
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from flask import Flask
 
 from tests.test_readme import BLOCKS
 
@@ -22,7 +24,7 @@ def run_block(marker: str) -> dict[str, Any]:
 
 
 def test_the_fastapi_example_limits() -> None:
-    app = run_block("FastAPI()")["app"]
+    app: FastAPI = run_block("FastAPI()")["app"]
 
     @app.get("/hello")
     async def hello() -> dict[str, str]:
@@ -36,7 +38,7 @@ def test_the_fastapi_example_limits() -> None:
 
 
 def test_the_flask_example_limits() -> None:
-    app = run_block("Flask(__name__)")["app"]
+    app: Flask = run_block("Flask(__name__)")["app"]
 
     @app.get("/hello")
     def hello() -> dict[str, str]:

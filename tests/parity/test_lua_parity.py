@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 
+import redis
 from ratewarden.algorithms import Algorithm, Params, State, peek
 from ratewarden.stores._scripts import Scripts, pack, script_args
 from tests.models import ALGOS
@@ -37,6 +38,7 @@ def as_ticks(allowed: bool, remaining: int, reset: float, retry: float) -> tuple
 def scripts(request: pytest.FixtureRequest) -> Iterator[Scripts]:
     """The scripts on a single node, and on a real 6-node cluster (keys spread over
     all three masters)."""
+    client: redis.Redis | redis.RedisCluster
     if request.param == "single":
         server: RedisServer = request.getfixturevalue("redis_single")
         client = server.client()

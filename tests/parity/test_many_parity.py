@@ -53,6 +53,7 @@ def same(got: Decision, expected: Decision) -> bool:
 @pytest.fixture(scope="module", params=["single", "cluster-one-slot", "cluster-spread"])
 def where(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
     """A Redis client and how to tag keys: "" (one node), "{t}" (one slot)."""
+    client: redis.Redis | redis.RedisCluster
     if request.param == "single":
         server: RedisServer = request.getfixturevalue("redis_single")
         client = server.client()
@@ -68,7 +69,7 @@ def test_async_redis_many_equals_memory(sc: TiersScenario, where: tuple[Any, str
     """The same through AsyncRedisStore (its own client on the same server)."""
     client, tag = where
     url = (
-        f"redis+cluster://127.0.0.1:{client.get_default_node().port}"
+        f"redis+cluster://127.0.0.1:{client.get_default_node().port}"  # type: ignore[no-untyped-call]
         if isinstance(client, redis.RedisCluster)
         else f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
     )
@@ -130,7 +131,7 @@ def test_async_batch_equals_memory(sc: TiersScenario, redis_single: RedisServer)
             theirs = [spec.limiter(store, run, AsyncLimiter) for spec in sc.tiers]
             for gap, costs in sc.events:
                 clock.advance(gap / 1000)
-                expected = []
+                expected: list[Decision] = []
                 for mine, key, cost in zip(ours, keys, costs, strict=True):
                     expected += (mine.peek(key, cost), mine.hit(key, cost))
                 got = await asyncio.gather(

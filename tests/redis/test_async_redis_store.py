@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, StoreUnavailable, ahit_many
+from ratewarden.stores._batcher import _Item
+from ratewarden.stores._failure import OnFailure
 from ratewarden.stores.redis import AsyncRedisStore
 from tests.redis_server import RedisCluster, RedisServer, free_port
 
@@ -25,10 +29,12 @@ def test_async_limits_exactly_under_64_concurrent_callers(redis_single: RedisSer
             pipelines = 0
             send = store._batcher._pipeline
 
-            async def counting(batch: list[object], *args: object) -> list[object]:
+            async def counting(
+                batch: list[_Item], deadline: float | None, load: Sequence[str] = ()
+            ) -> list[Any]:
                 nonlocal pipelines
                 pipelines += 1
-                return await send(batch, *args)  # type: ignore[arg-type]
+                return await send(batch, deadline, load)
 
             store._batcher._pipeline = counting  # type: ignore[method-assign]
 
@@ -62,10 +68,10 @@ def test_async_matches_the_sync_semantics(redis_single: RedisServer) -> None:
 
 
 @pytest.mark.parametrize(("policy", "allowed"), [("fail_open", True), ("fail_closed", False)])
-def test_async_failure_policy(policy: str, allowed: bool) -> None:
+def test_async_failure_policy(policy: OnFailure, allowed: bool) -> None:
     async def main() -> None:
         async with AsyncRedisStore(f"redis://127.0.0.1:{free_port()}/0") as store:
-            limiter = AsyncLimiter("5/hour", store=store, on_failure=policy)  # type: ignore[typeddict-item]
+            limiter = AsyncLimiter("5/hour", store=store, on_failure=policy)
             decisions = await asyncio.gather(*(limiter.hit("k") for _ in range(10)))
             assert all(d.allowed is allowed and d.degraded for d in decisions)
             strict = AsyncLimiter("5/hour", store=store)
@@ -102,7 +108,9 @@ def test_a_failing_batch_never_leaves_a_caller_waiting(redis_single: RedisServer
         async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
             limiter = AsyncLimiter("5/hour", store=store, name=name())
 
-            async def broken(batch: list[object]) -> list[object]:
+            async def broken(
+                batch: list[_Item], deadline: float | None, load: Sequence[str] = ()
+            ) -> list[Any]:
                 raise TypeError("a bug in the pipeline")
 
             store._batcher._pipeline = broken  # type: ignore[method-assign]

@@ -5,6 +5,7 @@ import contextlib
 import math
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from ratewarden import (
     hit_many,
 )
 from ratewarden.rules import RuleEngine, loads
+from ratewarden.stores._failure import OnFailure
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisCluster, RedisServer, free_port, redis_sentinel
 
@@ -30,6 +32,19 @@ LIVE = 5.0
 
 def name() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
+
+
+def record_script_calls(store: RedisStore) -> list[str]:
+    """The names of the scripts the store runs from now on, in order."""
+    calls: list[str] = []
+    real_call = store.scripts.call
+
+    def recording(name: str, numkeys: int, args: list[Any]) -> Any:
+        calls.append(name)
+        return real_call(name, numkeys, args)
+
+    store.scripts.call = recording  # type: ignore[method-assign]
+    return calls
 
 
 @pytest.fixture
@@ -114,12 +129,10 @@ def test_errors_are_store_unavailable_by_default() -> None:
 
 
 @pytest.mark.parametrize(("policy", "allowed"), [("fail_open", True), ("fail_closed", False)])
-def test_policies_answer_degraded(policy: str, allowed: bool) -> None:
+def test_policies_answer_degraded(policy: OnFailure, allowed: bool) -> None:
     store = dead_store()
-    calls = []
-    real_call = store.scripts.call
-    store.scripts.call = lambda *a: calls.append(1) or real_call(*a)  # type: ignore[method-assign]
-    limiter = Limiter("5/hour", store=store, on_failure=policy)  # type: ignore[typeddict-item]
+    calls = record_script_calls(store)
+    limiter = Limiter("5/hour", store=store, on_failure=policy)
     for _ in range(5):
         decision = limiter.hit("k")
         assert decision.allowed is allowed
@@ -180,9 +193,7 @@ def test_hit_many_is_one_script_call(
     redis_single: RedisServer, closing: contextlib.ExitStack
 ) -> None:
     store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
-    calls: list[str] = []
-    real_call = store.scripts.call
-    store.scripts.call = lambda *a: calls.append(a[0]) or real_call(*a)  # type: ignore[method-assign]
+    calls = record_script_calls(store)
     tag = name()
     tiers = [
         Limiter("2/second", algorithm="fixed_window", store=store, name=tag + "s"),
@@ -219,10 +230,10 @@ def test_hit_many_across_cluster_slots_refunds(
 
     real_call = store.scripts.call
 
-    def meddling(script: str, numkeys: int, args: list[object]) -> object:
-        if script == "_refund":
+    def meddling(name: str, numkeys: int, args: list[Any]) -> Any:
+        if name == "_refund":
             wide.hit("{a}")  # another request counts between the count and the refund
-        return real_call(script, numkeys, args)
+        return real_call(name, numkeys, args)
 
     store.scripts.call = meddling  # type: ignore[method-assign]
     assert not hit_many(checks).allowed
@@ -237,10 +248,10 @@ def test_hit_many_across_cluster_slots_refunds(
         (("fail_closed", "raise"), StoreUnavailable),
     ],
 )
-def test_hit_many_failure_policy(policies: tuple[str, str], outcome: object) -> None:
+def test_hit_many_failure_policy(policies: tuple[OnFailure, OnFailure], outcome: object) -> None:
     store = dead_store()
     checks = [
-        (Limiter("5/hour", store=store, on_failure=policy, name=f"t{i}"), "k")  # type: ignore[arg-type]
+        (Limiter("5/hour", store=store, on_failure=policy, name=f"t{i}"), "k")
         for i, policy in enumerate(policies)
     ]
     for _ in range(3):  # through the failures, then with the breaker open
@@ -277,9 +288,7 @@ def test_rule_engine_checks_shadow_rules_in_the_same_call(
     redis_single: RedisServer, closing: contextlib.ExitStack
 ) -> None:
     store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
-    calls: list[str] = []
-    real_call = store.scripts.call
-    store.scripts.call = lambda *a: calls.append(a[0]) or real_call(*a)  # type: ignore[method-assign]
+    calls = record_script_calls(store)
     tag = name()
     rules = loads(
         f"rules:\n"
@@ -328,10 +337,10 @@ def test_across_slots_a_failure_keeps_a_known_denial_and_refunds_what_counted(
     real_call = store.scripts.call
     failing: set[str] = set()
 
-    def flaky(script: str, numkeys: int, args: list[object]) -> object:
-        if script in failing:
+    def flaky(name: str, numkeys: int, args: list[Any]) -> Any:
+        if name in failing:
             raise StoreUnavailable("redis: injected")
-        return real_call(script, numkeys, args)
+        return real_call(name, numkeys, args)
 
     store.scripts.call = flaky  # type: ignore[method-assign]
     failing.add("_refund")  # the denial is known when the refund fails
@@ -343,11 +352,11 @@ def test_across_slots_a_failure_keeps_a_known_denial_and_refunds_what_counted(
     fresh = [(wide, "{c}"), (narrow, "{d}")]
     calls = {"n": 0}
 
-    def second_slot_fails(script: str, numkeys: int, args: list[object]) -> object:
+    def second_slot_fails(name: str, numkeys: int, args: list[Any]) -> Any:
         calls["n"] += 1
-        if script == "_many" and calls["n"] == 2:
+        if name == "_many" and calls["n"] == 2:
             raise StoreUnavailable("redis: injected")
-        return real_call(script, numkeys, args)
+        return real_call(name, numkeys, args)
 
     store.scripts.call = second_slot_fails  # type: ignore[method-assign]
     degraded = hit_many(fresh)

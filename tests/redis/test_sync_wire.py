@@ -41,8 +41,8 @@ def no_client(store: RedisStore) -> None:
     def refuse(*args: object, **kwargs: object) -> Any:
         raise AssertionError("a script went through redis-py's client")
 
-    store.client.evalsha = refuse  # type: ignore[method-assign]
-    store.client.eval = refuse  # type: ignore[method-assign]
+    store.client.evalsha = refuse
+    store.client.eval = refuse
 
 
 def wire_of(store: RedisStore) -> SyncWire:
@@ -247,12 +247,12 @@ def test_a_redis_py_whose_connections_cannot_be_taken_over_keeps_redis_py(
 ) -> None:
     class Opaque(Connection):  # keeps its socket where the store does not look
         def connect(self) -> None:
-            super().connect()
+            super().connect()  # type: ignore[no-untyped-call]
             self.hidden, self._sock = self._sock, None
 
         def disconnect(self, *args: Any, **kwargs: Any) -> None:
             self._sock = getattr(self, "hidden", None)
-            super().disconnect(*args, **kwargs)
+            super().disconnect(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     with RedisStore(redis_single.url, timeout=LIVE) as store:
         wire_of(store).pool = ConnectionPool(connection_class=Opaque, port=redis_single.port)

@@ -35,9 +35,9 @@ class Counting:
         store.scripts.call = self  # type: ignore[method-assign]
         assert store._local is None, "wrap the store before binding two-tier limits"
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, name: str, numkeys: int, args: list[Any]) -> Any:
         self.calls += 1
-        return self.call(*args)
+        return self.call(name, numkeys, args)
 
 
 @pytest.fixture

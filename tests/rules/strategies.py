@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from hypothesis import strategies as st
 
 from ratewarden.rules import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile
 
 names = st.from_regex(r"[a-z0-9][a-z0-9_.\-]{0,12}", fullmatch=True)
-texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=30)
+texts = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
 values = st.one_of(st.sampled_from(["a", "b", "free"]), texts)  # some that requests carry
 rates = st.sampled_from(["1/second", "100/minute", "5/2hours", "1000/day", "10 per second"])
 paths = st.sampled_from(["/api/login", "/api/v1/orders*", "/users/{id}", "/a/*/b", "/f/x?[ab]"])
@@ -15,7 +17,11 @@ methods = st.sampled_from(["GET", "POST", "delete"])
 who = st.sampled_from(["user", "api_key", "ip", "org", "header:x-tenant", "custom_attr"])
 proxies = st.sampled_from(["10.0.0.0/8", "127.0.0.1", "::1", "fd00::/8"])
 attribute_names = st.sampled_from(["plan", "org", "tier", "region"])
-one_or_many = lambda s: st.one_of(s, st.lists(s, min_size=1, max_size=3))  # noqa: E731
+T = TypeVar("T")
+
+
+def one_or_many(s: st.SearchStrategy[T]) -> st.SearchStrategy[T | list[T]]:
+    return st.one_of(s, st.lists(s, min_size=1, max_size=3))
 
 
 @st.composite

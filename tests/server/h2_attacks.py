@@ -467,6 +467,9 @@ def measure(name: str, attack: Attack, pid: int, port: int, token: bytes, *,
         process.kill()
     time.sleep(settle)  # the listener hands freed memory back at most every 5 s
     latencies.sort()
-    pick = lambda p: latencies[min(len(latencies) - 1, int(p * len(latencies)))]  # noqa: E731
+
+    def pick(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
+
     return Result(name, seconds, idle, peak, rss(pid), cpu, len(latencies), failed,
                   pick(0.5), pick(0.99), latencies[-1], connections, goaway)  # fmt: skip

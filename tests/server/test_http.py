@@ -542,7 +542,7 @@ def test_auth_reads_identity_headers_as_utf8_as_json_is_read(rules_file: Path) -
 
     async def main() -> None:
         async with client_for(make_app(rules_file)) as client:
-            sent = await client.get("/auth", headers={"X-User": "José".encode()})
+            sent = await client.get("/auth", headers={b"X-User": "José".encode()})
             checked = await client.post("/v1/check", json={"attributes": {"user": "José"}})
             reset = await client.delete("/v1/keys/Jos%C3%A9", params={"rule": "per-user"})
             again = await client.post("/v1/check", json={"attributes": {"user": "José"}})

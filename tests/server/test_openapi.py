@@ -4,6 +4,7 @@ generated (bounded) inputs, answers as the document says and never with a 5xx.""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import schemathesis
@@ -12,6 +13,9 @@ from hypothesis import HealthCheck, settings
 from ratewarden.server import openapi
 from tests.server.conftest import RULES
 from tests.server.process import Served, serving
+
+if TYPE_CHECKING:
+    from schemathesis.specs.openapi.schemas import OpenApiCase
 
 TOKEN = "schemathesis-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -53,5 +57,5 @@ def test_the_document_is_what_the_server_serves(served: Served) -> None:
 @schema.parametrize()
 # derandomized: the same examples every run, so the suite cannot flake on a new one
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-def test_api_conforms(case: schemathesis.Case, served: Served) -> None:
+def test_api_conforms(case: OpenApiCase, served: Served) -> None:
     case.call_and_validate(base_url=served.url)

@@ -50,7 +50,7 @@ def test_policies() -> None:
 
 def test_bad_policy_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="on_failure must be one of"):
-        Limiter("1/second", on_failure="shrug")  # type: ignore[typeddict-item]
+        Limiter("1/second", on_failure="shrug")  # type: ignore[arg-type]
 
 
 def test_a_probe_that_never_reports_does_not_wedge_the_breaker() -> None:
