@@ -10,10 +10,12 @@ ROOT = Path(__file__).parent.parent
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def test_mypy_is_strict_on_src() -> None:
+def test_mypy_is_strict_on_src_and_tests() -> None:
+    """The tests are checked too, tests/typing/api.py's checks of the public API among them."""
     mypy = CONFIG["tool"]["mypy"]
     assert mypy["strict"] is True
-    assert mypy["files"] == ["src"]
+    assert mypy["files"] == ["src", "tests"]
+    assert (ROOT / "tests" / "typing" / "api.py").exists()
     assert "ignore-without-code" in mypy["enable_error_code"]
 
 

@@ -1,0 +1,65 @@
+"""The public API's types, checked by mypy and never run (pytest collects no
+``api.py``). Each ``assert_type`` pins what a caller's type checker sees; each
+``type: ignore[arg-type]`` marks a misuse that must stay a type error: with
+``warn_unused_ignores`` mypy fails as soon as one of them type-checks."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import assert_type
+
+from ratewarden import (
+    AsyncLimiter,
+    AsyncMemoryStore,
+    Decision,
+    Limiter,
+    MemoryStore,
+    ahit_many,
+    hit_many,
+)
+from ratewarden.rules import AsyncRuleEngine, Outcome, RuleEngine
+from ratewarden.stores.redis import AsyncRedisStore, RedisStore
+
+
+def sync_api() -> None:
+    limiter = Limiter("10/second", store=MemoryStore())
+    assert_type(limiter.hit("k"), Decision)
+    assert_type(limiter.hit("k", 2), Decision)
+    assert_type(limiter.peek("k"), Decision)
+    assert_type(limiter.reset("k"), None)
+    assert_type(limiter.acquire("k", max_wait=1.0), Decision)
+    assert_type(limiter.hit("k").allowed, bool)
+    assert_type(limiter.hit("k").retry_after, float)
+    assert_type(hit_many([(limiter, "a"), (limiter, "b", 2)]), Decision)
+
+
+async def async_api() -> None:
+    limiter = AsyncLimiter("10/second", store=AsyncMemoryStore())
+    assert_type(limiter.hit("k"), Awaitable[Decision])
+    assert_type(await limiter.hit("k"), Decision)
+    assert_type(await limiter.peek("k"), Decision)
+    assert_type(await limiter.acquire("k", max_wait=1.0), Decision)
+    assert_type(await ahit_many([(limiter, "a"), (limiter, "b", 2)]), Decision)
+
+
+def redis_stores() -> None:
+    store = RedisStore("redis://localhost:6379/0")
+    assert_type(store, RedisStore)
+    assert_type(Limiter("10/second", store=store).hit("k"), Decision)
+    astore = AsyncRedisStore("redis://localhost:6379/0")
+    assert_type(astore, AsyncRedisStore)
+    assert_type(AsyncLimiter("10/second", store=astore).hit("k"), Awaitable[Decision])
+
+
+async def rule_engines() -> None:
+    assert_type(RuleEngine("rules.yaml", MemoryStore()).check({"user": "u"}), Outcome)
+    engine = AsyncRuleEngine("rules.yaml", AsyncMemoryStore())
+    assert_type(await engine.acheck({"user": "u"}), Outcome)
+
+
+def a_limiter_and_a_store_of_the_other_kind() -> None:
+    """A sync limiter cannot take an async store, nor the reverse."""
+    Limiter("10/second", store=AsyncMemoryStore())  # type: ignore[arg-type]
+    AsyncLimiter("10/second", store=MemoryStore())  # type: ignore[arg-type]
+    Limiter("10/second", store=AsyncRedisStore("redis://localhost"))  # type: ignore[arg-type]
+    AsyncLimiter("10/second", store=RedisStore("redis://localhost"))  # type: ignore[arg-type]
