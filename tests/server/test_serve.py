@@ -140,8 +140,9 @@ def test_workers_share_a_redis_store(
             found = count.search(text)
             assert found, text[:2000]
             served_by.add(int(float(found.group(1))))
-        assert len(served_by) == 2, f"one worker answered every check: {served_by}"
-        assert sum(served_by) == 40, served_by
+        # every count seen is one worker's: none served all 40, none served none (two
+        # workers may well have served 20 each)
+        assert all(0 < count < 40 for count in served_by), served_by
         # gRPC too: every worker listens on the port, with the same counters
         codes = [grpc_check(served.grpc, "8.8.8.8") for _ in range(5)]
         assert codes == [1, 1, 1, 2, 2]
