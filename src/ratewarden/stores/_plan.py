@@ -54,13 +54,15 @@ class Limit:
         self.hit: Any = None  # the store's bound hit, for a hit_many of this one tier
         self.local: Share | None = None  # what local_fallback counts on, if it is the policy
 
+    def blocked(self, key: str, cost: int, mode: str) -> Decision | None:
+        """The policy's answer for one check while the breaker is open, else None."""
+        return _blocked([self], [(key, cost)], peek=mode == "peek")
+
     def request(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
         """The script's arguments, or the policy's answer while the breaker is open."""
         check_cost(cost)
-        if self.breaker.failures:
-            blocked = _blocked([self], [(key, cost)], peek=mode == "peek")
-            if blocked is not None:
-                return blocked
+        if self.breaker.failures and (blocked := self.blocked(key, cost, mode)) is not None:
+            return blocked
         clock = self.test_clock
         now_us = None if clock is None else clock.time_ns() // 1000
         return script_args(self.prefix + key, self.packed, now_us, cost, mode)
@@ -68,10 +70,8 @@ class Limit:
     def batched(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
         """As `request`, for _batch.lua: the key and the check's 12 doubles."""
         check_cost(cost)
-        if self.breaker.failures:
-            blocked = _blocked([self], [(key, cost)], peek=mode == "peek")
-            if blocked is not None:
-                return blocked
+        if self.breaker.failures and (blocked := self.blocked(key, cost, mode)) is not None:
+            return blocked
         clock = self.test_clock
         now_us = -1 if clock is None else clock.time_ns() // 1000
         # a cost past 2^53 is denied all the same, and would not pack as a double

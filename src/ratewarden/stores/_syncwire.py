@@ -39,7 +39,6 @@ import weakref
 from ssl import SSLSocket
 from typing import Any
 
-import redis.utils
 from redis._parsers import BaseParser
 from redis.connection import (
     Connection,
@@ -53,7 +52,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import redis
 
-from ._wire import Unsupported
+from ._wire import Unsupported, plain_replies
 
 try:  # the redis extra brings it; a bare redis-py keeps redis-py's commands
     import hiredis
@@ -77,15 +76,8 @@ def usable(client: Any) -> bool:
     pool = client.connection_pool
     if type(pool) is not ConnectionPool or pool.connection_class not in _PLAIN:
         return False
-    kwargs = pool.connection_kwargs
-    protocol = kwargs.get("protocol")
-    if protocol is None:  # redis-py's default: RESP2 up to 7, RESP3 from 8
-        protocol = getattr(redis.utils, "DEFAULT_RESP_VERSION", 2)
-    return (
-        str(protocol) == "2"
-        and kwargs.get("encoding", "utf-8").lower().replace("_", "-") in ("utf-8", "utf8")
-        and kwargs.get("encoding_errors", "strict") == "strict"
-        and not getattr(client, "single_connection_client", False)
+    return plain_replies(pool.connection_kwargs) and not getattr(
+        client, "single_connection_client", False
     )
 
 

@@ -51,7 +51,7 @@ try:  # the redis extra brings it; a bare redis-py keeps the pipelines
 except ImportError:
     HIREDIS = False
 
-__all__ = ["Unsupported", "Wire", "usable"]
+__all__ = ["Unsupported", "Wire", "plain_replies", "usable"]
 
 Arg = bytes | str | int
 _PLAIN = (Connection, SSLConnection, UnixDomainSocketConnection)
@@ -66,7 +66,12 @@ def usable(client: Any) -> bool:
     pool = client.connection_pool
     if type(pool) is not ConnectionPool or pool.connection_class not in _PLAIN:
         return False
-    kwargs = pool.connection_kwargs
+    return plain_replies(pool.connection_kwargs)
+
+
+def plain_replies(kwargs: dict[str, Any]) -> bool:
+    """Whether connections made with ``kwargs`` speak RESP2 and encode str as strict
+    UTF-8, as a hiredis reader and packer of the stores' own assume (sync and async)."""
     protocol = kwargs.get("protocol")
     if protocol is None:  # redis-py's default: RESP2 up to 7, RESP3 from 8
         protocol = getattr(redis.utils, "DEFAULT_RESP_VERSION", 2)
