@@ -13,7 +13,7 @@ import pytest
 
 from ratewarden import AsyncMemoryStore
 from ratewarden.server import Service
-from ratewarden.server._app import openapi
+from ratewarden.server._openapi import openapi
 from ratewarden.server._grpc import GrpcServer
 from ratewarden.server._h2grpc import Status
 from tests.server.conftest import client_for, make_app

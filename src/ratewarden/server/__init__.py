@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 # Imported on first use, so that `ratewarden serve --help` and `ratewarden demo`
 # do not pay for the rule engine, prometheus-client and uvicorn at start-up.
 _WHERE = {
-    "App": "_app", "auth_attributes": "_app", "openapi": "_app",
+    "App": "_app", "auth_attributes": "_authattrs", "openapi": "_openapi",
     "BatchRequest": "_core", "BatchResult": "_core", "CheckRequest": "_core",
     "CheckResult": "_core", "DescriptorStatus": "_core",
     "ServeOptions": "_serve", "add_arguments": "_serve", "options_from": "_serve", "run": "_serve",
