@@ -15,6 +15,7 @@ from ._engine import AsyncRuleEngine, Outcome, RuleEngine, Watcher
 from ._envoy import AsyncEnvoyConfig, EnvoyConfig, EnvoyLimit, EnvoyResult, Override
 from ._envoystats import EnvoyStats
 from ._errors import Problem, RuleFileError
+from ._overrides import AuditEntry, RuntimeOverride, UnknownRule
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile, dump
 from ._source import MAX_BYTES
 
@@ -23,6 +24,7 @@ __all__ = [
     "Applicable",
     "AsyncEnvoyConfig",
     "AsyncRuleEngine",
+    "AuditEntry",
     "ClientIP",
     "CompiledRule",
     "CostFrom",
@@ -43,6 +45,8 @@ __all__ = [
     "RuleFile",
     "RuleFileError",
     "RuleSet",
+    "RuntimeOverride",
+    "UnknownRule",
     "Watcher",
     "dump",
     "load",

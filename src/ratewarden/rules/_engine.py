@@ -46,6 +46,9 @@ from .._headers import Policy, rate_limit_headers
 from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
 from ..stores import AsyncStore, Store
 from ._compile import Applicable, CompiledRule, LimitSpec, RuleSet, load
+from ._engineoverrides import AsyncOverridable, Overridable
+from ._overridesrc import Snapshot
+from ._overrideview import OverrideView
 from ._schema import Response
 
 __all__ = ["AsyncRuleEngine", "Outcome", "RuleEngine", "Watcher", "wait_out"]
@@ -113,6 +116,7 @@ class _Bound(Generic[L]):
 
     ruleset: RuleSet
     limiters: tuple[L, ...]
+    specs: tuple[LimitSpec, ...]  # the limits in force: the rule set's, or an override's
 
 
 class _Core(Generic[L]):
@@ -120,7 +124,8 @@ class _Core(Generic[L]):
 
     _bound: _Bound[L]
 
-    def __init__(self, source: RuleSet | str | os.PathLike[str]) -> None:
+    def __init__(self, source: RuleSet | str | os.PathLike[str], clock: Clock) -> None:
+        self._view = OverrideView(clock)
         if isinstance(source, RuleSet):
             self.path: Path | None = None if source.source is None else Path(source.source)
             ruleset = source
@@ -136,11 +141,25 @@ class _Core(Generic[L]):
     def _limiter(self, spec: LimitSpec) -> L:  # the shells override
         raise NotImplementedError
 
+    def _take_overrides(self, snapshot: Snapshot) -> None:
+        """Put the overrides a store holds in force (its clock, its records)."""
+        with self._reloading:
+            if self._view.take(snapshot):
+                self._install(self._bound.ruleset)
+
+    def _expire_overrides(self) -> None:
+        with self._reloading:
+            if self._view.expire():
+                self._install(self._bound.ruleset)
+
     def _install(self, ruleset: RuleSet) -> None:
         # Limiters with the same name and limit on the same store share counters,
-        # so rules unchanged by a reload keep counting where they were.
-        limiters = tuple(self._limiter(spec) for spec in ruleset.limits)
-        self._bound = _Bound(ruleset, limiters)
+        # so rules unchanged by a reload keep counting where they were. Runtime
+        # overrides replace some limits (see _overrides).
+        bound = getattr(self, "_bound", None)
+        previous = None if bound is None else (bound.ruleset, bound.specs, bound.limiters)
+        specs, limiters = self._view.limiters(ruleset, self._limiter, previous)
+        self._bound = _Bound(ruleset, limiters, specs)
 
     @property
     def ruleset(self) -> RuleSet:
@@ -216,6 +235,9 @@ class _Core(Generic[L]):
     ) -> tuple[RuleSet, list[Applicable], list[tuple[L, str, int]], list[tuple[L, str, int]]]:
         if type(cost) is not int or cost < 1:
             raise ConfigurationError(f"cost must be an integer >= 1, got {cost!r}")
+        expiry = self._view.next_expiry  # None unless an override is in force
+        if expiry is not None and self._view.clock.time_ns() >= expiry:
+            self._expire_overrides()
         bound = self._bound  # read once: a reload in between cannot mix two rule sets
         applicable = bound.ruleset.evaluate(attributes)
         limiters = bound.limiters
@@ -254,7 +276,7 @@ class _Core(Generic[L]):
         return Outcome(False, "reject", decision, rule, 429, retry, limits=limits)
 
 
-class RuleEngine(_Core[Limiter]):
+class RuleEngine(_Core[Limiter], Overridable):
     """Rules from a file (or a `RuleSet`) applied with `Limiter`\\ s on ``store``.
 
     ``check(attributes)`` counts a request against every limit that applies and
@@ -262,9 +284,13 @@ class RuleEngine(_Core[Limiter]):
     replace the rules without losing the counters of rules left unchanged.
     """
 
-    def __init__(self, source: RuleSet | str | os.PathLike[str], store: Store) -> None:
+    def __init__(
+        self, source: RuleSet | str | os.PathLike[str], store: Store, *, overrides: bool = True,
+        overrides_namespace: str = "ratewarden",
+    ) -> None:  # fmt: skip
         self.store = store
-        super().__init__(source)
+        super().__init__(source, store.clock)
+        self._setup_overrides(store, overrides, overrides_namespace)
 
     def _limiter(self, spec: LimitSpec) -> Limiter:
         return Limiter(
@@ -292,13 +318,17 @@ class RuleEngine(_Core[Limiter]):
         return self._outcome(ruleset, applicable, decision, report)
 
 
-class AsyncRuleEngine(_Core[AsyncLimiter]):
+class AsyncRuleEngine(_Core[AsyncLimiter], AsyncOverridable):
     """The asyncio twin of `RuleEngine`: `AsyncLimiter`\\ s on an async store,
     ``await engine.acheck(attributes)``."""
 
-    def __init__(self, source: RuleSet | str | os.PathLike[str], store: AsyncStore) -> None:
+    def __init__(
+        self, source: RuleSet | str | os.PathLike[str], store: AsyncStore, *,
+        overrides: bool = True, overrides_namespace: str = "ratewarden",
+    ) -> None:  # fmt: skip
         self.store = store
-        super().__init__(source)
+        super().__init__(source, store.clock)
+        self._setup_overrides(store, overrides, overrides_namespace)
 
     def _limiter(self, spec: LimitSpec) -> AsyncLimiter:
         return AsyncLimiter(
@@ -317,6 +347,8 @@ class AsyncRuleEngine(_Core[AsyncLimiter]):
         return await wait_out(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
     async def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
+        if self._follow_pending:  # a Redis store's overrides: followed from the first check
+            self._start_following()
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
         decision, report = await ahit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
