@@ -25,6 +25,8 @@ with a fallback (``by: ip``, or no ``by`` for one counter shared by all), and
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -46,6 +48,7 @@ from ._schema import (
     RuleFile,
     as_list,
     from_document,
+    rule_algorithm,
 )
 from ._source import Document, parse_text, read_file
 
@@ -86,6 +89,9 @@ class LimitSpec:
     on_failure: FailurePolicy
     two_tier: bool = False  # counted locally and synced (store: two_tier)
     shards: int = 1  # each key's limit split over this many cluster slots
+    # action degrade with full_at: the rule's own limit, from which the level grows
+    # (the limiter counts up to full_at times it)
+    degrade_from: int | None = None
 
 
 class CompiledRule:
@@ -97,6 +103,7 @@ class CompiledRule:
         "by",
         "cost",
         "cost_attribute",
+        "degrade_header",
         "group",
         "group_key",
         "index",
@@ -108,6 +115,8 @@ class CompiledRule:
         "name",
         "paths",
         "priority",
+        "priority_from",
+        "queue",
         "rank",
         "response",
         "rule",
@@ -129,6 +138,16 @@ class CompiledRule:
         self.status = rule.status if rule.status is not None else 429
         self.max_wait = rule.max_wait
         self.response = rule.response if rule.response is not None else Response()
+        header = None if rule.degrade is None else rule.degrade.header
+        self.degrade_header = "X-RateLimit-Degraded" if header is True else (header or None)
+        # a request's class (higher first) from an attribute: the first value listed
+        # ranks highest; a value not listed, or none, below them all
+        self.priority_from: tuple[str, dict[str, int]] | None = None
+        if rule.priority_from is not None:
+            order = rule.priority_from.order
+            ranks = {value: len(order) - 1 - i for i, value in enumerate(order)}
+            self.priority_from = (rule.priority_from.attribute, ranks)
+        self.queue = rule.queue
         match = rule.match
         self.paths: tuple[Pattern, ...] = ()
         self.methods: frozenset[str] | None = None
@@ -147,7 +166,7 @@ class CompiledRule:
             self.cost, self.cost_attribute = rule.cost, None
         else:
             self.cost, self.cost_attribute = rule.cost.default, rule.cost.attribute
-        algorithm = rule.algorithm or file.defaults.algorithm
+        algorithm = rule_algorithm(rule, file.defaults)
         on_failure = rule.on_failure or file.defaults.on_failure
         two_tier = (rule.store or file.defaults.store) == "two_tier"
         shards = rule.shards or 1
@@ -156,10 +175,11 @@ class CompiledRule:
         # reordering them in the file keeps their counters; "name@rate" counts under
         # the rule's name (see Limiter), so adding or removing a rate keeps them too.
         names = [rule.name] if len(rates) == 1 else [f"{rule.name}@{r}" for r in rates]
-        self.limits = tuple(
+        plain = [
             LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure, two_tier, shards)
             for name, rate in zip(names, rates, strict=True)
-        )
+        ]
+        self.limits = tuple(_spec(rule, spec) for spec in plain)
         self.slots: tuple[int, ...] = ()
         self.rank = 0
         path_spec = min((p.specificity for p in self.paths), default=(0, 0))
@@ -181,6 +201,16 @@ class CompiledRule:
         cost = self.cost_of(attributes)
         return [Applicable(self, slot, key, cost) for slot in self.slots]
 
+    def priority_of(self, attributes: Mapping[str, object]) -> int:
+        """The request's class under ``priority_from`` (higher waits less); 0 without."""
+        if self.priority_from is None:
+            return 0
+        name, ranks = self.priority_from
+        value = attributes.get(name)
+        if value is None:
+            return -1
+        return ranks.get(value if type(value) is str else _text(value), -1)
+
     def cost_of(self, attributes: Mapping[str, object]) -> int:
         if self.cost_attribute is None:
             return self.cost
@@ -195,6 +225,24 @@ class CompiledRule:
 
     def __repr__(self) -> str:
         return f"<CompiledRule {self.name!r} group={self.group!r} rank={self.rank}>"
+
+
+def _spec(rule: Rule, plain: LimitSpec) -> LimitSpec:
+    """One rate of a rule as its limiter counts it (``plain``: as most rules do).
+    A queue is a leaky bucket one request deep plus the line that may wait (no
+    longer than ``max_wait`` at the rate); a degrade rule with ``full_at`` counts
+    up to that multiple of its limit."""
+    if rule.action == "queue":
+        line = rule.queue or 0
+        if rule.max_wait is not None:
+            line = min(line, int(rule.max_wait * plain.rate.limit / plain.rate.period))
+        return dataclasses.replace(plain, burst=line + 1)
+    full_at = None if rule.degrade is None else rule.degrade.full_at
+    if full_at is not None:
+        rate = plain.rate
+        ceiling = Rate(max(rate.limit + 1, math.ceil(rate.limit * full_at)), rate.period)
+        return dataclasses.replace(plain, rate=ceiling, degrade_from=rate.limit)
+    return plain
 
 
 class Applicable(msgspec.Struct, frozen=True, gc=False):
@@ -323,6 +371,8 @@ class RuleSet:
         self.by_limit_name = {spec.name: r for r in rules for spec in r.limits}
         self.slot_count = sum(len(r.limits) for r in rules)
         self.limits: tuple[LimitSpec, ...] = tuple(s for r in rules for s in r.limits)
+        # queue and degrade rules take more than the one store call (rules/_actions)
+        self.shaping = any(r.action in ("queue", "degrade") for r in rules)
         self._always: list[_Entry] = []
         self._fixed: list[Applicable] = []
         self._paths: PathIndex[_Entry] = PathIndex()

@@ -34,7 +34,9 @@ __all__ = [
     "ClientIP",
     "CostFrom",
     "Defaults",
+    "Degrade",
     "Match",
+    "PriorityFrom",
     "Response",
     "Rule",
     "RuleFile",
@@ -42,7 +44,7 @@ __all__ = [
     "from_document",
 ]
 
-Action = Literal["reject", "log_only", "delay", "shadow_ban"]
+Action = Literal["reject", "log_only", "delay", "shadow_ban", "degrade", "queue"]
 FailurePolicy = Literal["fail_open", "fail_closed", "local_fallback"]
 Refill = Literal["continuous", "interval"]
 # exact: every check asks the store; two_tier: counted locally, synced (Redis stores)
@@ -52,6 +54,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _METHOD = re.compile(r"^[A-Za-z]+$")
 _ATTRIBUTE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _BUCKETS = ("token_bucket", "leaky_bucket", "gcra")
+_WINDOWS = ("fixed_window", "sliding_window_counter", "sliding_window_log")
+_HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+MAX_QUEUE = 1_000_000  # waiting requests one queue rule holds at most
 
 
 class _Base(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
@@ -82,6 +87,27 @@ class Response(_Base, frozen=True):
     headers: dict[str, str] = {}
 
 
+class Degrade(_Base, frozen=True):
+    """How an ``action: degrade`` rule tells the application to serve less.
+
+    ``header``: send the level as a response header too (``true``:
+    ``X-RateLimit-Degraded``; a string names another header); ``full_at``: the
+    level grows from 0 at the rule's limit to 1 at ``full_at`` times it (a window
+    algorithm counts the excess); without it the level is 1 whenever the caller is
+    over the limit."""
+
+    header: bool | str = False
+    full_at: float | None = None
+
+
+class PriorityFrom(_Base, frozen=True):
+    """Waiting requests' classes from an attribute: ``order`` lists its values,
+    the first served first; a value not listed (or none) waits behind them all."""
+
+    attribute: str
+    order: list[str]
+
+
 class Rule(_Base, frozen=True):
     name: str
     rate: str | list[str]
@@ -102,6 +128,9 @@ class Rule(_Base, frozen=True):
     on_failure: FailurePolicy | None = None
     store: Counting | None = None
     shards: int | None = None  # one key's limit split over this many cluster slots
+    degrade: Degrade | None = None
+    queue: int | None = None  # action queue: how many requests may wait in line
+    priority_from: PriorityFrom | None = None
 
 
 class ClientIP(_Base, frozen=True):
@@ -128,6 +157,14 @@ class RuleFile(_Base, frozen=True):
 
 def as_list(value: str | list[str]) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
+
+
+def rule_algorithm(rule: Rule, defaults: Defaults) -> str:
+    """The rule's algorithm: its own, else the leaky bucket for a queue (the
+    queue is that bucket's schedule), else the file's default."""
+    if rule.algorithm is not None:
+        return rule.algorithm
+    return "leaky_bucket" if rule.action == "queue" else defaults.algorithm
 
 
 def from_document(document: Document) -> RuleFile:
@@ -233,6 +270,7 @@ def _check(rule_file: RuleFile, document: Document) -> list[Problem]:
             if rule.cost.default < 1:
                 bad("cost", "the default cost must be a positive integer", f"{at}.cost.default")
         _check_action(rule, bad)
+        _check_shaping(rule, rule_file.defaults, bad)
     return problems
 
 
@@ -251,7 +289,7 @@ def _check_rates(rule: Rule, defaults: Defaults, bad: _Bad, at: str) -> None:
         if rate in seen:
             bad("rate", f"rate {text!r} is given twice", path)
         seen.add(rate)
-    algorithm = rule.algorithm or defaults.algorithm
+    algorithm = rule_algorithm(rule, defaults)
     try:
         get_algorithm(algorithm, refill=rule.refill)
     except ConfigurationError as exc:
@@ -334,18 +372,73 @@ def _check_action(rule: Rule, bad: _Bad) -> None:
             bad("status", f"'status' goes with action 'reject', not {action!r}")
         elif not 400 <= rule.status <= 599:
             bad("status", f"a reject status is 4xx or 5xx (429, 503), got {rule.status}")
-    if action == "delay":
-        if rule.max_wait is None:
-            bad("max_wait", "action 'delay' needs 'max_wait' (seconds to hold a request)")
+    if action == "delay" and rule.max_wait is None:
+        bad("max_wait", "action 'delay' needs 'max_wait' (seconds to hold a request)")
+    if rule.max_wait is not None:
+        if action not in ("delay", "queue"):
+            bad("max_wait", f"'max_wait' goes with action 'delay' or 'queue', not {action!r}")
         elif not (math.isfinite(rule.max_wait) and 0 < rule.max_wait <= 3600):
             bad("max_wait", f"max_wait is seconds, > 0 and <= 3600, got {rule.max_wait}")
-    elif rule.max_wait is not None:
-        bad("max_wait", f"'max_wait' goes with action 'delay', not {action!r}")
     if rule.response is not None:
         if action != "shadow_ban":
             bad("response", f"'response' goes with action 'shadow_ban', not {action!r}")
         elif not 100 <= rule.response.status <= 599:
             bad("response", f"bad status {rule.response.status}")
+
+
+def _check_shaping(rule: Rule, defaults: Defaults, bad: _Bad) -> None:
+    """The options of the degrade and queue actions and of priority classes."""
+    action = rule.action
+    if rule.degrade is not None:
+        if action != "degrade":
+            bad("degrade", f"'degrade' goes with action 'degrade', not {action!r}")
+        else:
+            _check_degrade(rule, rule.degrade, rule_algorithm(rule, defaults), bad)
+    if action == "queue":
+        _check_queue(rule, rule_algorithm(rule, defaults), (rule.store or defaults.store), bad)
+    elif rule.queue is not None:
+        bad("queue", f"'queue' goes with action 'queue', not {action!r}")
+    if rule.priority_from is not None:
+        order = rule.priority_from.order
+        where = "priority_from"
+        if action != "delay":
+            bad(where, f"priority classes order waiting requests: action 'delay', not {action!r}")
+        if not _ATTRIBUTE.match(rule.priority_from.attribute):
+            bad(where, f"bad attribute name {rule.priority_from.attribute!r}")
+        if not order:
+            bad(where, "an empty order: list the attribute's values, the first served first")
+        elif len(set(order)) != len(order):
+            bad(where, "a value is listed twice in the order")
+
+
+def _check_degrade(rule: Rule, degrade: Degrade, algorithm: str, bad: _Bad) -> None:
+    header = degrade.header
+    if isinstance(header, str) and not _HEADER.match(header):
+        bad("degrade", f"bad header name {header!r}")
+    full_at = degrade.full_at
+    if full_at is None:
+        return
+    if not (math.isfinite(full_at) and 1 < full_at <= 100):
+        bad("degrade", f"full_at is a multiple of the limit, > 1 and <= 100, got {full_at}")
+    elif algorithm not in _WINDOWS:
+        # a bucket's state is its debt, which says nothing of how fast a caller sends
+        bad("degrade", "full_at measures how far over its window a caller is: use "
+            f"{', '.join(_WINDOWS)}, not {algorithm!r}")  # fmt: skip
+
+
+def _check_queue(rule: Rule, algorithm: str, store: str, bad: _Bad) -> None:
+    if rule.queue is None:
+        bad("queue", "action 'queue' needs 'queue': how many requests may wait in line")
+    elif not 1 <= rule.queue <= MAX_QUEUE:
+        bad("queue", f"queue is 1 to {MAX_QUEUE} waiting requests, got {rule.queue}")
+    if algorithm not in ("leaky_bucket", "gcra"):
+        bad("algorithm", f"a queue is a leaky bucket's schedule: leaky_bucket, not {algorithm!r}")
+    if rule.burst is not None:
+        bad("burst", "a queue releases one request at a time: give 'queue', not 'burst'")
+    if store == "two_tier":
+        bad("store", "a queue's slots are handed out one by one: store: exact, not two_tier")
+    if rule.shards is not None and rule.shards > 1:
+        bad("shards", "a queue's slots form one line: it cannot be split into shards")
 
 
 class _Bad(Protocol):  # the per-rule reporter the helpers are given

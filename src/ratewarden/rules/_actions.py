@@ -1,0 +1,197 @@
+"""The actions that shape traffic instead of refusing it, for the rule engine:
+``queue`` (a paced line) and ``degrade`` (pass, but serve less). No I/O here: the
+store calls are yielded to the engine's sync or async shell (`run_sync`,
+`run_async`), so the logic is written once.
+
+A request whose rules are all ``reject``/``delay``/``shadow_ban``/``log_only``
+never comes here (the engine's one ``hit_tiers`` call). With queue or degrade
+rules it takes these steps, each a store call:
+
+1. **peek** every queue tier: a full queue turns the request away before anything
+   counts (429, Retry-After: when the line has room for it);
+2. **the other tiers**, as always: the enforced ones all or nothing, then the
+   ``log_only`` ones; a denial ends it;
+3. **the queue tiers**, all or nothing: each hands out the next slot of its
+   schedule (a leaky bucket whose depth is the line), and the request learns
+   when it is due. Another process may have taken the last place between the
+   peek and this step: the request is then turned away although step 2 counted
+   it (the one case where a refused request counts; it needs two processes
+   racing for the last place of a full queue);
+4. **the degrade tiers**, all or nothing: a tier over its limit does not deny,
+   it sets the level (``Outcome.degrade``): 1 when over, or, with ``full_at``,
+   the share of the way from the limit to ``full_at`` times it.
+
+Queue and degrade tiers are left out of the rate-limit headers: a queued
+request is not refused, and a degraded one learns its level from its own header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import msgspec
+
+from .._decision import Decision
+from .._limiter import ahit_many, ahit_tiers, hit_many, hit_tiers
+from .._rate import Rate
+from ._compile import Applicable, CompiledRule, RuleSet
+
+if TYPE_CHECKING:
+    from ._engine import Outcome
+
+__all__ = [
+    "Counted",
+    "Step",
+    "degrade_level",
+    "level_header",
+    "queue_wait",
+    "run_async",
+    "run_sync",
+    "shaped",
+    "shaped_outcome",
+]
+
+Tier: TypeAlias = "tuple[Any, str, int]"  # (limiter, key, cost), sync or async
+# ("peek", (tier,)) | ("tiers", (enforced, shadow)) | ("many", (tiers,))
+Step: TypeAlias = "tuple[str, tuple[Any, ...]]"
+# decision of the enforced tiers, of the shadow ones, of the queue, of degrade
+Counted: TypeAlias = (
+    "tuple[Decision | None, Decision | None, Decision | None, Decision | None, list[Tier]]"
+)
+
+
+def shaped(
+    ruleset: RuleSet, enforced: list[Tier], shadow: list[Tier]
+) -> Generator[Step, Any, Counted]:
+    """The store calls of a request with queue or degrade tiers (see the module
+    docstring), yielded; the Decisions they gave. A Decision of the queue that
+    denies means the request is turned away; the enforced one denying, too."""
+    by_limit = ruleset.by_limit_name
+    plain: list[Tier] = []
+    queue: list[Tier] = []
+    degrade: list[Tier] = []
+    for tier in enforced:
+        rule = by_limit.get(tier[0].name or "")
+        action = "reject" if rule is None else rule.action
+        (queue if action == "queue" else degrade if action == "degrade" else plain).append(tier)
+    for tier in queue:
+        full: Decision = yield ("peek", (tier,))
+        if not full.allowed:
+            return None, None, full, None, queue
+    decision = report = None
+    if plain or shadow:
+        decision, report = yield ("tiers", (plain, shadow))
+        if decision is not None and not decision.allowed:
+            return decision, report, None, None, queue
+    queued = (yield ("many", (queue,))) if queue else None
+    if queued is not None and not queued.allowed:
+        return decision, report, queued, None, queue
+    degraded = (yield ("many", (degrade,))) if degrade else None
+    return decision, report, queued, degraded, queue
+
+
+def run_sync(steps: Generator[Step, Any, Counted]) -> Counted:
+    """Drive `shaped` with blocking store calls."""
+    try:
+        kind, args = next(steps)
+        while True:
+            if kind == "peek":
+                limiter, key, cost = args[0]
+                result: Any = limiter.peek(key, cost)
+            elif kind == "tiers":
+                result = hit_tiers(*args)
+            else:
+                result = hit_many(args[0])
+            kind, args = steps.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def run_async(steps: Generator[Step, Any, Counted]) -> Counted:
+    """Drive `shaped` with awaited store calls."""
+    try:
+        kind, args = next(steps)
+        while True:
+            if kind == "peek":
+                limiter, key, cost = args[0]
+                result: Any = await limiter.peek(key, cost)
+            elif kind == "tiers":
+                result = await ahit_tiers(*args)
+            else:
+                result = await ahit_many(args[0])
+            kind, args = steps.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def queue_wait(queued: Decision, tiers: list[Tier]) -> float:
+    """Seconds until a request's slot in the queue falls due. The bucket is full
+    again ``reset_after`` from now, and this request's own slot is the last
+    ``cost`` emission intervals of that."""
+    for limiter, _, cost in tiers:
+        if limiter.name == queued.rule:
+            rate: Rate = limiter.rate
+            # in whole nanoseconds, as the bucket counts: 0.2, not 0.19999999999999998
+            wait_ns = round(queued.reset_after * 1e9) - round(cost * rate.period_ns / rate.limit)
+            return max(0, wait_ns) / 1e9
+    return 0.0
+
+
+def degrade_level(degraded: Decision, ruleset: RuleSet) -> tuple[float, CompiledRule | None]:
+    """How much to degrade (0: not at all, up to 1) by the degrade tiers' Decision,
+    and the rule that says so."""
+    rule = ruleset.by_limit_name.get(degraded.rule or "")
+    if not degraded.allowed:
+        return 1.0, rule
+    if rule is None:
+        return 0.0, None
+    start = None
+    for spec in rule.limits:
+        if spec.name == degraded.rule:
+            start = spec.degrade_from
+    if start is None or degraded.degraded:  # over the plain limit is a denial; or no counts
+        return 0.0, rule
+    used = degraded.limit - degraded.remaining
+    if used <= start:
+        return 0.0, rule
+    return min(1.0, (used - start) / (degraded.limit - start)), rule
+
+
+def level_header(rule: CompiledRule, level: float) -> tuple[str, str] | None:
+    """The rule's degrade header for ``level``: ``1`` for a rule without levels,
+    else the level with two decimals (never ``0.00`` for a degraded request)."""
+    name = rule.degrade_header
+    if name is None:
+        return None
+    if rule.rule.degrade is None or rule.rule.degrade.full_at is None:
+        return name, "1"
+    return name, f"{max(level, 0.01):.2f}" if level < 1 else "1"
+
+
+def shaped_outcome(
+    outcome_of: Callable[[RuleSet, list[Applicable], Decision | None, Decision | None], Outcome],
+    ruleset: RuleSet,
+    applicable: list[Applicable],
+    counted: Counted,
+) -> Outcome:
+    """The outcome of a request that met queue or degrade rules, from what
+    `shaped` counted; ``outcome_of`` is the engine's for the plain tiers (a full
+    queue is a denial of its rule, answered 429)."""
+    decision, report, queued, degraded, queue = counted
+    if queued is not None and not queued.allowed:
+        return outcome_of(ruleset, applicable, queued, None)
+    outcome = outcome_of(ruleset, applicable, queued if decision is None else decision, report)
+    if not outcome.allowed:
+        return outcome
+    changes: dict[str, Any] = {}
+    if degraded is not None:
+        level, rule = degrade_level(degraded, ruleset)
+        if level > 0:
+            changes.update(action="degrade", degrade=level, rule=rule)
+    if queued is not None:
+        wait = queue_wait(queued, queue)
+        if wait > 0:
+            changes.update(action="queue", wait=wait)
+            changes.setdefault("rule", ruleset.by_limit_name.get(queued.rule or ""))
+    return msgspec.structs.replace(outcome, **changes) if changes else outcome
