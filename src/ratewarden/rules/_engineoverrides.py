@@ -19,7 +19,7 @@ from typing import Any
 from .._errors import ConfigurationError, StoreUnavailable
 from ._overrides import AuditEntry, OverrideRecord, RuntimeOverride, substitutions
 from ._overridesrc import AsyncRedisOverrides, LocalOverrides, RedisOverrides, Snapshot
-from ._overrideview import OverrideView, clear_record, follow_async, follow_sync, new_record
+from ._overrideview import Follower, OverrideView, clear_record, follow_async, new_record
 
 __all__ = ["AsyncOverridable", "Overridable"]
 
@@ -77,11 +77,9 @@ class Overridable(_Base):
     """`RuleEngine`'s override methods."""
 
     overrides_source: LocalOverrides | RedisOverrides | None
-    _follow_stop: threading.Event
-    _follower: threading.Thread | None
+    _follower: Follower | None
 
     def _setup_overrides(self, store: Any, overrides: bool, namespace: str) -> None:
-        self._follow_stop = threading.Event()
         self._follower = None
         client = getattr(store, "client", None)
         if not overrides:
@@ -95,7 +93,7 @@ class Overridable(_Base):
                 self._take_overrides(source.read())
             except StoreUnavailable as exc:
                 log.warning("runtime overrides not read yet: %s", exc)
-            self._follower = follow_sync(self, source, self._follow_stop)  # type: ignore[arg-type]
+            self._follower = Follower(self, source)  # type: ignore[arg-type]
 
     def _source(self) -> LocalOverrides | RedisOverrides:
         if self.overrides_source is None:
@@ -134,10 +132,9 @@ class Overridable(_Base):
 
     def close(self) -> None:
         """Stop following the store's overrides (a Redis store's)."""
-        self._follow_stop.set()
-        if self._follower is not None:
-            self._follower.join(timeout=5)
-            self._follower = None
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.stop()
 
 
 class AsyncOverridable(_Base):

@@ -81,6 +81,12 @@ return out
 """
 
 
+def _bare(record: OverrideRecord) -> bytes:
+    """The record without its times, which the script writes first."""
+    return _encode({"rule": record.rule, "limits": record.limits, "file_limits": record.file_limits,
+                    "reason": record.reason, "by": record.by})  # fmt: skip
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -185,7 +191,7 @@ class RedisOverrides:
     def change(
         self, action: str, record: OverrideRecord, seconds: float
     ) -> tuple[int, OverrideRecord | None, OverrideRecord | None]:
-        args = [action, record.rule, _encode(record), round(seconds * 1000), AUDIT_KEPT,
+        args = [action, record.rule, _bare(record), round(seconds * 1000), AUDIT_KEPT,
                 self.keys.channel]  # fmt: skip
         reply = self._call(self._change, [self.keys.active, self.keys.audit], args)
         return _changed(reply)
@@ -229,7 +235,7 @@ class AsyncRedisOverrides:
     async def change(
         self, action: str, record: OverrideRecord, seconds: float
     ) -> tuple[int, OverrideRecord | None, OverrideRecord | None]:
-        args = [action, record.rule, _encode(record), round(seconds * 1000), AUDIT_KEPT,
+        args = [action, record.rule, _bare(record), round(seconds * 1000), AUDIT_KEPT,
                 self.keys.channel]  # fmt: skip
         return _changed(await self._call(self._change(keys=[self.keys.active, self.keys.audit],
                                                       args=args)))  # fmt: skip

@@ -34,7 +34,7 @@ from ._overridesrc import Snapshot
 if TYPE_CHECKING:
     from ._engine import AsyncRuleEngine, RuleEngine
 
-__all__ = ["OverrideView", "follow_async", "follow_sync", "new_record"]
+__all__ = ["Follower", "OverrideView", "follow_async", "new_record"]
 
 log = logging.getLogger("ratewarden.rules")
 
@@ -146,18 +146,33 @@ class OverrideView:
 # -- following a shared store -----------------------------------------------------
 
 
-def follow_sync(engine: RuleEngine, source: Any, stop: threading.Event) -> threading.Thread:
-    """A daemon thread that keeps ``engine`` up to date with ``source`` until
-    ``stop`` is set or the engine is gone (it holds the engine weakly)."""
-    ref = weakref.ref(engine)
+class Follower:
+    """A daemon thread that keeps an engine up to date with a shared source
+    until `stop` or until the engine is gone (it holds the engine weakly)."""
 
-    def run() -> None:
-        pubsub = None
+    def __init__(self, engine: RuleEngine, source: Any) -> None:
+        self._ref = weakref.ref(engine)
+        self._source = source
+        self._stop = threading.Event()
+        self._pubsub: Any = None
+        self.thread = threading.Thread(target=self._run, name="ratewarden-overrides", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        pubsub = self._pubsub
+        if pubsub is not None:  # wake the thread from its wait for a message
+            with suppress(Exception):
+                pubsub.close()
+        self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        source, stop = self._source, self._stop
         while not stop.is_set():
-            if pubsub is None:
+            if self._pubsub is None:
                 with suppress(Exception):
-                    pubsub = source.subscribe()  # before reading: no change falls between
-            target = ref()
+                    self._pubsub = source.subscribe()  # before reading: no change falls between
+            target = self._ref()
             if target is None:
                 break
             try:
@@ -168,6 +183,7 @@ def follow_sync(engine: RuleEngine, source: Any, stop: threading.Event) -> threa
                 log.exception("overrides not read")
             del target
             began = time.monotonic()
+            pubsub = self._pubsub
             try:
                 if pubsub is not None:
                     get = pubsub.get_message
@@ -179,17 +195,14 @@ def follow_sync(engine: RuleEngine, source: Any, stop: threading.Event) -> threa
                 if pubsub is not None:
                     with suppress(Exception):
                         pubsub.close()
-                pubsub = None
+                self._pubsub = pubsub = None
             # never more than one read a MIN_GAP, whatever the channel does
             gap = max(0.0, MIN_GAP - (time.monotonic() - began)) if pubsub else UNSUBSCRIBED_POLL
             stop.wait(gap)
+        pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with suppress(Exception):
                 pubsub.close()
-
-    thread = threading.Thread(target=run, name="ratewarden-overrides", daemon=True)
-    thread.start()
-    return thread
 
 
 async def follow_async(engine: AsyncRuleEngine, source: Any) -> None:
