@@ -57,7 +57,17 @@ async def async_item(request: HttpRequest, id: int) -> HttpResponse:
     return await ROUTE_ENGINES["async"](request, id)  # type: ignore[no-any-return]
 
 
+def degraded_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"level": request.ratewarden_degrade})  # type: ignore[attr-defined]
+
+
+async def async_degraded_view(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"level": request.ratewarden_degrade})  # type: ignore[attr-defined]
+
+
 urlpatterns = [
+    path("video", degraded_view),
+    path("avideo", async_degraded_view),
     path("api/items", view),
     path("api/async", async_view),
     path("busy", view),
@@ -195,3 +205,48 @@ def test_a_sync_view_refuses_an_async_engine_on_redis() -> None:
 
     with pytest.raises(ConfigurationError, match="cannot run an AsyncRuleEngine"):
         limit(engine)(view)
+
+
+SHAPING = """
+rules:
+  - name: video
+    rate: 2/minute
+    algorithm: fixed_window
+    by: ip
+    action: degrade
+    degrade: {header: true, full_at: 3}
+    match: {paths: [/video, /avideo]}
+"""
+LEVELS = [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+LEVEL_HEADERS = [None, None, "0.25", "0.50", "0.75", "1", "1"]
+
+
+@pytest.mark.parametrize("kind", ["sync engine", "async engine"])
+def test_degrade_is_on_the_request_sync_and_async(kind: str, clock: FakeClock) -> None:
+    engine: Any = (
+        RuleEngine(loads(SHAPING), MemoryStore(clock=clock))
+        if kind == "sync engine"
+        else AsyncRuleEngine(loads(SHAPING), AsyncMemoryStore(clock=clock))
+    )
+
+    async def scenario() -> list[Any]:
+        client = AsyncClient(REMOTE_ADDR="198.51.100.9")
+        return [await client.get("/avideo") for _ in LEVELS]
+
+    with override_settings(MIDDLEWARE=MIDDLEWARE, RATEWARDEN={"ENGINE": engine}):
+        sync = [Client(REMOTE_ADDR="203.0.113.7").get("/video") for _ in LEVELS]
+        asynchronous = asyncio.run(scenario())
+    for responses in (sync, asynchronous):
+        assert [r.json()["level"] for r in responses] == LEVELS
+        assert [r.headers.get("X-RateLimit-Degraded") for r in responses] == LEVEL_HEADERS
+
+
+def test_the_view_decorator_and_the_middleware_keep_the_stronger_level(clock: FakeClock) -> None:
+    engine = RuleEngine(loads(SHAPING), MemoryStore(clock=clock))
+    strict = RuleEngine(loads(SHAPING.replace("2/minute", "1/minute")), MemoryStore(clock=clock))
+    own = limit(strict)(degraded_view)
+    with override_settings(MIDDLEWARE=MIDDLEWARE, RATEWARDEN={"ENGINE": engine}):
+        request = Client(REMOTE_ADDR="203.0.113.7").get("/video").wsgi_request
+    setattr(request, "ratewarden_degrade", 0.75)  # noqa: B010  (as the middleware left it)
+    levels = [own(request).content for _ in range(3)]  # the view's own: 0, 0.5, 1
+    assert levels == [b'{"level": 0.75}', b'{"level": 0.75}', b'{"level": 1.0}']

@@ -156,6 +156,8 @@ def test_check_with_wait_holds_a_queued_request_until_its_slot(
     held = engine.check({"path": "/short"}, wait=True)
     assert (held.allowed, held.action, held.wait) == (True, "allow", 0.0)
     assert clock.time_ns() - start == 200_000_000  # its slot, two intervals on
+    after = engine.check({"path": "/short"})  # holding took one slot: the next is 0.1 s on
+    assert (after.action, after.wait) == ("queue", 0.1)
 
 
 def test_the_async_engine_shapes_the_same(clock: FakeClock) -> None:

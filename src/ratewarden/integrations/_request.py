@@ -22,6 +22,8 @@ from .._errors import ConfigurationError
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
 
 __all__ = [
+    "DEGRADE",
+    "DEGRADE_ENVIRON",
     "PROBLEM_TYPE",
     "ROUTE_SPOKE",
     "HeaderMode",
@@ -37,6 +39,12 @@ __all__ = [
 # its rate-limit headers on the response, or refused it: the app-wide middleware
 # then adds none of its own, so that each field appears once and the route speaks.
 ROUTE_SPOKE = "ratewarden.route_headers"
+
+# Where a front end leaves how much to degrade the response (0: not at all, to 1):
+# the key of ASGI's ``scope["state"]`` (Starlette's ``request.state.ratewarden_degrade``),
+# of the WSGI environ (``"ratewarden.degrade"``), the attribute of Django's request.
+DEGRADE = "ratewarden_degrade"
+DEGRADE_ENVIRON = "ratewarden.degrade"
 
 E = TypeVar("E", RuleEngine, AsyncRuleEngine)
 
@@ -131,8 +139,12 @@ class Responder:
         self.on_pass = headers == "all"
 
     def passed(self, outcome: Outcome) -> list[tuple[str, str]]:
-        """Headers to add to the application's response for an allowed request."""
-        if not self.on_pass or outcome.decision is None:
+        """Headers to add to the application's response for an allowed request:
+        the rate-limit headers as configured, and a degrade rule's own header
+        (the rule asks for it, whatever ``headers`` says)."""
+        if not self.on_pass:
+            return outcome.degrade_headers() if outcome.degrade else []
+        if outcome.decision is None and not outcome.degrade:
             return []
         return outcome.headers(legacy=self.legacy, ietf=self.ietf)
 

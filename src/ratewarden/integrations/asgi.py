@@ -26,6 +26,7 @@ from ..rules import AsyncRuleEngine, Outcome, RuleEngine
 from ..rules._engine import wait_out
 from ..stores import MemoryStore
 from ._request import (
+    DEGRADE,
     ROUTE_SPOKE,
     HeaderMode,
     Reply,
@@ -42,6 +43,7 @@ __all__ = [
     "scope_attributes",
     "scope_headers",
     "send_reply",
+    "tell_degrade",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -140,6 +142,15 @@ async def run_engine(
     return await wait_out(await check(), check, engine.store.clock)
 
 
+def tell_degrade(scope: Scope, level: float) -> None:
+    """Leave how much to degrade in ``scope["state"]`` for the application
+    (Starlette: ``request.state.ratewarden_degrade``): 0.0 when it need not."""
+    state = scope.get("state")
+    if state is None:
+        state = scope["state"] = {}
+    state[DEGRADE] = level
+
+
 async def send_reply(send: Send, reply: Reply) -> None:
     """Answer ``reply`` in the application's place."""
     headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in reply.headers]
@@ -165,7 +176,11 @@ class RateLimitMiddleware:
     a problem+json body; ``delay``: the request is held on the store's clock
     (``asyncio.sleep``, the loop keeps serving) and checked again, then passes or
     is rejected; ``shadow_ban``: the rule's configured response, the app never
-    called; ``log_only`` rules count and show nothing.
+    called; ``log_only`` rules count and show nothing; ``queue``: the request is
+    held until its slot in the line falls due, then passes; ``degrade``: it
+    passes, and ``scope["state"]["ratewarden_degrade"]`` says how much to
+    degrade the response (0.0 to 1.0; Starlette and FastAPI:
+    ``request.state.ratewarden_degrade``), with the rule's header if it names one.
 
     A store that cannot decide is the rule's ``on_failure`` policy's business
     (the engine answers for it); anything else the limiter raises is logged to
@@ -194,6 +209,8 @@ class RateLimitMiddleware:
             return
         outcome = await self.check(scope)
         if outcome is None or outcome.allowed:
+            if outcome is not None:
+                tell_degrade(scope, outcome.degrade)
             extra = [] if outcome is None else self.responder.passed(outcome)
             if not extra:
                 await self.app(scope, receive, send)

@@ -34,7 +34,15 @@ from django.utils.module_loading import import_string
 from .._errors import ConfigurationError
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
 from ..stores import AsyncMemoryStore
-from ._request import HeaderMode, Reply, Responder, attributes, check_any_engine, content_length
+from ._request import (
+    DEGRADE,
+    HeaderMode,
+    Reply,
+    Responder,
+    attributes,
+    check_any_engine,
+    content_length,
+)
 from .asgi import run_engine
 from .wsgi import EnvironHeaders, log
 
@@ -122,16 +130,22 @@ class _Limits:
         identity = None if self.identify is None else self.identify(request)
         return request_attributes(request, identity)
 
-    def before(self, outcome: Outcome | None) -> HttpResponse | list[tuple[str, str]]:
-        """A refusal to answer now, or the headers for the response to come."""
+    def before(
+        self, outcome: Outcome | None, request: HttpRequest
+    ) -> HttpResponse | list[tuple[str, str]]:
+        """A refusal to answer now, or the headers for the response to come; an
+        allowed request carries how much to degrade as
+        ``request.ratewarden_degrade`` (the stronger, when the middleware and a
+        view's own limits have both spoken)."""
         if outcome is None:
             return []
         if not outcome.allowed:
             return _http_response(self.responder.refused(outcome))
+        setattr(request, DEGRADE, max(getattr(request, DEGRADE, 0.0), outcome.degrade))
         return self.responder.passed(outcome)
 
     def run(self, request: HttpRequest, handler: Handler) -> HttpResponseBase:
-        verdict = self.before(_check_sync(self.engine, self.attributes(request)))
+        verdict = self.before(_check_sync(self.engine, self.attributes(request)), request)
         if isinstance(verdict, HttpResponse):
             return verdict
         return _with_headers(handler(request), verdict)
@@ -139,7 +153,7 @@ class _Limits:
     async def arun(
         self, request: HttpRequest, handler: Callable[[HttpRequest], Awaitable[Any]]
     ) -> HttpResponseBase:
-        verdict = self.before(await _check_async(self.engine, self.attributes(request)))
+        verdict = self.before(await _check_async(self.engine, self.attributes(request)), request)
         if isinstance(verdict, HttpResponse):
             return verdict
         return _with_headers(await handler(request), verdict)

@@ -27,8 +27,8 @@ from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException
 
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
-from ._request import ROUTE_SPOKE, HeaderMode, Reply, Responder, check_any_engine
-from .asgi import log, run_engine, scope_attributes
+from ._request import DEGRADE, ROUTE_SPOKE, HeaderMode, Reply, Responder, check_any_engine
+from .asgi import log, run_engine, scope_attributes, tell_degrade
 
 __all__ = ["RateLimit", "RateLimited", "install", "rate_limited_handler"]
 
@@ -100,6 +100,8 @@ class RateLimit:
             log.exception("rate limiter failed; the request goes through unchecked")
             return None
         if outcome.allowed:
+            level = request.scope.get("state", {}).get(DEGRADE, 0.0)
+            tell_degrade(request.scope, max(level, outcome.degrade))
             extra = self.responder.passed(outcome)
             for name, value in extra:
                 response.headers.append(name, value)

@@ -9,7 +9,8 @@
 The extension checks each request in ``before_request``, after routing, so the
 rules see the ``route`` (``/items/<int:id>``); allowed responses get the
 rate-limit headers on their way out (the extension wraps ``app.wsgi_app``).
-The engine is the sync `RuleEngine`.
+The engine is the sync `RuleEngine`. A view asks `degrade_level()` how much
+to degrade its response when a ``degrade`` rule says the caller is over.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from flask import Flask, Request, Response, make_response, request
 
 from ..rules import Outcome, RuleEngine
-from ._request import ROUTE_SPOKE, HeaderMode, Reply, Responder, check_engine
+from ._request import DEGRADE_ENVIRON, ROUTE_SPOKE, HeaderMode, Reply, Responder, check_engine
 from .wsgi import check, environ_attributes, reply_headers
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
-__all__ = ["RateLimiter", "limit"]
+__all__ = ["RateLimiter", "degrade_level", "limit"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -42,6 +43,20 @@ def _outcome(
     rule = current.url_rule
     attributes = environ_attributes(current.environ, identity, None if rule is None else rule.rule)
     return check(engine, attributes)
+
+
+def _tell_degrade(outcome: Outcome | None) -> None:
+    """Leave the level in the environ; the stronger of the extension's and a
+    view's own, when both have spoken."""
+    if outcome is not None and outcome.allowed:
+        environ = request.environ
+        environ[DEGRADE_ENVIRON] = max(environ.get(DEGRADE_ENVIRON, 0.0), outcome.degrade)
+
+
+def degrade_level() -> float:
+    """How much to degrade the current request's response: 0.0 (not at all) to
+    1.0, as the limits' ``degrade`` rules said (0.0 when no limit was checked)."""
+    return float(request.environ.get(DEGRADE_ENVIRON, 0.0))
 
 
 def _response(reply: Reply) -> Response:
@@ -89,6 +104,7 @@ class RateLimiter:
             return None
         outcome = _outcome(self.engine, self.identify, request)
         if outcome is None or outcome.allowed:
+            _tell_degrade(outcome)
             extra = [] if outcome is None else self.responder.passed(outcome)
             if extra:
                 request.environ[_KEY] = extra
@@ -131,6 +147,7 @@ def limit(
         @functools.wraps(view)
         def limited(*args: P.args, **kwargs: P.kwargs) -> Any:
             outcome = _outcome(engine, identify, request)
+            _tell_degrade(outcome)
             if outcome is not None and not outcome.allowed:
                 request.environ[ROUTE_SPOKE] = True
                 return _response(responder.refused(outcome))

@@ -19,7 +19,15 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from ..rules import Outcome, RuleEngine
-from ._request import HeaderMode, Reply, Responder, attributes, check_engine, content_length
+from ._request import (
+    DEGRADE_ENVIRON,
+    HeaderMode,
+    Reply,
+    Responder,
+    attributes,
+    check_engine,
+    content_length,
+)
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -124,7 +132,8 @@ class RateLimitMiddleware:
     sees it. ``identify(environ)`` returns the attributes only the application
     knows (user, api_key, plan, org, ...); ``headers``, ``legacy`` and ``ietf``
     and the handling of each action are as for the ASGI middleware
-    (`ratewarden.integrations.asgi.RateLimitMiddleware`)."""
+    (`ratewarden.integrations.asgi.RateLimitMiddleware`); how much to degrade
+    a response is ``environ["ratewarden.degrade"]`` (0.0 to 1.0)."""
 
     def __init__(
         self,
@@ -145,6 +154,8 @@ class RateLimitMiddleware:
         identity = None if self.identify is None else self.identify(environ)
         outcome = check(self.engine, environ_attributes(environ, identity))
         if outcome is None or outcome.allowed:
+            if outcome is not None:
+                environ[DEGRADE_ENVIRON] = outcome.degrade
             extra = [] if outcome is None else self.responder.passed(outcome)
             if not extra:
                 return self.app(environ, start_response)
