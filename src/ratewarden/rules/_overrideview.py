@@ -168,7 +168,11 @@ class Follower:
 
     def _run(self) -> None:
         source, stop = self._source, self._stop
+        last_read = -MIN_GAP
         while not stop.is_set():
+            # never more than one read a MIN_GAP, whatever the channel does
+            if stop.wait(max(0.0, MIN_GAP - (time.monotonic() - last_read))):
+                break
             if self._pubsub is None:
                 with suppress(Exception):
                     self._pubsub = source.subscribe()  # before reading: no change falls between
@@ -182,7 +186,7 @@ class Follower:
             except Exception:  # never let the thread die: overrides would freeze
                 log.exception("overrides not read")
             del target
-            began = time.monotonic()
+            last_read = time.monotonic()
             pubsub = self._pubsub
             try:
                 if pubsub is not None:
@@ -196,9 +200,8 @@ class Follower:
                     with suppress(Exception):
                         pubsub.close()
                 self._pubsub = pubsub = None
-            # never more than one read a MIN_GAP, whatever the channel does
-            gap = max(0.0, MIN_GAP - (time.monotonic() - began)) if pubsub else UNSUBSCRIBED_POLL
-            stop.wait(gap)
+            if pubsub is None:
+                stop.wait(UNSUBSCRIBED_POLL)
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with suppress(Exception):
@@ -209,8 +212,10 @@ async def follow_async(engine: AsyncRuleEngine, source: Any) -> None:
     """The asyncio twin of `follow_sync`: run as a task, cancelled to stop."""
     ref = weakref.ref(engine)
     pubsub = None
+    last_read = -MIN_GAP
     try:
         while True:
+            await asyncio.sleep(max(0.0, MIN_GAP - (time.monotonic() - last_read)))
             if pubsub is None:
                 with suppress(Exception):
                     pubsub = await source.subscribe()
@@ -224,7 +229,7 @@ async def follow_async(engine: AsyncRuleEngine, source: Any) -> None:
             except Exception:
                 log.exception("overrides not read")
             del target
-            began = time.monotonic()
+            last_read = time.monotonic()
             try:
                 if pubsub is not None:
                     get = pubsub.get_message
@@ -237,8 +242,8 @@ async def follow_async(engine: AsyncRuleEngine, source: Any) -> None:
                     with suppress(Exception):
                         await pubsub.aclose()
                 pubsub = None
-            gap = max(0.0, MIN_GAP - (time.monotonic() - began)) if pubsub else UNSUBSCRIBED_POLL
-            await asyncio.sleep(gap)
+            if pubsub is None:
+                await asyncio.sleep(UNSUBSCRIBED_POLL)
     finally:
         if pubsub is not None:
             with suppress(Exception):

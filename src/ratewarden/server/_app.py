@@ -12,6 +12,9 @@ Routes (``openapi()`` documents the same, from the same msgspec types):
     GET    /v1/rules          the rules in force
     GET    /v1/quotas         the fleet quotas in the Redis store, summed up
     GET    /v1/quotas/{name}  one fleet quota and its members
+    GET    /v1/overrides      runtime overrides in force, and their audit trail
+    PUT    /v1/overrides/{rule}  replace a rule's rates for a while (admin)
+    DELETE /v1/overrides/{rule}  end an override now (admin)
     POST   /v1/reload         load the rule file again (admin)
     DELETE /v1/keys/{key}     forget a key, in every limit or one rule's (admin)
     ANY    /auth              for gateways: 200, or 429 + Retry-After + X-RateLimit-*
@@ -38,6 +41,7 @@ import msgspec
 
 from .._errors import ConfigurationError, StoreError
 from ._authattrs import AUTH_METHODS, auth_attributes
+from . import _overrideapi as overrideapi
 from ._body import HTTPError, least_members, parse, refuse_duplicates, tail
 from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
 from ._metrics import CONTENT_TYPE_LATEST
@@ -101,11 +105,14 @@ class App:
             ("GET", "/readyz"): (self._ready, "readyz", "public"),
             ("GET", "/metrics"): (self._metrics, "metrics", "check"),
             ("GET", "/openapi.json"): (self._openapi_doc, "openapi", "check"),
+            ("GET", "/v1/overrides"): (self._overrides, "overrides", "check"),
         }
         # paths under a prefix: (prefix, method, handler, endpoint name, who)
         self._prefixed: tuple[tuple[str, str, _Handler, str, str], ...] = (
             ("/v1/keys/", "DELETE", self._reset, "keys", "admin"),
             ("/v1/quotas/", "GET", self._quota, "quota", "check"),
+            ("/v1/overrides/", "PUT", self._set_override, "override", "admin"),
+            ("/v1/overrides/", "DELETE", self._clear_override, "override", "admin"),
         )
         self._paths = {path for _, path in self._routes} | {"/auth"}
         self._allowed = {
@@ -154,12 +161,15 @@ class App:
         self._observe(endpoint, time.perf_counter() - started)
 
     def _prefixed_route(self, method: str, path: str) -> tuple[_Handler, str, str]:
-        for prefix, allowed, handler, endpoint, who in self._prefixed:
+        allowed: list[str] = []
+        for prefix, verb, handler, endpoint, who in self._prefixed:
             if path.startswith(prefix):
-                if method != allowed:
-                    raise HTTPError(405, f"{method} is not allowed on {path}",
-                                     [(b"allow", allowed.encode())])  # fmt: skip
-                return handler, endpoint, who
+                if method == verb:
+                    return handler, endpoint, who
+                allowed.append(verb)
+        if allowed:
+            raise HTTPError(405, f"{method} is not allowed on {path}",
+                            [(b"allow", ", ".join(sorted(allowed)).encode())])  # fmt: skip
         allow = self._allowed.get(path)
         if allow is not None:
             raise HTTPError(405, f"{method} is not allowed on {path}",
@@ -281,6 +291,16 @@ class App:
         if status is None:
             raise HTTPError(404, f"no fleet quota named {name!r}")
         return 200, _JSON, _encode(status.as_dict())
+
+    async def _overrides(self, scope: Scope, receive: Receive) -> _Answer:
+        return 200, _JSON, await overrideapi.list_overrides(self.service)
+
+    async def _set_override(self, scope: Scope, receive: Receive) -> _Answer:
+        body = await self._body(scope, receive)
+        return 200, _JSON, await overrideapi.set_override(self.service, scope, body)
+
+    async def _clear_override(self, scope: Scope, receive: Receive) -> _Answer:
+        return 200, _JSON, await overrideapi.clear_override(self.service, scope)
 
     async def _health(self, scope: Scope, receive: Receive) -> _Answer:
         if self.service.draining:

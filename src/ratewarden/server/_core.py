@@ -119,12 +119,14 @@ class Shadow(msgspec.Struct):
 
 class CheckResult(msgspec.Struct):
     """The answer to one check. ``allowed``: let it through; ``action`` what to do
-    (allow, reject, delay (hold ``wait`` seconds, then check again), shadow_ban);
-    ``status``: the HTTP status to answer; ``headers``: the rate-limit headers to
-    send (X-RateLimit-*, RateLimit, RateLimit-Policy, Retry-After)."""
+    (allow, reject, delay (hold ``wait`` seconds, then check again), shadow_ban,
+    queue (allowed: hold ``wait`` seconds, then let it through, without checking
+    again), degrade (allowed: serve less, by ``degrade``, 0 to 1)); ``status``:
+    the HTTP status to answer; ``headers``: the headers to send (X-RateLimit-*,
+    RateLimit, RateLimit-Policy, Retry-After, a degrade rule's own)."""
 
     allowed: bool
-    action: Literal["allow", "reject", "delay", "shadow_ban"]
+    action: Literal["allow", "reject", "delay", "shadow_ban", "queue", "degrade"]
     status: int
     rule: str | None
     limit: int | None
@@ -137,6 +139,7 @@ class CheckResult(msgspec.Struct):
     shadow: Shadow | None = None
     statuses: list[DescriptorStatus] | None = None
     body: str | None = None  # what a shadow-banned request is answered
+    degrade: float = 0.0  # how much to degrade the response: 0 (not at all) to 1
 
 
 class BatchResult(msgspec.Struct):
@@ -203,7 +206,7 @@ def outcome_result(outcome: Outcome) -> CheckResult:
     return CheckResult(
         outcome.allowed, outcome.action, outcome.status, rule, limit, remaining, reset,
         _finite(outcome.retry_after), outcome.wait, decision is not None and decision.degraded,
-        headers, _shadow(outcome.shadow), body=body,
+        headers, _shadow(outcome.shadow), body=body, degrade=outcome.degrade,
     )  # fmt: skip
 
 

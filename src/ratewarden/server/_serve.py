@@ -323,6 +323,7 @@ class _Servers:
 
     async def start(self, service: Any) -> None:
         options = self.options
+        await service.start()  # the store's runtime overrides, in force before any request
         if options.grpc is not None:
             from ._grpc import GrpcServer, parse_tls  # noqa: PLC0415 - the grpc extra
 

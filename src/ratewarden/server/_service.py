@@ -44,6 +44,7 @@ from ._quotas import MAX_SCRAPED
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus
     from ._envoywatch import EnvoyWatcher
+    from ._overrideapi import OverrideList
     from ._quotaread import QuotaReader
 
 __all__ = ["InvalidRequest", "NotFound", "Service", "Unprocessable"]
@@ -369,7 +370,33 @@ class Service:
             "store": type(self.store).__name__,
         }
 
+    # -- runtime overrides -------------------------------------------------------
+
+    @property
+    def overrides_shared(self) -> bool:
+        """True when overrides live in the store, for every instance on it."""
+        source = self.engine.overrides_source
+        return source is not None and source.shared
+
+    async def override_list(self) -> OverrideList:
+        """The overrides in force and the last 100 changes (`/v1/overrides`)."""
+        from ._overrideapi import OverrideList  # noqa: PLC0415
+
+        engine = self.engine
+        overrides = await engine.alist_overrides()
+        audit = await engine.aoverride_audit(100)
+        return OverrideList(overrides, audit, self.overrides_shared)
+
+    async def start(self) -> None:
+        """Put the store's overrides in force before the first request and follow
+        them; a store that cannot be reached leaves that to the follower."""
+        try:
+            await self.engine.astart()
+        except StoreError as exc:
+            log.warning("runtime overrides not read yet: %s", exc)
+
     async def aclose(self) -> None:
+        await self.engine.aclose()
         closer = getattr(self.store, "aclose", None)
         if closer is not None:
             try:

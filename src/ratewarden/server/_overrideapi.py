@@ -1,0 +1,112 @@
+"""The HTTP API's runtime overrides:
+
+    GET    /v1/overrides         the overrides in force and the audit trail
+    PUT    /v1/overrides/{rule}  {"limits": ["500/minute"], "for": "30m", "reason": "...",
+                                  "by": "..."}  (admin)
+    DELETE /v1/overrides/{rule}  end one now; ?reason=... (admin)
+
+With a Redis store they are in Redis and every instance on it applies them
+(``"shared": true``); with the memory store, this process alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+import msgspec
+
+from .._errors import ConfigurationError
+from ..rules._overrides import AuditEntry, RuntimeOverride, UnknownRule
+from ._body import HTTPError, parse, scan_duplicates, tail
+
+if TYPE_CHECKING:
+    from ._service import Service
+
+__all__ = ["OverrideList", "OverrideRequest", "clear_override", "list_overrides", "set_override"]
+
+PREFIX = b"/v1/overrides/"
+
+
+class OverrideRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """A new override: ``limits`` replace the rule's rates for ``for`` (seconds
+    or text such as "30m"); ``reason`` goes into the audit trail with ``by``."""
+
+    limits: list[str] | str
+    duration: float | str = msgspec.field(name="for")
+    reason: str
+    by: str = ""
+
+
+class OverrideList(msgspec.Struct):
+    overrides: list[RuntimeOverride]
+    audit: list[AuditEntry]
+    shared: bool  # in the store, for every instance on it; else this process's
+
+
+class OverrideSet(msgspec.Struct):
+    override: RuntimeOverride
+    shared: bool
+
+
+class OverrideCleared(msgspec.Struct):
+    rule: str
+    removed: bool
+    shared: bool
+
+
+_decode = msgspec.json.Decoder(OverrideRequest).decode
+_encode = msgspec.json.Encoder().encode
+
+
+def _who(scope: dict[str, Any] | Any, claimed: str) -> str:
+    """Who made a change, as the audit trail says: the name the caller gives
+    (unchecked: the token says the caller may, not who it is) and its address."""
+    client = scope.get("client")
+    peer = "?" if not client else str(client[0])
+    return f"{claimed} (from {peer})" if claimed else f"api (from {peer})"
+
+
+def _rule(scope: Any) -> str:
+    try:
+        rule = tail(scope, PREFIX)
+    except UnicodeDecodeError:
+        raise HTTPError(400, "a rule name must be UTF-8 once %-decoded") from None
+    if not rule:
+        raise HTTPError(400, "no rule given: /v1/overrides/{rule}")
+    return rule
+
+
+async def list_overrides(service: Service) -> bytes:
+    return _encode(await service.override_list())
+
+
+async def set_override(service: Service, scope: Any, body: bytes) -> bytes:
+    rule = _rule(scope)
+    request: OverrideRequest = parse(_decode, body)
+    scan_duplicates(body)
+    try:
+        override = await service.engine.aset_override(
+            rule, request.limits, duration=request.duration, reason=request.reason,
+            by=_who(scope, request.by.strip()),
+        )  # fmt: skip
+    except UnknownRule as exc:
+        raise HTTPError(404, str(exc)) from None
+    except ConfigurationError as exc:
+        raise HTTPError(422, str(exc)) from None
+    return _encode(OverrideSet(override, service.overrides_shared))
+
+
+async def clear_override(service: Service, scope: Any) -> bytes:
+    rule = _rule(scope)
+    try:
+        query = parse_qs(scope.get("query_string", b"").decode(), errors="strict")
+    except UnicodeDecodeError:
+        raise HTTPError(400, "the reason must be UTF-8 once %-decoded") from None
+    reason = query.get("reason", [""])[-1]
+    by = query.get("by", [""])[-1]
+    try:
+        removed = await service.engine.aclear_override(rule, reason=reason, by=_who(scope, by))
+    except ConfigurationError as exc:
+        raise HTTPError(422, str(exc)) from None
+    return _encode(OverrideCleared(rule, removed, service.overrides_shared))
