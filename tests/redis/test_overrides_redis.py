@@ -113,7 +113,8 @@ def test_namespaces_keep_overrides_apart(redis_single: RedisServer, namespace: s
         other = RuleEngine(RULES, store, overrides_namespace=namespace + "-other")
         mine.set_override("api", "40/hour", duration=600, reason="r")
         time.sleep(0.2)  # time for a message that must not come
-        assert limit_of(other, attributes()) == 2 and other.list_overrides() == []
+        assert limit_of(other, attributes()) == 2
+        assert other.list_overrides() == []
         mine.close()
         other.close()
 

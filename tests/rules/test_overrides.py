@@ -50,11 +50,13 @@ def test_an_override_replaces_the_rate_until_it_expires() -> None:
     # the override counts afresh: five more in this window
     assert admitted(e, API, 8) == 5
     decision = e.check(API).decision
-    assert decision is not None and decision.limit == 5
+    assert decision is not None
+    assert decision.limit == 5
     clock.advance(10)  # it ends: the rule's own counters, kept all along, apply again
     assert admitted(e, API, 3) == 0
     decision = e.check(API).decision
-    assert decision is not None and decision.limit == 2
+    assert decision is not None
+    assert decision.limit == 2
     assert e.list_overrides() == []
 
 
@@ -63,8 +65,11 @@ def test_an_override_names_the_rule_in_decisions_and_keeps_its_action() -> None:
     e.set_override("api", "1/minute", duration=60, reason="r")
     assert e.check(API).allowed
     outcome = e.check(API)
-    assert not outcome.allowed and outcome.rule is not None and outcome.rule.name == "api"
-    assert outcome.status == 429 and outcome.headers()  # the rule's answer, with headers
+    assert not outcome.allowed
+    assert outcome.rule is not None
+    assert outcome.rule.name == "api"
+    assert outcome.status == 429
+    assert outcome.headers()
 
 
 def test_one_tier_of_several_is_replaced_by_its_window() -> None:
@@ -76,7 +81,8 @@ def test_one_tier_of_several_is_replaced_by_its_window() -> None:
     clock.advance(1)
     assert admitted(e, t, 10) == 2  # 5/hour is what is left
     overrides = e.list_overrides()
-    assert overrides[0].limits == ("3/second",) and overrides[0].replaces == ("1/second", "5/hour")
+    assert overrides[0].limits == ("3/second",)
+    assert overrides[0].replaces == ("1/second", "5/hour")
 
 
 @pytest.mark.parametrize(
@@ -97,7 +103,8 @@ def test_an_override_that_cannot_apply_is_refused(rule: str, limits: object, mes
     with pytest.raises(ConfigurationError, match=message) as caught:
         e.set_override(rule, limits, duration=60, reason="r")  # type: ignore[arg-type]
     assert isinstance(caught.value, UnknownRule) == (rule == "nope")
-    assert e.list_overrides() == [] and e.override_audit() == []
+    assert e.list_overrides() == []
+    assert e.override_audit() == []
 
 
 @pytest.mark.parametrize(
@@ -112,7 +119,7 @@ def test_durations(duration: object, seconds: float) -> None:
     "duration", [0, 0.5, "0s", "31d", "-5", "30 minutes", "m", True, None, "nan"]
 )
 def test_bad_durations_are_refused(duration: object) -> None:
-    with pytest.raises(ConfigurationError, match="duration|lasts"):
+    with pytest.raises(ConfigurationError, match=r"duration|lasts"):
         parse_duration(duration)
 
 
@@ -152,7 +159,8 @@ def test_the_audit_trail_is_bounded() -> None:
     for n in range(AUDIT_KEPT + 20):
         e.set_override("api", f"{n + 1}/minute", duration=60, reason=f"r{n}")
     audit = e.override_audit(1000)
-    assert len(audit) == AUDIT_KEPT and audit[0].reason == f"r{AUDIT_KEPT + 19}"
+    assert len(audit) == AUDIT_KEPT
+    assert audit[0].reason == f"r{AUDIT_KEPT + 19}"
     assert len(e.override_audit(3)) == 3
     with pytest.raises(ConfigurationError, match="count"):
         e.override_audit(0)
@@ -166,7 +174,9 @@ def test_a_reload_keeps_overrides_and_a_rule_that_goes_away_loses_its_own(tmp_pa
     path.write_text(RULES.replace("2/minute", "3/minute"))
     e.reload()
     assert admitted(e, API, 9) == 5  # the file changed under it: the override still rules
-    path.write_text(RULES.split("  - name: tiers")[0].replace("name: api", "name: other"))
+    path.write_text(
+        RULES.split("  - name: tiers", maxsplit=1)[0].replace("name: api", "name: other")
+    )
     e.reload()
     assert e._view.problems == ("override of 'api' ignored: no rule of that name here",)
     with pytest.raises(UnknownRule):

@@ -38,7 +38,8 @@ def test_set_list_and_clear(rules_file: Path) -> None:
             answer = await client.put("/v1/overrides/search", json=BODY, headers=AUTH)
             assert answer.status_code == 200, answer.text
             override = answer.json()["override"]
-            assert override["limits"] == ["5/minute"] and override["replaces"] == ["2/minute"]
+            assert override["limits"] == ["5/minute"]
+            assert override["replaces"] == ["2/minute"]
             assert override["by"] == "alice (from 127.0.0.1)"
             assert override["expires_in"] == 1800
             statuses = [
@@ -80,7 +81,7 @@ def test_set_list_and_clear(rules_file: Path) -> None:
             b'{"limits": "5/minute", "limits": "9/minute", "for": 60, "reason": "r"}',
             400,
             "appears twice",
-        ),  # fmt: skip
+        ),
         ("PUT", "/v1/overrides/search", b"{", 400, "malformed JSON"),
         ("PUT", "/v1/overrides/search", b"", 400, "needs a JSON body"),
         ("PUT", "/v1/overrides/", BODY, 400, "no rule given"),
@@ -88,7 +89,7 @@ def test_set_list_and_clear(rules_file: Path) -> None:
         ("DELETE", "/v1/overrides", None, 405, "DELETE is not allowed"),
     ],
 )
-def test_bad_requests_get_a_clear_4xx(
+def test_bad_requests_get_a_clear_4xx(  # noqa: PLR0917 - the cases' fields
     rules_file: Path, method: str, path: str, body: object, status: int, error: str
 ) -> None:
     async def main() -> None:
@@ -102,7 +103,8 @@ def test_bad_requests_get_a_clear_4xx(
             if status == 405:
                 assert answer.headers["allow"] in ("DELETE, PUT", "GET")
             listed = (await client.get("/v1/overrides", headers=AUTH)).json()
-            assert listed["overrides"] == [] and listed["audit"] == []
+            assert listed["overrides"] == []
+            assert listed["audit"] == []
 
     run(main())
 

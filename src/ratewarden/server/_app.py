@@ -40,8 +40,8 @@ from urllib.parse import parse_qs
 import msgspec
 
 from .._errors import ConfigurationError, StoreError
-from ._authattrs import AUTH_METHODS, auth_attributes
 from . import _overrideapi as overrideapi
+from ._authattrs import AUTH_METHODS, auth_attributes
 from ._body import HTTPError, least_members, parse, refuse_duplicates, tail
 from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
 from ._metrics import CONTENT_TYPE_LATEST
