@@ -269,7 +269,7 @@ def test_a_bad_name(redis_single: RedisServer, capsys: Capture) -> None:
 @pytest.mark.parametrize("args", [["list"], ["show", "q"], ["set", "q", "10/second"]])
 def test_redis_unreachable(args: list[str], capsys: Capture) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    assert main(["quota", *args, "--redis", url]) == 2
+    assert main(["quota", *args, "--redis", url]) == 3  # unreachable
     message = error(capsys)
     assert message.startswith("ratewarden quota: redis: ")
     assert "Connection refused" in message

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ._clirules import table
-from ._errors import ConfigurationError, RatewardenError
+from ._clicommon import MISSING, CliError, examples, print_json, table
+from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from .fleet import MemberStatus, QuotaConfig, QuotaStatus
@@ -76,19 +75,34 @@ def quota_set(client: Any, args: argparse.Namespace) -> int:
             raise ConfigurationError(f"no quota named {args.name!r}: give a RATE to create it")
         config = QuotaConfig(**changes)
         version = set_quota(client, args.name, config)
+        if args.json:
+            return _set_json(client, args.name, "created")
         print(f"created quota {args.name}, version {version}")
         for name, text in _settings(config):
             print(f"  {name:<10} {text}")
         return 0
     config = current.config.but(**changes)
     if config == current.config:
+        if args.json:
+            return _set_json(client, args.name, "unchanged")
         print(f"quota {args.name} unchanged, version {current.version}")
         return 0
     version = set_quota(client, args.name, config)
+    if args.json:
+        return _set_json(client, args.name, "changed")
     print(f"changed quota {args.name}, version {current.version} -> {version}")
     for (name, old), (_, new) in zip(_settings(current.config), _settings(config), strict=True):
         if old != new:
             print(f"  {name:<10} {old} -> {new}")
+    return 0
+
+
+def _set_json(client: Any, name: str, done: str) -> int:
+    """What ``quota set --json`` prints: what it did, and the quota as ``show`` has it."""
+    from .fleet import show_quota  # noqa: PLC0415
+
+    status = show_quota(client, name)
+    print_json({"done": done, "quota": None if status is None else status.as_dict()})
     return 0
 
 
@@ -122,7 +136,7 @@ def quota_show(client: Any, args: argparse.Namespace) -> int:
     if status is None:
         raise ConfigurationError(f"no quota named {args.name!r}")
     if args.json:
-        print(json.dumps(status.as_dict(), indent=2))
+        print_json(status.as_dict())
         return 0
     print(_resource_line(status))
     window = status.config.rate.period
@@ -165,7 +179,7 @@ def quota_list(client: Any, args: argparse.Namespace) -> int:
             statuses.append(status)
     if args.json:
         listed = {"quotas": [summary(s) for s in statuses], "truncated": truncated}
-        print(json.dumps(listed, indent=2))
+        print_json(listed)
         return 0
     if not statuses:
         print("no quotas")
@@ -185,33 +199,52 @@ def quota_list(client: Any, args: argparse.Namespace) -> int:
 
 
 def quota(args: argparse.Namespace) -> int:
-    """``ratewarden quota set|show|list``; 2 and one line on stderr for an error."""
+    """``ratewarden quota set|show|list``. Errors are raised for the command line
+    to report: a bad setting or no such quota (2), Redis not answering (3)."""
     try:
-        from redis.exceptions import RedisError  # noqa: PLC0415 - the redis extra
-
-        from .stores._redisconn import connect  # noqa: PLC0415
+        from .stores._redisconn import connect  # noqa: PLC0415 - the redis extra
     except ImportError:
-        print("ratewarden quota needs: pip install 'ratewarden[redis]'", file=sys.stderr)
-        return 2
+        raise CliError("ratewarden quota needs: pip install 'ratewarden[redis]'", MISSING) from None
     url = args.redis or os.environ.get("RATEWARDEN_REDIS") or DEFAULT_REDIS
     commands = {"set": quota_set, "show": quota_show, "list": quota_list}
+    client = connect(url, QUOTA_TIMEOUT)
     try:
-        client = connect(url, QUOTA_TIMEOUT)
-        try:
-            return commands[args.quota_command](client, args)
-        finally:
-            client.close()
-    except (RatewardenError, RedisError) as exc:
-        print(f"ratewarden quota: {exc}", file=sys.stderr)
-        return 2
+        return commands[args.quota_command](client, args)
+    finally:
+        client.close()
+
+
+SET_EXAMPLES = examples(
+    "ratewarden quota set partner-api 2000/second --store redis://127.0.0.1:6379/0",
+    "ratewarden quota set partner-api --algorithm equal --lease 10"
+    " --store redis://127.0.0.1:6379/0 --json",
+)
+SHOW_EXAMPLES = examples(
+    "ratewarden quota show partner-api --store redis://127.0.0.1:6379/0",
+    "ratewarden quota show no-such-quota --store redis://127.0.0.1:6379/0  # exits 2",
+)
+LIST_EXAMPLES = examples("ratewarden quota list --store redis://127.0.0.1:6379/0 --json")
 
 
 def add_quota(sub: Any) -> None:
-    quota = sub.add_parser("quota", help="fleet quotas in Redis: set, show, list")
-    verbs = quota.add_subparsers(dest="quota_command", required=True)
-    redis_help = f"the Redis of the quotas (default $RATEWARDEN_REDIS or {DEFAULT_REDIS})"
+    quota = sub.add_parser(
+        "quota",
+        help="fleet quotas in Redis: set, show, list",
+        description="Fleet quotas (one provider's limit shared by many instances), in the "
+        "Redis their members coordinate through.",
+        epilog=examples(
+            "ratewarden quota set partner-api 2000/second --store redis://127.0.0.1:6379/0",
+            "ratewarden quota list --store redis://127.0.0.1:6379/0",
+        ),
+    )
+    verbs = quota.add_subparsers(dest="quota_command", required=True, metavar="VERB")
+    store_help = f"the Redis of the quotas (default $RATEWARDEN_REDIS or {DEFAULT_REDIS})"
     change = verbs.add_parser(
-        "set", help="create a quota, or change it (the settings not given stay as they are)"
+        "set",
+        help="create a quota, or change it (the settings not given stay as they are)",
+        description="Create a quota, or change the settings given and keep the others; "
+        "members hear of a change at once.",
+        epilog=SET_EXAMPLES,
     )
     change.add_argument("name")
     change.add_argument("rate", nargs="?", help="the fleet's total, such as 2000/second "
@@ -232,13 +265,16 @@ def add_quota(sub: Any) -> None:
                         "their shares")  # fmt: skip
     change.add_argument("--floor", type=int, metavar="N",
                         help="adaptive: the total never goes below this")  # fmt: skip
-    change.add_argument("--redis", metavar="URL", help=redis_help)
-    show = verbs.add_parser("show", help="a quota, its members and their use")
+    change.add_argument("--json", action="store_true",
+                        help="print what was done and the quota as JSON")  # fmt: skip
+    show = verbs.add_parser("show", help="a quota, its members and their use",
+                            epilog=SHOW_EXAMPLES)  # fmt: skip
     show.add_argument("name")
     show.add_argument("--json", action="store_true", help="print it as JSON")
     show.add_argument("--members-by-id", action="store_true",
                       help="members in order of id (default: the largest grant first)")  # fmt: skip
-    show.add_argument("--redis", metavar="URL", help=redis_help)
-    listing = verbs.add_parser("list", help="every quota, summed up")
+    listing = verbs.add_parser("list", help="every quota, summed up", epilog=LIST_EXAMPLES)
     listing.add_argument("--json", action="store_true", help="print them as JSON")
-    listing.add_argument("--redis", metavar="URL", help=redis_help)
+    for verb in (change, show, listing):
+        # --store as every command names its Redis; --redis as it was first spelled
+        verb.add_argument("--store", "--redis", dest="redis", metavar="URL", help=store_help)

@@ -1,139 +1,326 @@
-"""The ``ratewarden`` command: ``serve``, ``demo``, ``check-config FILE``,
-``explain FILE --attr k=v``, ``quota set|show|list``, ``simulate``.
+"""The ``ratewarden`` command: ``serve``, ``check``, ``check-config``, ``explain``,
+``quota``, ``simulate``, ``bench`` and ``demo``.
 
-The rule commands import ``ratewarden.rules`` (and so PyYAML) only when they run,
-``serve`` the server packages only when it runs, ``quota`` the fleet quotas (and
-so the Redis client) only when it runs.
+Each subcommand imports what it needs when it runs: the rule commands
+``ratewarden.rules`` (and so PyYAML), ``serve`` the server packages, ``quota``
+and ``simulate`` the fleet quotas (and so the Redis client).
+
+Errors are one line on stderr, ``ratewarden COMMAND: what went wrong``, and
+an exit code from one table (`ratewarden._clicommon.EXIT_CODES`, printed by
+``ratewarden --help``); never a traceback for bad input, a store or a service
+that does not answer.
+
+Every subcommand's help ends with an ``examples:`` section, and
+tests/test_cli_examples.py runs every line of it that starts with
+``ratewarden``. The conventions those lines follow, so that the test can run
+them as they are written:
+
+- They run in a directory holding ``rules.yaml`` (a rule file),
+  ``ratelimit-config.yaml`` (an envoyproxy/ratelimit file) and ``token`` (the
+  service's bearer token): the names tests/test_docs.py gives them too.
+- ``http://127.0.0.1:8080`` is a running service, started with
+  ``--token-file token --open-checks`` (checks need no token, admin calls
+  do); the test writes its own service's host:port in place of
+  ``127.0.0.1:8080``.
+- ``redis://127.0.0.1:6379/0`` is a Redis: the test writes its own server's
+  port in place of 6379, so no example touches a Redis the test did not start.
+- A ``serve`` example spells ``--http 127.0.0.1:8080`` and ``--grpc
+  127.0.0.1:8081`` and ends with ``# runs until stopped``: the test gives it two
+  free ports instead, waits until ``/healthz`` answers 200, stops it with
+  SIGTERM and expects exit code 0.
+- ``# exits N`` at the end of a line: the example ends with exit code N (0
+  when not said), as in the docs' shell blocks.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
 
 from . import __version__
+from ._clibench import add_bench, bench
+from ._clicheck import add_check, check
+from ._clicommon import (
+    EXIT_CODES,
+    INTERRUPTED,
+    MISSING,
+    NO,
+    UNREACHABLE,
+    USAGE,
+    CliError,
+    Parser,
+    examples,
+)
 from ._cliquota import add_quota, quota
 from ._clirules import check_config, explain
-from ._clock import FakeClock
-from ._errors import RateLimitTimeout, RatewardenError
-from ._limiter import AsyncLimiter, Limiter
-from .algorithms import ALGORITHMS
-from .stores import MemoryStore
+from ._errors import ConfigurationError, RatewardenError, StoreError
+
+__all__ = ["build_parser", "help_texts", "main"]
+
+DESCRIPTION = "Rate limiting: a service, rule files, fleet quotas, and the tools around them."
+
+TOP_EXAMPLES = examples(
+    "ratewarden check-config rules.yaml",
+    "ratewarden check rules.yaml method=POST path=/api/login ip=10.0.0.5",
+    "ratewarden check --url http://127.0.0.1:8080 method=GET path=/api/orders user=u1",
+    "ratewarden serve --config rules.yaml --http 127.0.0.1:8080 --grpc 127.0.0.1:8081"
+    "  # runs until stopped",
+    "ratewarden bench --algorithm gcra --seconds 0.2",
+)
+
+SERVE_EXAMPLES = examples(
+    "ratewarden serve --config rules.yaml --http 127.0.0.1:8080 --grpc 127.0.0.1:8081"
+    "  # runs until stopped",
+    "ratewarden serve --config rules.yaml --store redis://127.0.0.1:6379/0"
+    " --http 127.0.0.1:8080 --grpc 127.0.0.1:8081 --log-format text  # runs until stopped",
+    "ratewarden serve --config rules.yaml --envoy-config ratelimit-config.yaml"
+    " --http 127.0.0.1:8080 --grpc 127.0.0.1:8081 --token-file token  # runs until stopped",
+)
+
+CHECK_EXAMPLES = examples(
+    "ratewarden check rules.yaml method=GET path=/api/orders user=u1",
+    "ratewarden check rules.yaml method=POST path=/api/login ip=10.0.0.5 --times 6  # exits 1",
+    "ratewarden check rules.yaml method=GET path=/api/orders ip=10.0.0.5 --json",
+    "ratewarden check rules.yaml method=GET path=/api/orders user=u1"
+    " --store redis://127.0.0.1:6379/0",
+    "ratewarden check --url http://127.0.0.1:8080 method=GET path=/api/orders user=u1",
+    "ratewarden check --url http://127.0.0.1:8080 --token-file token method=POST"
+    " path=/api/login ip=10.0.0.7 --times 6 --json  # exits 1",
+)
+
+CHECK_CONFIG_EXAMPLES = examples(
+    "ratewarden check-config rules.yaml",
+    "ratewarden check-config rules.yaml --strict --json",
+    "ratewarden check-config ratelimit-config.yaml",
+)
+
+EXPLAIN_EXAMPLES = examples(
+    "ratewarden explain rules.yaml method=POST path=/api/login ip=10.0.0.5",
+    "ratewarden explain rules.yaml --attr user=u1 --attr path=/api/search"
+    " --header X-Forwarded-For=198.51.100.4",
+)
+
+BENCH_EXAMPLES = examples(
+    "ratewarden bench --seconds 0.2",
+    "ratewarden bench --algorithm sliding_window_counter --rate 100/second --keys 10"
+    " --seconds 0.2 --json",
+    "ratewarden bench rules.yaml method=GET path=/api/orders user=u1 --vary user --seconds 0.2",
+    "ratewarden bench --algorithm gcra --store redis://127.0.0.1:6379/0 --seconds 0.2",
+)
+
+SIMULATE_EXAMPLES = examples(
+    "ratewarden simulate --members 4 --seconds 10",
+    "ratewarden simulate --pattern churn --algorithm all --seconds 10 --json",
+    "ratewarden simulate --pattern total-change --members 8 --seconds 10"
+    " --store redis://127.0.0.1:6379/0",
+)
+
+DEMO_EXAMPLES = examples("ratewarden demo")
 
 
-def demo() -> None:
-    print(f"ratewarden {__version__}: every algorithm, 5 per second, a burst of 8 requests")
-    print("at t=0 then one request every 100 ms (simulated time).\n")
-    print(f"{'algorithm':<24}{'burst':<10}then at t = 0.1 s, 0.2 s, ... 2.0 s")
-    print(f"{'':<34}" + "".join(f"{t:>5}" for t in ("0.5s", "1.0s", "1.5s", "2.0s")))
-    for name in ALGORITHMS:
-        clock = FakeClock()
-        limiter = Limiter("5/second", algorithm=name, store=MemoryStore(clock=clock))
-        burst = "".join("#" if limiter.hit("demo").allowed else "." for _ in range(8))
-        marks = []
-        for _ in range(20):
-            clock.advance(0.1)
-            marks.append("#" if limiter.hit("demo").allowed else ".")
-        print(f"{name:<24}{burst:<10}{''.join(marks)}")
-    print("\n# admitted   . denied\n")
-
-    print("acquire(): 4 async workers share one '10/second' gcra limit, burst 1 (real time)")
-    shared = AsyncLimiter("10/second", algorithm="gcra", burst=1)
-
-    async def worker(n: int, start: float) -> None:
-        for _ in range(3):
-            await shared.acquire("downstream-api", max_wait=2.0)
-            print(f"  {time.monotonic() - start:5.2f}s  worker {n} got a permit")
-
-    async def main() -> None:
-        start = time.monotonic()
-        await asyncio.gather(*(worker(n, start) for n in range(4)))
-
-    asyncio.run(main())
-    once = Limiter("1/minute", algorithm="token_bucket")
-    once.acquire("k", max_wait=0)
-    try:
-        once.acquire("k", max_wait=0.5)
-    except RateLimitTimeout as exc:
-        print(f"\nwhen no permit can come in time: RateLimitTimeout: {exc}")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ratewarden", description=__doc__)
+def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
+    """The whole command line. ``simulate_options``: add simulate's own options,
+    which import the fleet package (and so the Redis client)."""
+    parser = Parser(
+        prog="ratewarden", description=DESCRIPTION, epilog=f"{TOP_EXAMPLES}\n\n{EXIT_CODES}"
+    )
     parser.add_argument("--version", action="version", version=f"ratewarden {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the service: HTTP API, Envoy RLS gRPC, /auth")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the service: HTTP API, Envoy RLS gRPC, /auth",
+        epilog=SERVE_EXAMPLES,
+        description="Run the service until SIGTERM or Ctrl-C: the HTTP API (/v1/check, /auth "
+        "for gateways, /metrics, ...) and Envoy's rate limit service over gRPC, on one store.",
+    )
     try:
         from .server import add_arguments  # noqa: PLC0415 - the server extra, if installed
     except ImportError:
-        serve_missing = True
+        serve.set_defaults(missing="server,grpc")
     else:
-        serve_missing = False
         add_arguments(serve)
-    sub.add_parser("demo", help="show every algorithm and acquire() at work")
-    check = sub.add_parser("check-config", help="check a rule file; print its compiled rules")
-    check.add_argument("file")
-    check.add_argument("--strict", action="store_true", help="warnings fail the check too")
-    why = sub.add_parser("explain", help="show which rules apply to a request, and why")
-    why.add_argument("file")
+
+    add_check(sub, CHECK_EXAMPLES)
+
+    config = sub.add_parser(
+        "check-config",
+        help="check a rule file (or envoyproxy/ratelimit config); print its rules",
+        description="Load a rule file, or envoyproxy/ratelimit configuration (a file or a "
+        "directory of them), as the service would, and print what it holds; every problem "
+        "with its file and line.",
+        epilog=CHECK_CONFIG_EXAMPLES,
+    )
+    config.add_argument("file", metavar="FILE")
+    config.add_argument("--strict", action="store_true", help="warnings fail the check too")
+    config.add_argument("--json", action="store_true", help="print the rules as JSON")
+
+    why = sub.add_parser(
+        "explain",
+        help="show which rules apply to a request, and why",
+        description="Show what every rule of a rule file makes of one request (applies, no "
+        "match, skipped, lost to a rule of its group) and which limits apply; nothing counts.",
+        epilog=EXPLAIN_EXAMPLES,
+    )
+    why.add_argument("file", metavar="RULES.yaml")
+    why.add_argument(
+        "words",
+        nargs="*",
+        metavar="NAME=VALUE",
+        help="the request's attributes (method, path, ip, user, plan, ...)",
+    )
     why.add_argument(
         "--attr",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a request attribute (method, path, ip, user, plan, ...)",
+        help="an attribute, as the positional NAME=VALUE",
     )
-    why.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
-                     help="a request header")  # fmt: skip
+    why.add_argument(
+        "--header", action="append", default=[], metavar="NAME=VALUE", help="a request header"
+    )
+
     add_quota(sub)
+
+    # -- override: src/ratewarden/_clioverride.py, add_parser(subparsers) and run(args),
+    #    registered here once that module exists (with `override` in `_run` below) --
+
     simulate = sub.add_parser(
-        "simulate", help="a fleet quota's members on a virtual clock: figures and plots"
+        "simulate",
+        help="a fleet quota's members on a virtual clock: figures and plots",
+        epilog=SIMULATE_EXAMPLES,
     )
-    # its options need the fleet package (and so the Redis client): imported only
-    # when the command is simulate, as quota's and serve's packages are
-    words = sys.argv[1:] if argv is None else list(argv)
-    simulate_missing = True
-    if words[:1] == ["simulate"]:
+    simulate.set_defaults(missing="simulate")
+    if simulate_options:
         try:
             from .fleet import _simulate  # noqa: PLC0415 - the Redis client, if installed
         except ImportError:
             pass
         else:
-            simulate_missing = False
             _simulate.add_arguments(simulate)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "quota":
-            return quota(args)
-        if args.command == "simulate":
-            if simulate_missing:
-                print("ratewarden simulate needs: pip install 'ratewarden[simulate]'",
-                      file=sys.stderr)  # fmt: skip
-                return 1
-            return _simulate.main(args)
-        if args.command == "serve":
-            if serve_missing:
-                print("ratewarden serve needs: pip install 'ratewarden[server,grpc]'",
-                      file=sys.stderr)  # fmt: skip
-                return 1
-            from .server import options_from, run  # noqa: PLC0415
+            simulate.set_defaults(missing=None)
 
-            return run(options_from(args))
-        if args.command == "demo":
-            demo()
-        elif args.command == "check-config":
-            return check_config(args.file, strict=args.strict)
-        elif args.command == "explain":
-            return explain(args.file, args.attr, args.header)
-    except RatewardenError as exc:
-        print(f"ratewarden: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    add_bench(sub, BENCH_EXAMPLES)
+    sub.add_parser(
+        "demo",
+        help="show every algorithm and acquire() at work",
+        description="Show every algorithm on a simulated clock, then acquire() "
+        "sharing one limit between async workers (about a second).",
+        epilog=DEMO_EXAMPLES,
+    )
+    return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # once each, aliases aside
+                yield child
+                yield from _subcommands(child)
+
+
+def help_texts() -> dict[str, str]:
+    """Every command's ``--help``, by its name (``ratewarden``, ``ratewarden quota
+    set``, ...), each as its parser prints it."""
+    parser = build_parser()
+    texts = {parser.prog: parser.format_help()}
+    texts.update((child.prog, child.format_help()) for child in _subcommands(parser))
+    return texts
+
+
+class _NoTerminal:
+    """A stream that says it is no terminal: no progress bar around JSON output."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _missing(extra: str, command: str) -> CliError:
+    return CliError(f"ratewarden {command} needs: pip install 'ratewarden[{extra}]'", MISSING)
+
+
+def _run(args: argparse.Namespace) -> int:
+    command = args.command
+    if getattr(args, "missing", None):
+        raise _missing(args.missing, command)
+    if command == "serve":
+        from .server import options_from, run  # noqa: PLC0415
+
+        return run(options_from(args))
+    if command == "check":
+        return check(args)
+    if command == "check-config":
+        return check_config(args.file, strict=args.strict, as_json=args.json)
+    if command == "explain":
+        return explain(args.file, [*args.words, *args.attr], args.header)
+    if command == "quota":
+        return quota(args)
+    if command == "simulate":
+        from .fleet import _simulate  # noqa: PLC0415
+
+        err: Any = _NoTerminal(sys.stderr) if args.json else sys.stderr
+        return _simulate._main(args, sys.stdout, err)
+    if command == "bench":
+        return bench(args)
+    from ._clidemo import demo  # noqa: PLC0415
+
+    demo()
     return 0
+
+
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """The errors of a store that does not answer: ours, and redis-py's where a
+    command calls Redis without a store in between (quota, simulate)."""
+    try:
+        from .stores._redisconn import FAILURES  # noqa: PLC0415 - the redis extra
+    except ImportError:
+        return (StoreError,)
+    return (StoreError, *FAILURES)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    # simulate's options import the fleet package: only when the command is simulate
+    parser = build_parser(simulate_options=words[:1] == ["simulate"])
+    args, extra = parser.parse_known_args(words)
+    # NAME=VALUE words after an option (`check FILE --times 6 user=u1`): argparse
+    # has closed the positional list by then and hands them back as unknown
+    if (
+        extra
+        and isinstance(getattr(args, "words", None), list)
+        and not any(word.startswith("-") for word in extra)
+    ):
+        args.words.extend(extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    where = f"ratewarden {args.command}"
+    try:
+        return _run(args)
+    except CliError as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return exc.code
+    except ConfigurationError as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return USAGE
+    except _unreachable() as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return UNREACHABLE
+    except RatewardenError as exc:
+        print(f"{where}: {exc}", file=sys.stderr)
+        return NO
+    except OSError as exc:  # a file that cannot be read or written
+        print(f"{where}: {exc}", file=sys.stderr)
+        return USAGE
+    except KeyboardInterrupt:
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -110,8 +111,53 @@ def test_explain_reports_a_lost_rule(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_explain_rejects_a_malformed_attribute(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explain", EXAMPLE, "--attr", "method"]) == 1
-    assert "--attr takes name=value, got 'method'" in capsys.readouterr().err
+    assert main(["explain", EXAMPLE, "--attr", "method"]) == 2  # a usage error
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "ratewarden explain: --attr takes name=value, got 'method'\n"
+
+
+def test_explain_takes_attributes_as_words(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", EXAMPLE, "method=POST", "path=/api/login", "ip=10.0.0.5"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "3 rule(s), 4 limit(s) apply: login-per-ip, per-ip, service-wide"
+    )
+
+
+def test_check_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", EXAMPLE, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    report = json.loads(out)
+    assert (report["file"], report["format"], report["loaded"]) == (EXAMPLE, "rules", True)
+    assert (len(report["rules"]), report["limits"], report["warnings"]) == (11, 12, [])
+    login = next(rule for rule in report["rules"] if rule["name"] == "login-per-ip")
+    assert login["rates"] == ["5/minute", "20/hour"]
+    assert (login["where"], login["on_failure"], login["by"]) == (
+        "POST /api/login",
+        "fail_closed",
+        ["ip"],
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - name: a\n    rate: 10/parsec\n")
+    assert main(["check-config", str(bad), "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert err == ""
+    report = json.loads(out)
+    assert report["loaded"] is False
+    assert [e.split(": ")[0] for e in report["errors"]] == [f"{bad}:3"]
+    envoy = tmp_path / "envoy.yaml"
+    envoy.write_text(
+        "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, "
+        "requests_per_unit: 2}\n"
+    )
+    assert main(["check-config", str(envoy), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["format"] == "envoyproxy/ratelimit"
+    assert report["domains"] == ["edge"]
+    assert report["limits"] == [
+        {"domain": "edge", "descriptor": "ip", "rate": "2/minute", "name": None, "flags": []}
+    ]
 
 
 def test_import_ratewarden_pulls_in_no_yaml() -> None:
