@@ -1,5 +1,5 @@
 """The ``ratewarden`` command: ``serve``, ``check``, ``check-config``, ``explain``,
-``quota``, ``simulate``, ``bench`` and ``demo``.
+``override``, ``quota``, ``simulate``, ``bench`` and ``demo``.
 
 Each subcommand imports what it needs when it runs: the rule commands
 ``ratewarden.rules`` (and so PyYAML), ``serve`` the server packages, ``quota``
@@ -39,7 +39,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
-from . import __version__
+from . import __version__, _clioverride
 from ._clibench import add_bench, bench
 from ._clicheck import add_check, check
 from ._clicommon import (
@@ -99,7 +99,7 @@ CHECK_CONFIG_EXAMPLES = examples(
 EXPLAIN_EXAMPLES = examples(
     "ratewarden explain rules.yaml method=POST path=/api/login ip=10.0.0.5",
     "ratewarden explain rules.yaml --attr user=u1 --attr path=/api/search"
-    " --header X-Forwarded-For=198.51.100.4",
+    " --header X-Forwarded-For=198.51.100.4 --json",
 )
 
 BENCH_EXAMPLES = examples(
@@ -181,11 +181,11 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     why.add_argument(
         "--header", action="append", default=[], metavar="NAME=VALUE", help="a request header"
     )
+    why.add_argument("--json", action="store_true", help="print the verdicts as JSON")
 
     add_quota(sub)
 
-    # -- override: src/ratewarden/_clioverride.py, add_parser(subparsers) and run(args),
-    #    registered here once that module exists (with `override` in `_run` below) --
+    _clioverride.add_parser(sub)
 
     simulate = sub.add_parser(
         "simulate",
@@ -260,9 +260,11 @@ def _run(args: argparse.Namespace) -> int:
     if command == "check-config":
         return check_config(args.file, strict=args.strict, as_json=args.json)
     if command == "explain":
-        return explain(args.file, [*args.words, *args.attr], args.header)
+        return explain(args.file, [*args.words, *args.attr], args.header, as_json=args.json)
     if command == "quota":
         return quota(args)
+    if command == "override":
+        return _clioverride.run(args)
     if command == "simulate":
         from .fleet import _simulate  # noqa: PLC0415
 

@@ -203,3 +203,17 @@ def test_check_config_knows_an_envoy_ratelimit_file(
     _, err = capsys.readouterr()
     assert "unit 'parsec'" in err
     assert "unknown field" not in err
+
+
+def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["explain", EXAMPLE, "method=POST", "path=/api/login", "ip=10.0.0.5", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["request"] == {"method": "POST", "path": "/api/login", "ip": "10.0.0.5"}
+    assert report["applies"] == ["login-per-ip", "per-ip", "service-wide"]
+    assert report["limits"] == 4
+    verdicts = {r["rule"]: r for r in report["rules"]}
+    assert verdicts["login-per-ip"]["limits"] == ["5/minute", "20/hour"]
+    assert verdicts["login-per-ip"]["key"] == "10.0.0.5"
+    assert verdicts["per-user"]["verdict"] == "skipped"
+    assert verdicts["per-user"]["limits"] == []
