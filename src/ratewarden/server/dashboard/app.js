@@ -1,0 +1,508 @@
+// The ratewarden dashboard: reads /v1/events (Server-Sent Events, through fetch so
+// that the bearer token goes in a header) and draws what each snapshot says.
+// Everything that came from the service is put in the page as text
+// (textContent), never as HTML: keys and reasons are whatever clients sent.
+"use strict";
+
+(() => {
+  const WINDOW = 300; // seconds of history the charts show
+  const TOKEN_KEY = "ratewarden-token";
+  const COLORS = { allowed: "#2e7d32", denied: "#c62828", shadow: "#ef8f00" };
+  const state = { token: null, points: [], rules: null, snap: null, abort: null, retry: 0 };
+
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, text, className) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (className) node.className = className;
+    return node;
+  }
+
+  function row(cells) {
+    const tr = document.createElement("tr");
+    for (const cell of cells) tr.append(cell instanceof Node ? cell : el("td", cell));
+    return tr;
+  }
+
+  function num(value) {
+    return el("td", value, "num");
+  }
+
+  function rate(value) {
+    return value >= 100 ? Math.round(value).toString() : (Math.round(value * 10) / 10).toString();
+  }
+
+  function duration(seconds) {
+    seconds = Math.max(0, Math.round(seconds));
+    const h = Math.floor(seconds / 3600);
+    const m = Math.floor((seconds % 3600) / 60);
+    const s = seconds % 60;
+    if (h) return `${h}h ${String(m).padStart(2, "0")}m`;
+    if (m) return `${m}m ${String(s).padStart(2, "0")}s`;
+    return `${s}s`;
+  }
+
+  function clock(unix) {
+    return unix ? new Date(unix * 1000).toLocaleString() : "";
+  }
+
+  // -- the token ---------------------------------------------------------------------
+
+  function readToken() {
+    const match = /^#token=(.+)$/.exec(location.hash);
+    if (match) {
+      sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
+      history.replaceState(null, "", location.pathname + location.search); // out of sight
+    }
+    return sessionStorage.getItem(TOKEN_KEY);
+  }
+
+  function headers(extra) {
+    const out = Object.assign({}, extra || {});
+    if (state.token) out.Authorization = "Bearer " + state.token;
+    return out;
+  }
+
+  function showLogin(message) {
+    $("main").hidden = true;
+    $("login").hidden = false;
+    $("forget").hidden = true;
+    $("login-error").textContent = message || "";
+    setStatus("needs a token", "bad");
+  }
+
+  function showMain() {
+    $("login").hidden = true;
+    $("main").hidden = false;
+    $("forget").hidden = !state.token;
+  }
+
+  function setStatus(text, kind) {
+    const status = $("status");
+    status.textContent = text;
+    status.className = "status " + kind;
+  }
+
+  async function problem(response) {
+    try {
+      const body = await response.json();
+      if (body && typeof body.error === "string") return body.error;
+    } catch (err) {
+      // not JSON: the status says enough
+    }
+    return `HTTP ${response.status}`;
+  }
+
+  // -- the stream --------------------------------------------------------------------
+
+  function retryLater(message) {
+    setStatus(`disconnected: ${message}; retrying`, "bad");
+    clearTimeout(state.retry);
+    state.retry = setTimeout(connect, 3000);
+  }
+
+  async function connect() {
+    clearTimeout(state.retry);
+    if (state.abort) state.abort.abort();
+    const abort = new AbortController();
+    state.abort = abort;
+    setStatus("connecting…", "wait");
+    let response;
+    try {
+      response = await fetch("/v1/events", {
+        headers: headers({ Accept: "text/event-stream" }),
+        signal: abort.signal,
+        cache: "no-store",
+      });
+    } catch (err) {
+      if (!abort.signal.aborted) retryLater("the service cannot be reached");
+      return;
+    }
+    if (response.status === 401) {
+      showLogin(state.token ? "The service refused this token." : "");
+      return;
+    }
+    if (!response.ok) {
+      retryLater(await problem(response));
+      return;
+    }
+    showMain();
+    state.points = []; // the stream starts with the whole history
+    state.rules = null;
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          onEvent(block);
+        }
+      }
+    } catch (err) {
+      if (abort.signal.aborted) return;
+    }
+    if (!abort.signal.aborted) retryLater("the stream ended");
+  }
+
+  function onEvent(block) {
+    let name = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      if (line.startsWith("event:")) name = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
+    if (name !== "snapshot" || data.length === 0) return;
+    const snap = JSON.parse(data.join("\n"));
+    for (const point of snap.series) state.points.push(point);
+    while (state.points.length && state.points[0].t <= snap.t - WINDOW) state.points.shift();
+    if (snap.rules) {
+      state.rules = snap.rules;
+      renderRules();
+    }
+    state.snap = snap;
+    render();
+  }
+
+  // -- drawing -----------------------------------------------------------------------
+
+  function render() {
+    const snap = state.snap;
+    const when = new Date(snap.t * 1000).toLocaleTimeString();
+    if (snap.draining) setStatus(`the service is draining (${when})`, "bad");
+    else setStatus(`live, ${when}`, "ok");
+    $("process").textContent =
+      `process ${snap.pid}: the figures are this process's (with --workers, each worker has its own)`;
+    renderTotals();
+    renderRates();
+    renderTop();
+    renderOverrides();
+    renderStore();
+    renderQuotas();
+  }
+
+  function renderTotals() {
+    let allowed = 0;
+    let denied = 0;
+    let shadow = 0;
+    for (const p of state.points) {
+      allowed += Math.max(p.requests - p.denied, 0);
+      denied += p.denied;
+      shadow += p.shadow;
+    }
+    $("total-allowed").textContent = allowed;
+    $("total-denied").textContent = denied;
+    $("total-shadow").textContent = shadow;
+    const series = {
+      allowed: state.points.map((p) => [p.t, Math.max(p.requests - p.denied, 0) / p.dt]),
+      denied: state.points.map((p) => [p.t, p.denied / p.dt]),
+      shadow: state.points.map((p) => [p.t, p.shadow / p.dt]),
+    };
+    draw($("chart"), series, state.snap.t, true);
+  }
+
+  function renderRates() {
+    const byRule = new Map();
+    for (const p of state.points) {
+      const rows = Object.entries(p.rules);
+      if (p.other) rows.push(["(other rules)", p.other]);
+      for (const [rule, counts] of rows) {
+        if (!byRule.has(rule)) byRule.set(rule, []);
+        byRule.get(rule).push([p, counts]);
+      }
+    }
+    const last = state.points[state.points.length - 1];
+    const ranked = [...byRule.entries()].map(([rule, seen]) => {
+      const denied = seen.reduce((sum, [, c]) => sum + c[1], 0);
+      const now = seen.length && seen[seen.length - 1][0] === last ? seen[seen.length - 1][1] : [0, 0, 0];
+      return { rule, seen, denied, now };
+    });
+    ranked.sort((a, b) => b.denied - a.denied || a.rule.localeCompare(b.rule));
+    const body = $("rates");
+    body.replaceChildren();
+    for (const { rule, seen, denied, now } of ranked) {
+      const canvas = el("canvas", null, "spark");
+      const cell = el("td");
+      cell.append(canvas);
+      const dt = last ? last.dt : 1;
+      const tr = row([rule, num(rate(now[0] / dt)), num(rate(now[1] / dt)),
+        num(rate(now[2] / dt)), num(denied), cell]);
+      tr.dataset.rule = rule;
+      body.append(tr);
+      draw(canvas, {
+        allowed: seen.map(([p, c]) => [p.t, c[0] / p.dt]),
+        denied: seen.map(([p, c]) => [p.t, c[1] / p.dt]),
+        shadow: seen.map(([p, c]) => [p.t, c[2] / p.dt]),
+      }, state.snap.t, false);
+    }
+    $("rates-empty").hidden = ranked.length > 0;
+  }
+
+  // A line chart of per-second rates over the last WINDOW seconds ending at `end`;
+  // `axes`: the big chart's grid, labels and legend.
+  function draw(canvas, series, end, axes) {
+    const ratio = window.devicePixelRatio || 1;
+    const width = canvas.clientWidth || 180;
+    const height = canvas.clientHeight || 28;
+    canvas.width = Math.round(width * ratio);
+    canvas.height = Math.round(height * ratio);
+    const ctx = canvas.getContext("2d");
+    ctx.scale(ratio, ratio);
+    ctx.clearRect(0, 0, width, height);
+    const left = axes ? 48 : 0;
+    const bottom = axes ? 18 : 1;
+    const top = axes ? 18 : 1;
+    let peak = 0;
+    for (const points of Object.values(series)) for (const [, v] of points) peak = Math.max(peak, v);
+    const scale = niceCeiling(peak);
+    const x = (t) => left + ((t - (end - WINDOW)) / WINDOW) * (width - left);
+    const y = (v) => height - bottom - (v / scale) * (height - bottom - top);
+    if (axes) {
+      ctx.font = "11px system-ui, sans-serif";
+      ctx.fillStyle = "#5f6b76";
+      ctx.strokeStyle = "#e3e7eb";
+      for (let i = 0; i <= 4; i++) {
+        const v = (scale * i) / 4;
+        ctx.beginPath();
+        ctx.moveTo(left, y(v));
+        ctx.lineTo(width, y(v));
+        ctx.stroke();
+        ctx.fillText(rate(v) + "/s", 2, y(v) + 4);
+      }
+      for (let m = 5; m >= 0; m--) {
+        const label = m ? `-${m}m` : "now";
+        ctx.fillText(label, Math.min(x(end - m * 60), width - 24), height - 4);
+      }
+      let lx = left + 4;
+      for (const name of Object.keys(series)) {
+        ctx.fillStyle = COLORS[name];
+        ctx.fillRect(lx, 4, 10, 10);
+        ctx.fillStyle = "#1b1f24";
+        ctx.fillText(name, lx + 14, 13);
+        lx += 80;
+      }
+    }
+    for (const [name, points] of Object.entries(series)) {
+      if (!points.length) continue;
+      ctx.strokeStyle = COLORS[name];
+      ctx.lineWidth = axes ? 2 : 1.5;
+      ctx.beginPath();
+      points.forEach(([t, v], i) => (i ? ctx.lineTo(x(t), y(v)) : ctx.moveTo(x(t), y(v))));
+      ctx.stroke();
+    }
+  }
+
+  function niceCeiling(value) {
+    if (value <= 1) return 1;
+    const power = Math.pow(10, Math.floor(Math.log10(value)));
+    for (const step of [1, 2, 2.5, 5, 10]) if (value <= step * power) return step * power;
+    return 10 * power;
+  }
+
+  function renderTop() {
+    const top = state.snap.top;
+    const body = $("top");
+    body.replaceChildren();
+    for (const entry of top.keys) {
+      const key = el("td", entry.key === "" ? "(one counter for all)" : entry.key, "key");
+      const count = entry.error ? `${entry.denied} (±${entry.error})` : entry.denied;
+      body.append(row([entry.rule, key, num(count)]));
+    }
+    const span = duration(top.window);
+    $("top-note").textContent = top.keys.length
+      ? `Denials over the last ${span} to ${duration(2 * top.window)}: ${top.denials} counted, ` +
+        "in a sketch of bounded size (a count may be over by its ±)."
+      : `No request was denied in the last ${span}.`;
+  }
+
+  function renderRules() {
+    const rules = state.rules;
+    $("rules-source").textContent = `${rules.count} rules from ${rules.source || "memory"}` +
+      (rules.envoy_domains.length ? `; envoy domains: ${rules.envoy_domains.join(", ")}` : "") +
+      `; loaded ${clock(rules.loaded_at)}`;
+    const reload = $("rules-reload");
+    if (!rules.reload) {
+      reload.textContent = "Not reloaded since the service started.";
+      reload.className = "muted";
+    } else if (rules.reload.ok) {
+      reload.textContent = `Last reload ${clock(rules.reload.at)}: ok.`;
+      reload.className = "ok";
+    } else {
+      reload.textContent = `Last reload ${clock(rules.reload.at)} failed, the previous rules ` +
+        `stay in force: ${rules.reload.error}`;
+      reload.className = "error";
+    }
+    const body = $("rules");
+    body.replaceChildren();
+    for (const rule of rules.rules) {
+      body.append(row([rule.name, num(rule.line ?? ""), rule.action, rule.rates.join(", "),
+        rule.by.join(", ")]));
+    }
+    $("rules-more").textContent = rules.count > rules.rules.length
+      ? `The first ${rules.rules.length} of ${rules.count} rules are listed.` : "";
+    const select = $("override-rule");
+    const chosen = select.value;
+    select.replaceChildren();
+    for (const rule of rules.rules) {
+      const option = el("option", rule.name);
+      option.value = rule.name;
+      select.append(option);
+    }
+    if (chosen && rules.rules.some((r) => r.name === chosen)) select.value = chosen;
+  }
+
+  function renderOverrides() {
+    const overrides = state.snap.overrides;
+    const note = $("overrides-note");
+    const body = $("overrides");
+    body.replaceChildren();
+    const form = $("override-form");
+    if (overrides === null) {
+      note.textContent = "This service has no runtime overrides.";
+      form.hidden = true;
+      return;
+    }
+    form.hidden = false;
+    if (overrides.error) {
+      note.textContent = `Overrides cannot be read: ${overrides.error}`;
+      note.className = "error";
+      return;
+    }
+    note.className = "muted";
+    note.textContent = overrides.overrides.length ? "" : "No override is in force.";
+    for (const o of overrides.overrides) {
+      const clear = el("button", "Clear");
+      clear.type = "button";
+      clear.addEventListener("click", () => clearOverride(o.rule));
+      const cell = el("td");
+      cell.append(clear);
+      const limits = `${o.limits.join(", ")} (in place of ${o.replaces.join(", ")})`;
+      const tr = row([o.rule, limits, o.reason, o.by, num(duration(o.expires_in)), cell]);
+      tr.dataset.rule = o.rule;
+      body.append(tr);
+    }
+    const audit = $("audit");
+    audit.replaceChildren();
+    for (const a of overrides.audit.slice(0, 20)) {
+      const what = a.action === "set"
+        ? `set ${a.rule} to ${a.limits.join(", ")} until ${clock(a.expires_at)}`
+        : `cleared ${a.rule}`;
+      audit.append(el("li", `${clock(a.at)}: ${a.by} ${what}${a.reason ? ` (${a.reason})` : ""}`));
+    }
+  }
+
+  function say(message, ok) {
+    const out = $("override-message");
+    out.textContent = message;
+    out.className = ok ? "ok" : "error";
+  }
+
+  async function setOverride(event) {
+    event.preventDefault();
+    const rule = $("override-rule").value;
+    const limits = $("override-limits").value.split(",").map((s) => s.trim()).filter(Boolean);
+    const span = $("override-for").value.trim();
+    const body = {
+      limits,
+      for: /^\d+(\.\d+)?$/.test(span) ? Number(span) : span,
+      reason: $("override-reason").value,
+      by: "dashboard",
+    };
+    await send("PUT", rule, body, `Override set on ${rule}.`);
+  }
+
+  async function clearOverride(rule) {
+    await send("DELETE", rule, null, `Override on ${rule} cleared.`);
+  }
+
+  async function send(method, rule, body, done) {
+    let response;
+    try {
+      response = await fetch("/v1/overrides/" + encodeURIComponent(rule), {
+        method,
+        headers: headers(body ? { "Content-Type": "application/json" } : {}),
+        body: body ? JSON.stringify(body) : undefined,
+        cache: "no-store",
+      });
+    } catch (err) {
+      say("The service cannot be reached.", false);
+      return;
+    }
+    if (response.ok) say(done, true);
+    else say(`Refused: ${await problem(response)}`, false);
+  }
+
+  function renderStore() {
+    const store = state.snap.store;
+    const out = $("store");
+    out.textContent = store.ok ? `${store.type}: answering` : `${store.type}: ${store.problem}`;
+    out.className = store.ok ? "ok" : "error";
+    const errors = state.points.reduce((sum, p) => sum + p.store_errors, 0);
+    $("store-errors").textContent =
+      `${errors} checks in the last 5 minutes were answered by a failure policy (store errors).`;
+  }
+
+  function renderQuotas() {
+    const quotas = state.snap.quotas;
+    const out = $("quotas");
+    out.replaceChildren();
+    if (quotas === null) {
+      out.append(el("p", "None: fleet quotas live in Redis, and this service's store is memory.",
+        "muted"));
+      return;
+    }
+    if (quotas.error) {
+      out.append(el("p", `Cannot read the fleet quotas: ${quotas.error}`, "error"));
+      return;
+    }
+    if (!quotas.quotas.length) out.append(el("p", "No fleet quota in this store.", "muted"));
+    for (const q of quotas.quotas) {
+      const box = el("div", null, "quota");
+      box.append(el("h3", `${q.name}: ${q.rate}, ${q.algorithm}`));
+      box.append(el("p", `effective total ${rate(q.effective_total)}, wants ${rate(q.wants)}, ` +
+        `granted ${rate(q.granted)}, used ${rate(q.used)} ` +
+        `(${Math.round(q.utilisation * 100)}% utilised), ${q.members} members`));
+      const table = el("table");
+      table.append(row([el("th", "member"), el("th", "wants", "num"), el("th", "granted", "num"),
+        el("th", "used", "num"), el("th", "lease left", "num")]));
+      for (const m of q.members_shown) {
+        table.append(row([m.id, num(rate(m.wants)), num(rate(m.has)), num(rate(m.used)),
+          num(duration(m.expires_in))]));
+      }
+      box.append(table);
+      if (q.members > q.members_shown.length) {
+        box.append(el("p", `and ${q.members - q.members_shown.length} more members`, "muted"));
+      }
+      out.append(box);
+    }
+    if (quotas.truncated) out.append(el("p", "More fleet quotas exist than are shown.", "muted"));
+  }
+
+  // -- start ---------------------------------------------------------------------------
+
+  document.addEventListener("DOMContentLoaded", () => {
+    state.token = readToken();
+    $("login-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      state.token = $("token").value.trim();
+      sessionStorage.setItem(TOKEN_KEY, state.token);
+      $("token").value = "";
+      connect();
+    });
+    $("forget").addEventListener("click", () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      state.token = null;
+      if (state.abort) state.abort.abort();
+      showLogin("");
+    });
+    $("override-form").addEventListener("submit", setOverride);
+    window.addEventListener("resize", () => state.snap && render());
+    connect();
+  });
+})();

@@ -1,0 +1,509 @@
+"""Every fenced code block in README.md and docs/*.md runs as a test, and the docs
+site builds with warnings as errors.
+
+How a block is run is decided by its language (the fence's info string, one word):
+
+- ``python``: executed. The blocks of one page share one namespace and run in
+  order, like a doctest session, so a block may use what an earlier one defined.
+  ``redis://HOST:PORT/DB`` URLs in the source are replaced by a redis-server the
+  test starts on a free loopback port (tests/redis_server.py), and
+  ``redis+cluster://HOST:PORT,...`` by a 6-node cluster of its own: write the URL a
+  reader would use. A block asserts what it shows (``assert``), so a wrong example fails.
+- ``yaml``: a rule file, loaded with ``ratewarden.rules.loads`` (every problem
+  fails); a file whose top level names a ``domain`` and no ``rules`` is an
+  envoyproxy/ratelimit configuration, loaded with ``EnvoyConfig.loads``.
+- ``json``: parsed.
+- ``sh``: each command (``\\`` continues a line, ``#`` starts a comment) runs in a
+  fixture directory: ``examples/`` (the repository's), ``rules.yaml`` (a copy of
+  examples/rules.yaml), ``token`` (a bearer token), ``ratelimit-config.yaml`` (an
+  envoyproxy/ratelimit file) and ``ratelimit/config/`` (a directory of one), with
+  ``$RATEWARDEN_REDIS`` and every Redis URL pointing at the test's redis-server.
+  ``ratewarden serve ...`` starts the service on free loopback ports (its
+  ``--http``/``--grpc`` are overridden) and keeps it until the block ends, when it
+  must stop cleanly on SIGTERM; ``curl`` then talks to it (in the commands after it,
+  ``localhost:8080`` and ``127.0.0.1:8080`` mean the service, for ``ratewarden``
+  commands too). Any other ``ratewarden`` command must exit
+  0, or N when its line carries the comment ``# exits N``. ``NAME=value`` before a
+  command sets its environment. Any other program fails.
+- ``nginx``: a configuration checked with ``nginx -t``: a whole file, or a
+  ``server``/``location`` snippet wrapped in what it needs (hostnames must resolve:
+  write 127.0.0.1).
+
+Markers, an HTML comment on the line before the fence (invisible on the page):
+
+- ``<!-- not run: REASON -->``: shown, not run (a diagram, sample output of a live
+  system, a command that installs or runs for minutes). The reason is required,
+  and the test counts these blocks.
+- ``<!-- parse: REASON -->``: a ``yaml`` or ``json`` block that is not a rule or
+  Envoy file (a Kubernetes manifest, Envoy's own configuration) is only parsed.
+- ``<!-- output -->``: a ``text`` block that must equal what the python block
+  before it printed.
+
+A block with any other language, extra words in its info string, or none at all
+fails the test. tests/test_docs.py's conventions are also in docs/contributing.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import linecache
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from flask import Flask
+
+from ratewarden.rules import EnvoyConfig, loads
+from tests.redis_server import free_port
+
+ROOT = Path(__file__).parent.parent
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+BIN = Path(sys.executable).parent
+
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>.*)$")
+MARKER = re.compile(r"^\s*<!--\s*(?P<kind>not run|parse|output)\s*(?::\s*(?P<reason>.*?))?\s*-->$")
+REDIS_URL = re.compile(r"redis://[A-Za-z0-9.-]+(?::\d+)?(?:/\d+)?")
+CLUSTER_URL = re.compile(r"redis\+cluster://[^\s\"']+")
+SERVICE_HOST = re.compile(r"\b(?:localhost|127\.0\.0\.1):8080\b")
+ENVOY_CONFIG = """\
+domain: messaging
+descriptors:
+  - key: to_number
+    rate_limit: {unit: day, requests_per_unit: 100}
+"""
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # of the opening fence, 1-based
+    language: str
+    info: str
+    code: str
+    marker: str | None = None  # "not run", "parse", "output"
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        page = self.page
+        return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else str(page)
+
+    @property
+    def where(self) -> str:
+        return f"{self.name}:{self.line}"
+
+
+def blocks_of(page: Path) -> list[Block]:
+    """The fenced blocks of a page, each with the marker on the line before it."""
+    lines = page.read_text().splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if opening is None:
+            i += 1
+            continue
+        indent, fence = len(opening["indent"]), opening["fence"]
+        end = i + 1
+        while end < len(lines) and not lines[end].strip().startswith(fence):
+            end += 1
+        body = [line[indent:] if line[:indent].isspace() else line for line in lines[i + 1 : end]]
+        info = opening["info"].strip()
+        block = Block(page, i + 1, info.split(" ")[0] if info else "", info, "\n".join(body) + "\n")
+        before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        if (marker := MARKER.match(before)) is not None:
+            block.marker, block.reason = marker["kind"], (marker["reason"] or "").strip()
+        found.append(block)
+        i = end + 1
+    return found
+
+
+def problem(block: Block) -> str | None:
+    """Why a block can be neither run nor skipped, or None."""
+    if block.marker == "not run":
+        return None if block.reason else f"{block.where}: `not run` needs a reason"
+    if block.info != block.language:
+        return f"{block.where}: info string {block.info!r}: one language, no flags (use a marker)"
+    if block.marker == "parse":
+        ok = block.language in ("yaml", "json") and block.reason
+        return None if ok else f"{block.where}: `parse: REASON` is for yaml and json blocks"
+    if (block.marker == "output") != (block.language == "text"):
+        return f"{block.where}: a text block is the `<!-- output -->` of the python block before"
+    if block.language not in RUNNERS:
+        known = ", ".join(sorted(RUNNERS))
+        return (f"{block.where}: language {block.language!r} is not run by tests/test_docs.py "
+                f"(it runs {known}); use one of those or <!-- not run: REASON -->")  # fmt: skip
+    return None
+
+
+@dataclass
+class Session:
+    """What one page's blocks share: the Python namespace, the fixtures, the
+    output of the last python block, and per-block namespace snapshots."""
+
+    request: pytest.FixtureRequest
+    workdir: Path
+    namespace: dict[str, Any] = field(default_factory=lambda: {"__name__": "docs"})
+    printed: str = ""
+    after: list[tuple[Block, dict[str, Any]]] = field(default_factory=list)
+
+    def redis_url(self) -> str:
+        return str(self.request.getfixturevalue("redis_single").url)
+
+    def cluster_url(self) -> str:
+        return str(self.request.getfixturevalue("redis_6_nodes").url)
+
+    def with_servers(self, text: str) -> str:
+        """The text with the servers a reader would name swapped for the test's own."""
+        if CLUSTER_URL.search(text):
+            text = CLUSTER_URL.sub(self.cluster_url(), text)
+        if REDIS_URL.search(text):
+            text = REDIS_URL.sub(self.redis_url(), text)
+        return text
+
+
+def run_python(block: Block, session: Session) -> None:
+    # Line numbers in a traceback are the page's own, and linecache shows the source.
+    source = "\n" * block.line + session.with_servers(block.code)
+    filename = block.name
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    code = compile(source, filename, "exec")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, session.namespace)
+    session.printed = out.getvalue()
+    sys.stdout.write(session.printed)
+    session.after.append((block, dict(session.namespace)))
+
+
+def run_yaml(block: Block, session: Session) -> None:
+    if block.marker == "parse":
+        yaml.safe_load(block.code)
+        return
+    top = yaml.safe_load(block.code)
+    if isinstance(top, dict) and "domain" in top and "rules" not in top:
+        EnvoyConfig.loads(block.code)
+    else:
+        loads(block.code)  # a RuleFileError names every problem
+
+
+def run_json(block: Block, session: Session) -> None:
+    json.loads(block.code)
+
+
+def run_text(block: Block, session: Session) -> None:
+    assert session.printed.strip() == block.code.strip(), f"{block.where}: output differs"
+
+
+def run_nginx(block: Block, session: Session) -> None:
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(nginx).exists():
+        pytest.fail("nginx is not installed; ./dev test installs it")
+    conf = block.code
+    if re.search(r"^\s*location\b", conf, re.M) and not re.search(r"^\s*server\s*{", conf, re.M):
+        conf = f"server {{ listen 127.0.0.1:{free_port()};\n{conf}\n}}"
+    if not re.search(r"^\s*http\s*{", conf, re.M):
+        conf = f"http {{\n{conf}\n}}"
+    if not re.search(r"^\s*events\s*{", conf, re.M):
+        conf = "events {}\n" + conf
+    path = session.workdir / "nginx-block.conf"
+    path.write_text(conf)
+    check = subprocess.run(
+        [nginx, "-t", "-q", "-p", str(session.workdir), "-c", str(path),
+         "-g", f"pid {session.workdir / 'nginx.pid'}; error_log stderr;"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert check.returncode == 0, f"{block.where}: nginx -t says:\n{check.stderr}"
+
+
+def commands_of(code: str) -> Iterator[tuple[list[str], int]]:
+    """Each command of a shell block with the exit status it must end with."""
+    logical = re.sub(r"\\\n\s*", " ", code)
+    for line in logical.splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            expected = re.search(r"#.*\bexits (\d+)\b", line)
+            yield words, int(expected[1]) if expected else 0
+
+
+@contextlib.contextmanager
+def shell_session(block: Block, session: Session) -> Iterator[Callable[[list[str], int], None]]:
+    """Runs one block's commands; stops a service the block started when it ends."""
+    base_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    base_env.pop("RATEWARDEN_TOKEN", None)
+    if REDIS_URL.search(block.code) or "quota" in block.code:
+        base_env["RATEWARDEN_REDIS"] = session.redis_url()
+    services: list[tuple[subprocess.Popen[str], str]] = []
+
+    def run(words: list[str], expected: int) -> None:
+        words = [session.with_servers(w) for w in words]
+        assignments = {}
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+            name, _, value = words.pop(0).partition("=")
+            assignments[name] = value
+        env = {**base_env, **assignments}
+        if services:  # the service the block started answers for the default address
+            words = [SERVICE_HOST.sub(services[-1][1], w) for w in words]
+        if words[:2] == ["ratewarden", "serve"]:
+            services.append(start_service(words, env, session.workdir, block))
+        elif words[0] == "ratewarden":
+            done = subprocess.run(
+                words, cwd=session.workdir, env=env, capture_output=True, text=True,
+                timeout=300, check=False,
+            )  # fmt: skip
+            sys.stdout.write(done.stdout)
+            assert "Traceback" not in done.stderr, f"{block.where}: {words}\n{done.stderr}"
+            assert done.returncode == expected, (
+                f"{block.where}: {shlex.join(words)} exited {done.returncode}, "
+                f"not {expected}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+            )
+        elif words[0] == "curl":
+            assert services, f"{block.where}: curl needs a `ratewarden serve` earlier in its block"
+            done = subprocess.run(
+                [*words, "--max-time", "10", "--silent", "--show-error"],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            sys.stdout.write(done.stdout)
+            assert done.returncode == expected, f"{block.where}: {words}: {done.stderr}"
+        else:
+            pytest.fail(
+                f"{block.where}: {words[0]!r}: a sh block runs only ratewarden and curl; "
+                "mark it <!-- not run: REASON --> if it cannot run here"
+            )
+
+    try:
+        yield run
+    finally:
+        for process, _ in services:
+            process.send_signal(signal.SIGTERM)
+        for process, _ in services:
+            try:
+                _, stderr = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+                pytest.fail(f"{block.where}: ratewarden serve did not stop on SIGTERM")
+            assert process.returncode == 0, f"{block.where}: serve exited badly:\n{stderr[-3000:]}"
+
+
+def start_service(
+    words: list[str], env: dict[str, str], workdir: Path, block: Block
+) -> tuple[subprocess.Popen[str], str]:
+    """`ratewarden serve` on free loopback ports (later flags win), once healthy."""
+    http = f"127.0.0.1:{free_port()}"
+    process = subprocess.Popen(
+        [*words, "--http", http, "--grpc", f"127.0.0.1:{free_port()}"],
+        cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{http}/healthz", timeout=1) as answer:
+                if answer.status == 200:
+                    return process, http
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            _, stderr = process.communicate()
+            pytest.fail(f"{block.where}: {shlex.join(words)} did not start:\n{stderr[-3000:]}")
+        time.sleep(0.05)
+
+
+def run_sh(block: Block, session: Session) -> None:
+    with shell_session(block, session) as run:
+        for words, expected in commands_of(block.code):
+            run(words, expected)
+
+
+RUNNERS: dict[str, Callable[[Block, Session], None]] = {
+    "python": run_python,
+    "yaml": run_yaml,
+    "json": run_json,
+    "sh": run_sh,
+    "nginx": run_nginx,
+    "text": run_text,
+}
+
+
+def fixtures(workdir: Path) -> None:
+    """The files a doc's shell commands may name."""
+    (workdir / "examples").symlink_to(ROOT / "examples")
+    shutil.copy(ROOT / "examples" / "rules.yaml", workdir / "rules.yaml")
+    (workdir / "token").write_text("s3cret-token-for-the-docs\n")
+    (workdir / "ratelimit-config.yaml").write_text(ENVOY_CONFIG)
+    (workdir / "ratelimit" / "config").mkdir(parents=True)
+    (workdir / "ratelimit" / "config" / "config.yaml").write_text(ENVOY_CONFIG)
+
+
+def check_framework_examples(session: Session) -> None:
+    """The FastAPI and Flask examples really limit: 100 requests pass, then 429.
+    On the wall clock the sliding window counter may admit one more when a minute
+    boundary falls within the burst (its estimate of the previous window rounds
+    down), so the check is on the 102nd, refused either way."""
+    apps = {b.code: ns["app"] for b, ns in session.after if "app" in ns}
+    fastapi_app: FastAPI = next(app for code, app in apps.items() if "FastAPI()" in code)
+    flask_app: Flask = next(app for code, app in apps.items() if "Flask(__name__)" in code)
+
+    async def hello() -> dict[str, str]:
+        return {"hello": "world"}
+
+    fastapi_app.add_api_route("/hello", hello, methods=["GET"])
+    with TestClient(fastapi_app) as client:
+        statuses = [client.get("/hello") for _ in range(102)]
+    assert [r.status_code for r in statuses[:100]] == [200] * 100
+    assert statuses[-1].status_code == 429
+    assert statuses[0].headers["RateLimit-Policy"] == '"per-ip";q=100;w=60'
+
+    flask_app.add_url_rule("/hello", "hello", lambda: {"hello": "world"})
+    flask_client = flask_app.test_client()
+    answers = [flask_client.get("/hello") for _ in range(102)]
+    assert [r.status_code for r in answers[:100]] == [200] * 100
+    assert answers[-1].status_code == 429
+    assert answers[-1].headers["Content-Type"] == "application/problem+json"
+
+
+# What a page's blocks leave behind that the blocks themselves cannot show.
+AFTER_PAGE: dict[str, Callable[[Session], None]] = {
+    "integrations.md": check_framework_examples,
+}
+
+
+def test_every_block_can_be_run_or_says_why_not() -> None:
+    problems = [p for page in PAGES for b in blocks_of(page) if (p := problem(b))]
+    assert not problems, "\n".join(problems)
+
+
+def test_blocks_not_run_are_few_and_counted() -> None:
+    """Blocks not run are listed (pytest -rP shows them) and stay a minority."""
+    shown = [b for page in PAGES for b in blocks_of(page) if b.marker == "not run"]
+    run = [b for page in PAGES for b in blocks_of(page) if b.marker != "not run"]
+    print(f"{len(run)} blocks run, {len(shown)} not run:")
+    for block in shown:
+        print(f"  {block.where}: {block.reason}")
+    assert len(shown) < len(run) / 2, "most of the docs' blocks would go untested"
+
+
+# Pages whose commands take tens of seconds (the simulator's scenarios): `./dev test`
+# runs them, `./dev test-fast` does not.
+SLOW_PAGES = {"fleet-simulation.md"}
+
+
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(p, marks=[pytest.mark.slow] if p.name in SLOW_PAGES else []) for p in PAGES],
+    ids=lambda p: p.name,
+)
+def test_page_blocks_run(page: Path, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    fixtures(tmp_path)
+    session = Session(request, tmp_path)
+    for block in blocks_of(page):
+        if block.marker == "not run":
+            continue
+        assert problem(block) is None, problem(block)
+        RUNNERS[block.language](block, session)
+    if page.name in AFTER_PAGE:
+        AFTER_PAGE[page.name](session)
+
+
+def nav_pages(entries: object) -> Iterator[str]:
+    if isinstance(entries, str):
+        yield entries
+    elif isinstance(entries, list):
+        for entry in entries:
+            yield from nav_pages(entry)
+    elif isinstance(entries, dict):
+        for value in entries.values():
+            yield from nav_pages(value)
+
+
+def test_every_page_is_in_the_nav_once() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    listed = list(nav_pages(config["nav"]))
+    assert len(listed) == len(set(listed)), f"a page is listed twice: {listed}"
+    assert sorted(listed) == sorted(p.name for p in DOCS.glob("*.md"))
+
+
+def test_every_relative_link_stays_in_the_repository_and_exists() -> None:
+    """A link that leaves the repository or names a file that is not there is dead
+    for every reader of a clone; so is a repository path named in a code span."""
+    root = ROOT.resolve()
+    for page in PAGES:
+        text = re.sub(r"<!--.*?-->", "", page.read_text(), flags=re.DOTALL)  # not shown
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", link) or link.startswith("#"):
+                continue  # a URL or an anchor
+            target = (page.parent / link.split("#")[0]).resolve()
+            assert target.is_relative_to(root), f"{page.name}: {link} leaves the repository"
+            assert target.exists(), f"{page.name}: {link} does not exist"
+        for path in re.findall(r"`((?:bench|examples|tests|src|docs)/[^`\s*{}<>]+)`", text):
+            assert (root / path).exists(), f"{page.name}: `{path}` does not exist"
+
+
+def test_docs_outside_the_site_link_only_into_the_repository() -> None:
+    """Pages link to repository files outside docs/ as code spans (the site has no
+    copy of them), so mkdocs --strict can check every link it does see."""
+    for page in DOCS.glob("*.md"):
+        for link in re.findall(r"\]\((\.\./[^)\s]+)\)", page.read_text()):
+            pytest.fail(f"{page.name}: {link}: name it as a code span, `{link[3:]}`")
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    assert (tmp_path / "index.html").exists()
+    assert (tmp_path / "rules" / "index.html").exists()
+
+
+def test_the_runner_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```ruby\nputs 1\n```\n\n```python notest\nx = 1\n```\n\n"
+        "<!-- not run: -->\n```sh\nmake\n```\n\n```text\nhello\n```\n\n"
+        "```\nplain\n```\n\n<!-- not run: a diagram -->\n```text\n+--+\n```\n\n"
+        "<!-- parse: an Envoy bootstrap -->\n```yaml\nadmin: {}\n```\n"
+    )
+    found = [problem(block) for block in blocks_of(page)]
+    assert [bool(p) for p in found] == [True, True, True, True, True, False, False]
+    assert "'ruby' is not run" in str(found[0])
+    assert "(use a marker)" in str(found[1])
+    assert "needs a reason" in str(found[2])
+
+
+def test_output_and_commands_are_held_to_what_they_say(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```python\nprint('a')\n```\n\n<!-- output -->\n```text\nb\n```\n")
+    session = Session(request, tmp_path)
+    python, text = blocks_of(page)
+    run_python(python, session)
+    with pytest.raises(AssertionError, match="output differs"):
+        run_text(text, session)
+    shell = Block(page, 1, "sh", "sh", "rm -rf build\n")
+    with pytest.raises(pytest.fail.Exception, match="runs only ratewarden and curl"):
+        run_sh(shell, session)
+    failing = Block(page, 1, "sh", "sh", "ratewarden check-config missing.yaml\n")
+    with pytest.raises(AssertionError, match="exited"):
+        run_sh(failing, session)
+    run_sh(Block(page, 1, "sh", "sh", "ratewarden check-config missing.yaml  # exits 1\n"), session)
