@@ -10,6 +10,7 @@ from ._errors import (
     StoreUnavailable,
 )
 from ._limiter import AsyncLimiter, Limiter, ahit_many, hit_many
+from ._queue import AsyncPacedQueue, PacedQueue, QueueFull
 from ._rate import Rate, parse_rate
 from .algorithms import ALGORITHMS
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
@@ -18,6 +19,7 @@ __all__ = [
     "ALGORITHMS",
     "AsyncLimiter",
     "AsyncMemoryStore",
+    "AsyncPacedQueue",
     "AsyncStore",
     "Clock",
     "ConfigurationError",
@@ -25,6 +27,8 @@ __all__ = [
     "FakeClock",
     "Limiter",
     "MemoryStore",
+    "PacedQueue",
+    "QueueFull",
     "Rate",
     "RateLimitTimeout",
     "RatewardenError",
