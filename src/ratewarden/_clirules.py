@@ -7,6 +7,8 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ._clicommon import print_json, table
+from ._cliprogress import spinning
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -14,12 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["check_config", "explain", "table"]
 
-
-def table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]  # fmt: skip
-    return "\n".join(lines)
+ENVOY = "envoyproxy/ratelimit"
 
 
 def _where(rule: CompiledRule) -> str:
@@ -55,7 +52,7 @@ def _envoy_format(path: str) -> bool:
     return bool(re.search(r"^domain\s*:", head, re.M)) and not re.search(r"^rules\s*:", head, re.M)
 
 
-def _envoy_rows(domain: str, level: Any, prefix: str, rows: list[list[str]]) -> None:
+def _envoy_rows(domain: str, level: Any, prefix: str, rows: list[dict[str, Any]]) -> None:
     nodes = [*level.exact.values(), *level.any_value.values()]
     nodes += [node for entries in level.wildcards.values() for _, node in entries]
     for node in nodes:
@@ -66,64 +63,94 @@ def _envoy_rows(domain: str, level: Any, prefix: str, rows: list[list[str]]) -> 
             if spec.replaces:
                 flags.append("replaces " + ",".join(sorted(spec.replaces)))
             rate = "unlimited" if spec.unlimited else f"{spec.requests_per_unit}/{spec.unit}"
-            rows.append([domain, here, rate, spec.name or "-", " ".join(flags) or "-"])
+            rows.append({"domain": domain, "descriptor": here, "rate": rate,
+                         "name": spec.name, "flags": flags})  # fmt: skip
         _envoy_rows(domain, node.children, here + " > ", rows)
 
 
-def check_envoy_config(path: str) -> int:
+def _refused(path: str, what: str, problems: list[str], as_json: bool) -> int:
+    """A file that does not load: every problem on stderr (in the JSON, with
+    ``--json``), then a line that sums up; 1."""
+    if as_json:
+        print_json({"file": path, "format": what, "loaded": False, "errors": problems})
+        return 1
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    kind = "" if what == "rules" else f"{what} configuration, "
+    print(f"{path}: {kind}not loaded ({len(problems)} problem(s))", file=sys.stderr)
+    return 1
+
+
+def check_envoy_config(path: str, *, as_json: bool = False) -> int:
     """`check_config` for envoyproxy/ratelimit configuration, checked as the service
     loads it with ``--envoy-config``."""
     from .rules import EnvoyConfig, RuleFileError  # noqa: PLC0415 - PyYAML only when asked for
 
     try:
-        config = EnvoyConfig.load(path)
+        with spinning(f"loading {path}", json=as_json):
+            config = EnvoyConfig.load(path)
     except RuleFileError as exc:
-        for problem in exc.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        print(f"{path}: envoyproxy/ratelimit configuration, not loaded "
-              f"({len(exc.problems)} problem(s))", file=sys.stderr)  # fmt: skip
-        return 1
-    rows = [["domain", "descriptor", "rate", "name", "flags"]]
+        return _refused(path, ENVOY, [str(p) for p in exc.problems], as_json)
+    limits: list[dict[str, Any]] = []
     for domain, root in config.domains.items():
-        _envoy_rows(domain, root, "", rows)
+        _envoy_rows(domain, root, "", limits)
+    if as_json:
+        print_json({"file": path, "format": ENVOY, "loaded": True,
+                    "domains": sorted(config.domains), "limits": limits})  # fmt: skip
+        return 0
+    rows = [["domain", "descriptor", "rate", "name", "flags"]]
+    rows.extend([row["domain"], row["descriptor"], row["rate"], row["name"] or "-",
+                 " ".join(row["flags"]) or "-"] for row in limits)  # fmt: skip
     print(table(rows))
-    limits = len(rows) - 1
-    print(f"{path}: envoyproxy/ratelimit configuration (serve it with --envoy-config):"
-          f" {len(config.domains)} domain(s), {limits} descriptor(s) with a limit")  # fmt: skip
+    print(f"{path}: {ENVOY} configuration (serve it with --envoy-config): "
+          f"{len(config.domains)} domain(s), {len(limits)} descriptor(s) with a limit")  # fmt: skip
     return 0
 
 
-def check_config(path: str, *, strict: bool) -> int:
-    """Print the compiled rules as a table; 1 for a bad file (or warnings, if strict)."""
+def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
+    """Print the compiled rules as a table (or JSON); 1 for a bad file (or
+    warnings, if strict)."""
     if _envoy_format(path):
-        return check_envoy_config(path)
+        return check_envoy_config(path, as_json=as_json)
     from .rules import RuleFileError, load  # noqa: PLC0415 - PyYAML only when asked for
 
     try:
-        ruleset = load(path)
+        with spinning(f"loading {path}", json=as_json):
+            ruleset = load(path)
     except RuleFileError as exc:
-        for problem in exc.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        print(f"{path}: not loaded ({len(exc.problems)} problem(s))", file=sys.stderr)
-        return 1
+        return _refused(path, "rules", [str(p) for p in exc.problems], as_json)
+    warnings = [str(w) for w in ruleset.warnings]
+    code = 1 if strict and warnings else 0
+    rules: list[dict[str, Any]] = [
+        {
+            "name": rule.name, "group": rule.group, "priority": rule.priority,
+            "rank": rule.rank, "where": _where(rule), "by": list(rule.by),
+            "rates": [str(s.rate) for s in rule.limits], "algorithm": rule.limits[0].algorithm,
+            "burst": rule.limits[0].burst,
+            "cost": rule.cost if rule.cost_attribute is None else f"@{rule.cost_attribute}",
+            "action": _action(rule), "on_failure": rule.limits[0].on_failure,
+        }
+        for rule in ruleset.rules
+    ]  # fmt: skip
+    if as_json:
+        print_json({"file": path, "format": "rules", "loaded": True, "rules": rules,
+                    "limits": ruleset.slot_count, "warnings": warnings})  # fmt: skip
+        return code
     header = ["name", "group", "priority", "rank", "where", "by", "rate", "algorithm", "cost",
               "action", "on_failure"]  # fmt: skip
     rows = [header]
-    for rule in ruleset.rules:
-        spec = rule.limits[0]
-        rows.append([
-            rule.name, rule.group or "-", str(rule.priority), str(rule.rank), _where(rule),
-            ",".join(rule.by) or "-", ", ".join(str(s.rate) for s in rule.limits),
-            spec.algorithm + (f" burst={spec.burst}" if spec.burst else ""),
-            str(rule.cost) if rule.cost_attribute is None else f"@{rule.cost_attribute}",
-            _action(rule), spec.on_failure,
-        ])  # fmt: skip
+    rows.extend([
+        r["name"], r["group"] or "-", str(r["priority"]), str(r["rank"]), r["where"],
+        ",".join(r["by"]) or "-", ", ".join(r["rates"]),
+        r["algorithm"] + (f" burst={r['burst']}" if r["burst"] else ""), str(r["cost"]),
+        r["action"], r["on_failure"],
+    ] for r in rules)  # fmt: skip
     print(table(rows))
-    for warning in ruleset.warnings:
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"{path}: {len(ruleset)} rules, {ruleset.slot_count} limits, "
-          f"{len(ruleset.warnings)} warning(s)")  # fmt: skip
-    return 1 if strict and ruleset.warnings else 0
+          f"{len(warnings)} warning(s)")  # fmt: skip
+    return code
 
 
 def _attributes(pairs: list[str], headers: list[str]) -> dict[str, object]:
@@ -144,7 +171,7 @@ def _attributes(pairs: list[str], headers: list[str]) -> dict[str, object]:
     return attributes
 
 
-def explain(path: str, pairs: list[str], headers: list[str]) -> int:
+def explain(path: str, pairs: list[str], headers: list[str], *, as_json: bool = False) -> int:
     """Show what every rule makes of one request, and which limits apply."""
     from .rules import RuleFileError, load  # noqa: PLC0415 - PyYAML only when asked for
 
@@ -155,6 +182,8 @@ def explain(path: str, pairs: list[str], headers: list[str]) -> int:
             print(f"error: {problem}", file=sys.stderr)
         return 1
     attributes = _attributes(pairs, headers)
+    if as_json:
+        return _explain_json(ruleset, attributes)
     print("request: " + (" ".join(f"{k}={v!r}" for k, v in attributes.items()) or "(empty)"))
     rows = [["verdict", "rule", "group", "why", "key", "cost", "limits", "action"]]
     for e in ruleset.explain(attributes):
@@ -169,6 +198,24 @@ def explain(path: str, pairs: list[str], headers: list[str]) -> int:
     applied = ruleset.evaluate(attributes)
     names = sorted({a.rule.name for a in applied}, key=lambda n: ruleset.by_name[n].rank)
     print(f"{len(names)} rule(s), {len(applied)} limit(s) apply: {', '.join(names) or 'none'}")
+    return 0
+
+
+def _explain_json(ruleset: Any, attributes: dict[str, object]) -> int:
+    """``explain --json``: the request, each rule's verdict, the rules that apply."""
+    rules = [
+        {
+            "verdict": e.verdict, "rule": e.rule.name, "group": e.rule.group, "why": e.reason,
+            "key": e.key, "cost": e.cost,
+            "limits": [str(s.rate) for s in e.rule.limits] if e.verdict == "applies" else [],
+            "action": _action(e.rule) if e.verdict == "applies" else None,
+        }
+        for e in ruleset.explain(attributes)
+    ]  # fmt: skip
+    applied = ruleset.evaluate(attributes)
+    names = sorted({a.rule.name for a in applied}, key=lambda n: ruleset.by_name[n].rank)
+    print_json({"request": attributes, "rules": rules, "applies": names,
+                "limits": len(applied)})  # fmt: skip
     return 0
 
 

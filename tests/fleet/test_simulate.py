@@ -225,4 +225,4 @@ def test_an_unreachable_redis_is_a_clear_error(capsys: pytest.CaptureFixture[str
 def test_ratewarden_simulate_is_a_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert ratewarden(["simulate", "--members", "4", "--seconds", "6"]) == 0
     assert "uniform/fair_share" in capsys.readouterr().out
-    assert ratewarden(["simulate", "--members", "500"]) == 1
+    assert ratewarden(["simulate", "--members", "500"]) == 2  # a usage error

@@ -205,7 +205,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--model", action="store_true",
                        help="the coordinator's Python model (the default)")  # fmt: skip
-    where.add_argument("--redis", metavar="URL", help="fleet.lua on this Redis")
+    where.add_argument("--store", "--redis", dest="redis", metavar="URL",
+                       help="fleet.lua on this Redis")  # fmt: skip
     where.add_argument("--start-redis", action="store_true",
                        help="start a redis-server of our own on a free loopback port")  # fmt: skip
     add("--scenarios", action="store_true",

@@ -82,7 +82,7 @@ _LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(Connecti
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--config", metavar="RULES.yaml",
+    add("--config", "--rules", dest="config", metavar="RULES.yaml",
         help="the rule file (default: the repository's examples/rules.yaml)")  # fmt: skip
     add("--store", default="memory", metavar="URL",
         help="memory (default), redis://, rediss://, unix://, redis+cluster://h:p,h:p "
