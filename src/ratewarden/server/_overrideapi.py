@@ -110,3 +110,65 @@ async def clear_override(service: Service, scope: Any) -> bytes:
     except ConfigurationError as exc:
         raise HTTPError(422, str(exc)) from None
     return _encode(OverrideCleared(rule, removed, service.overrides_shared))
+
+
+def openapi_paths(problem: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The paths of this API for the OpenAPI document, and the schemas they use."""
+    (request, listed, done, cleared), components = msgspec.json.schema_components(
+        [OverrideRequest, OverrideList, OverrideSet, OverrideCleared],
+        ref_template="#/components/schemas/{name}",
+    )
+
+    def json_of(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"content": {"application/json": {"schema": schema}}}
+
+    error = json_of(problem)
+    rule = {"name": "rule", "in": "path", "required": True, "schema": {"type": "string"}}
+    text = {"type": "string"}
+    paths = {
+        "/v1/overrides": {
+            "get": {
+                "operationId": "overrides",
+                "summary": "The runtime overrides in force, and the last 100 changes",
+                "responses": {
+                    "200": {"description": "Overrides and audit trail", **json_of(listed)},
+                    "401": {"description": "No valid bearer token", **error},
+                    "503": {"description": "The store is unavailable", **error},
+                },
+            }
+        },
+        "/v1/overrides/{rule}": {
+            "put": {
+                "operationId": "setOverride",
+                "summary": "Replace a rule's rates for a while, on every instance on the store",
+                "parameters": [rule],
+                "requestBody": {"required": True, **json_of(request)},
+                "responses": {
+                    "200": {"description": "The override in force", **json_of(done)},
+                    "400": {"description": "Malformed JSON", **error},
+                    "401": {"description": "No valid bearer token", **error},
+                    "404": {"description": "No such rule in force", **error},
+                    "413": {"description": "Body too large", **error},
+                    "422": {"description": "Rates, duration or reason refused", **error},
+                    "503": {"description": "The store is unavailable", **error},
+                },
+            },
+            "delete": {
+                "operationId": "clearOverride",
+                "summary": "End a rule's override now",
+                "parameters": [
+                    rule,
+                    {"name": "reason", "in": "query", "required": False, "schema": text},
+                    {"name": "by", "in": "query", "required": False, "schema": text},
+                ],
+                "responses": {
+                    "200": {"description": "Whether one was in force", **json_of(cleared)},
+                    "400": {"description": "Malformed rule name", **error},
+                    "401": {"description": "No valid bearer token", **error},
+                    "422": {"description": "Reason refused", **error},
+                    "503": {"description": "The store is unavailable", **error},
+                },
+            },
+        },
+    }
+    return paths, components
