@@ -16,7 +16,15 @@ from typing import Any, TypedDict, TypeVar, Unpack
 from ._decision import Decision
 from ._errors import ConfigurationError
 from ._rate import Rate, parse_rate
-from ._waiting import AsyncTurns, Turns, check_max_wait, deadline_ns, next_wait, timed_out
+from ._waiting import (
+    AsyncTurns,
+    Turns,
+    check_max_wait,
+    check_priority,
+    deadline_ns,
+    next_wait,
+    timed_out,
+)
 from .algorithms import Algorithm, Refill, get_algorithm
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store, _shards
 from .stores._base import (
@@ -55,6 +63,7 @@ class LimiterOptions(TypedDict, total=False):
     two_tier: bool
     shards: int
     promote_at: float | None
+    classes: Sequence[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +73,7 @@ class _Config:
     options: BindOptions
     shards: int = 1
     promote_at: float | None = None
+    classes: tuple[str, ...] = ()
 
     @classmethod
     def make(
@@ -78,8 +88,18 @@ class _Config:
         two_tier: bool = False,
         shards: int = 1,
         promote_at: float | None = None,
+        classes: Sequence[str] = (),
     ) -> _Config:
         parsed = parse_rate(rate)
+        named: tuple[object, ...] = () if isinstance(classes, str) else tuple(classes)
+        if (
+            isinstance(classes, str)
+            or not all(isinstance(c, str) and c for c in named)
+            or len(set(named)) != len(named)
+        ):
+            raise ConfigurationError(
+                f"classes is a list of distinct class names, highest first, got {classes!r}"
+            )
         algo = get_algorithm(algorithm, refill=refill)
         if burst is not None:
             if not algo.uses_burst:
@@ -111,7 +131,7 @@ class _Config:
                 raise ConfigurationError(f"two_tier must be True or False, got {two_tier!r}")
             options["two_tier"] = True
         _shards.check_shards(shards, promote_at)
-        return cls(parsed, algo, options, shards, promote_at)
+        return cls(parsed, algo, options, shards, promote_at, tuple(map(str, named)))
 
     def bind(self, store: Store) -> Bound:
         if self.shards == 1:
@@ -192,6 +212,8 @@ class Limiter(_Shell):
     more than its limit, and leaves less than N * cost unused (see docs/sharding.md).
     ``promote_at`` (with ``shards``) keeps a key on its own counter until this
     process checks it that many times a second.
+    ``classes`` names ``acquire``'s priority classes, highest first
+    (``["enterprise", "pro", "free"]``); the last is the default class.
     A cost larger than the limit can ever grant is denied with ``retry_after=inf``.
     """
 
@@ -206,23 +228,38 @@ class Limiter(_Shell):
         self._config = _Config.make(rate, **options)
         self.store = MemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = self._config.bind(self.store)
-        self._turns = Turns()
+        self._turns = Turns(self.store.clock)
 
-    def acquire(self, key: str, max_wait: float, cost: int = 1) -> Decision:
-        """Wait up to ``max_wait`` seconds for a permit; return its (allowed) Decision."""
+    def acquire(
+        self, key: str, max_wait: float, cost: int = 1, *, priority: int | str = 0
+    ) -> Decision:
+        """Wait up to ``max_wait`` seconds for a permit; return its (allowed)
+        Decision. ``priority``: the caller's class (an int, higher first, or a
+        name of the limiter's ``classes``): a waiting caller of a higher class is
+        served before lower ones that arrived earlier (see `_waiting`)."""
         check_max_wait(max_wait)
-        clock = self.store.clock
+        rank = check_priority(priority, self._config.classes)
+        clock, turns = self.store.clock, self._turns
         deadline = deadline_ns(clock.time_ns(), max_wait)
-        if not self._turns.wait_turn(key, _seconds_left(deadline, clock.time_ns())):
+        if not turns.wait_turn(key, deadline, rank):
             raise timed_out(key, max_wait)
+        holding = True
         try:
             while True:
                 decision = self.hit(key, cost)
                 if decision.allowed:
                     return decision
-                clock.sleep(next_wait(decision, key, clock.time_ns(), deadline, max_wait))
+                now = clock.time_ns()
+                wait = next_wait(decision, key, now, deadline, max_wait)
+                turns.expire_before(key, now + round(wait * 1e9))
+                clock.sleep(wait)
+                if turns.outranked(key):
+                    holding = turns.step_aside(key, deadline)
+                    if not holding:
+                        raise timed_out(key, max_wait)
         finally:
-            self._turns.leave(key)
+            if holding:
+                turns.leave(key)
 
     def slot(self, key: str, max_wait: float, cost: int = 1) -> Slot:
         """`acquire` as a context manager or decorator: ``with limiter.slot(key,
@@ -251,23 +288,36 @@ class AsyncLimiter(_Shell):
         self._config = _Config.make(rate, **options)
         self.store = AsyncMemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = self._config.abind(self.store)
-        self._turns = AsyncTurns()
+        self._turns = AsyncTurns(self.store.clock)
 
-    async def acquire(self, key: str, max_wait: float, cost: int = 1) -> Decision:
-        """Wait up to ``max_wait`` seconds for a permit; return its (allowed) Decision."""
+    async def acquire(
+        self, key: str, max_wait: float, cost: int = 1, *, priority: int | str = 0
+    ) -> Decision:
+        """Wait up to ``max_wait`` seconds for a permit; return its (allowed)
+        Decision. ``priority`` as for `Limiter.acquire`."""
         check_max_wait(max_wait)
-        clock = self.store.clock
+        rank = check_priority(priority, self._config.classes)
+        clock, turns = self.store.clock, self._turns
         deadline = deadline_ns(clock.time_ns(), max_wait)
-        if not await self._turns.wait_turn(key, _seconds_left(deadline, clock.time_ns())):
+        if not await turns.wait_turn(key, deadline, rank):
             raise timed_out(key, max_wait)
+        holding = True
         try:
             while True:
                 decision = await self.hit(key, cost)
                 if decision.allowed:
                     return decision
-                await clock.asleep(next_wait(decision, key, clock.time_ns(), deadline, max_wait))
+                now = clock.time_ns()
+                wait = next_wait(decision, key, now, deadline, max_wait)
+                turns.expire_before(key, now + round(wait * 1e9))
+                await clock.asleep(wait)
+                if turns.outranked(key):
+                    holding = await turns.step_aside(key, deadline)
+                    if not holding:
+                        raise timed_out(key, max_wait)
         finally:
-            self._turns.leave(key)
+            if holding:
+                turns.leave(key)
 
     def slot(self, key: str, max_wait: float, cost: int = 1) -> AsyncSlot:
         """`acquire` as an async context manager or a decorator of coroutine
@@ -400,7 +450,3 @@ async def ahit_tiers(
     if sharded:
         return await _shards.ahit_tiers(store, tiers, shadow_tiers)
     return await store.hit_tiers(tiers, shadow_tiers)  # type: ignore[no-any-return]
-
-
-def _seconds_left(deadline: float, now_ns: int) -> float:
-    return (deadline - now_ns) / 1e9

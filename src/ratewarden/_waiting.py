@@ -1,24 +1,45 @@
 """Waiting for a permit: the logic once, the sync and async shells only wait.
 
-Callers of ``acquire`` on one key take turns in arrival order: only the head of a
-key's queue tries the store; it sleeps exactly ``retry_after`` between tries (no
-polling) and hands the turn to the next caller when it gets its permit or gives up.
-A caller that can tell it will miss its deadline (the wait is longer than the time
+Callers of ``acquire`` on one key take turns: only the head of a key's line
+tries the store; it sleeps exactly ``retry_after`` between tries (no polling)
+and hands the turn to the next caller when it gets its permit or gives up. A
+caller that can tell it will miss its deadline (the wait is longer than the time
 left, or the cost can never be granted) gives up at once instead of sleeping.
+
+Priority classes: a caller may say its class (an int, higher first). The line
+is kept in order of class, then of arrival, so a higher class is served before
+any lower one that arrived earlier. The head does not lose the turn while it
+sleeps towards its permit; when it wakes and a higher class waits behind it, it
+steps back into the line (keeping its place among its own class) and the higher
+class tries at once, for the permit that has just fallen due. A higher class
+so waits at most for the permit the head was sleeping towards, plus the permits
+of the higher callers before it. Every caller keeps its own deadline: one that
+a stream of higher classes keeps waiting is told at its deadline
+(`RateLimitTimeout`), never later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import math
 import threading
-from collections import deque
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from ._clock import Clock
 from ._decision import Decision
 from ._errors import ConfigurationError, RateLimitTimeout
 
-__all__ = ["AsyncTurns", "Turns", "check_max_wait", "deadline_ns", "next_wait", "timed_out"]
+__all__ = [
+    "AsyncTurns",
+    "Turns",
+    "check_max_wait",
+    "check_priority",
+    "deadline_ns",
+    "next_wait",
+    "timed_out",
+]
 
 W = TypeVar("W")
 
@@ -28,6 +49,19 @@ def check_max_wait(max_wait: float) -> None:
         raise ConfigurationError(f"max_wait must be a number of seconds, got {max_wait!r}")
     if not max_wait >= 0:  # also rejects NaN
         raise ConfigurationError(f"max_wait must be >= 0 seconds, got {max_wait!r}")
+
+
+def check_priority(priority: int | str, classes: tuple[str, ...] = ()) -> int:
+    """A caller's class as an int (higher first): an int as it is, or a name of
+    ``classes`` (the first listed ranks highest, the last as the default 0)."""
+    if type(priority) is int:
+        return priority
+    if isinstance(priority, str):
+        if priority in classes:
+            return len(classes) - 1 - classes.index(priority)
+        known = ", ".join(classes) if classes else "none (pass classes=[...] to the limiter)"
+        raise ConfigurationError(f"unknown priority class {priority!r}; classes: {known}")
+    raise ConfigurationError(f"priority is an int or a class name, got {priority!r}")
 
 
 def deadline_ns(now_ns: int, max_wait: float) -> float:
@@ -59,91 +93,215 @@ def timed_out(key: str, max_wait: float) -> RateLimitTimeout:
 
 
 class _Queues(Generic[W]):
-    """Per-key FIFO queues; the head holds the turn. Its entry is ``None`` when it
-    got the turn without waiting (no waiter object made on the uncontended path)."""
+    """Per-key lines of waiters; the head holds the turn. The others stand in
+    order of class (higher ``priority`` first) and, within a class, of arrival.
+    An entry is ``[rank, seq, waiter, deadline]`` (rank = -priority; deadline in
+    the clock's ns); its waiter is ``None`` while it has never had to wait (no
+    waiter object made on the uncontended path).
 
-    def __init__(self) -> None:
+    A waiter's deadline is watched by a timer of its own (real time), and on the
+    line's clock: when the turn changes hands, every waiter whose deadline has
+    passed is woken to give up, and when the head goes to sleep until its
+    permit, so is every waiter whose deadline comes before that (nobody behind
+    the head can be served sooner). So a fake clock's deadlines hold too, and a
+    waiter overtaken by higher classes is told as soon as its deadline cannot be
+    met, not when the line reaches it."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self._lock = threading.Lock()
-        self._queues: dict[str, deque[W | None]] = {}
+        self._queues: dict[str, list[list[Any]]] = {}
+        self._seq = itertools.count()
+        self._expired: set[int] = set()  # ids of waiters told to give up
 
-    def _join(self, key: str, waiter: W | None) -> bool:
-        """Enqueue; True if the caller holds the turn at once."""
+    def _join(self, key: str, waiter: W | None, priority: int, deadline: float) -> bool:
+        """Enqueue; True if the caller holds the turn at once (then nothing is
+        enqueued without a waiter)."""
         with self._lock:
             queue = self._queues.get(key)
             if queue is None:
-                self._queues[key] = deque((None,))
+                self._queues[key] = [[-priority, next(self._seq), None, deadline]]
                 return True
             if waiter is not None:
-                queue.append(waiter)
+                _insert(queue, [-priority, next(self._seq), waiter, deadline])
             return False
 
     def _give_up(self, key: str, waiter: W) -> bool:
-        """Leave the queue; False if the turn has reached this waiter (it keeps it)."""
+        """Leave the line; False if the turn has reached this waiter (it keeps it)."""
         with self._lock:
+            if id(waiter) in self._expired:
+                self._expired.discard(id(waiter))
+                return True
             queue = self._queues[key]
-            if queue[0] is waiter:
+            if queue[0][2] is waiter:
                 return False
-            queue.remove(waiter)
+            for i, entry in enumerate(queue):
+                if entry[2] is waiter:
+                    del queue[i]
+                    break
             return True
 
-    def _pass_on(self, key: str) -> W | None:
-        """Leave the head; return the next waiter to wake, if any."""
+    def _pass_on(self, key: str) -> tuple[W | None, list[W]]:
+        """Leave the head; the next waiter to wake, if any, and those to tell
+        their time is up."""
         with self._lock:
             queue = self._queues[key]
-            queue.popleft()
+            del queue[0]
+            expired = self._reap(queue)
             if not queue:
                 del self._queues[key]
-                return None
-            return queue[0]
+                return None, expired
+            return queue[0][2], expired
+
+    def _reap(self, queue: list[list[Any]], until: float | None = None, start: int = 0) -> list[W]:
+        """Take the waiters from ``start`` on whose deadline comes before
+        ``until`` (now, unless given) out of the line (under the lock)."""
+        until = self.clock.time_ns() if until is None else until
+        if all(entry[3] >= until for entry in queue[start:]):
+            return []
+        expired = [entry[2] for entry in queue[start:] if entry[3] < until]
+        queue[start:] = [entry for entry in queue[start:] if entry[3] >= until]
+        self._expired.update(id(w) for w in expired)
+        return expired
+
+    def _doomed(self, key: str, until: float) -> list[W]:
+        with self._lock:
+            queue = self._queues.get(key)
+            return [] if queue is None else self._reap(queue, until, 1)
+
+    def outranked(self, key: str) -> bool:
+        """Whether a caller of a higher class than the head waits behind it."""
+        queue = self._queues.get(key)
+        # a read without the lock: a join that races it is seen at the next look
+        return queue is not None and len(queue) > 1 and queue[1][0] < queue[0][0]
+
+    def _aside(self, key: str, waiter: W) -> tuple[W | None, list[W]]:
+        """The head steps back into the line (keeping its class and its place in
+        arrival order) behind the higher class that waits; the new head to wake
+        and the waiters whose time is up."""
+        with self._lock:
+            queue = self._queues[key]
+            head = queue.pop(0)
+            head[2] = waiter
+            expired = self._reap(queue)
+            _insert(queue, head)
+            return queue[0][2], expired
+
+    def _expired_now(self, waiter: W) -> bool:
+        with self._lock:
+            if id(waiter) in self._expired:
+                self._expired.discard(id(waiter))
+                return True
+            return False
 
     def __len__(self) -> int:
         return len(self._queues)
 
 
+def _insert(queue: list[list[Any]], entry: list[Any]) -> None:
+    """Into its place by (rank, seq), never before the head, which holds the turn."""
+    bisect.insort(queue, entry, lo=1 if queue else 0, key=_order)
+
+
+def _order(entry: list[Any]) -> tuple[int, int]:
+    return entry[0], entry[1]
+
+
+def _timeout(deadline: float, now: int) -> float:
+    return (deadline - now) / 1e9
+
+
 class Turns(_Queues[threading.Event]):
-    def wait_turn(self, key: str, timeout: float) -> bool:
-        if self._join(key, None):
+    def wait_turn(self, key: str, deadline: float, priority: int = 0) -> bool:
+        """Wait for ``key``'s turn until ``deadline`` (the clock's ns, or inf);
+        False when it passed first."""
+        if self._join(key, None, priority, deadline):
             return True
-        if timeout <= 0:
+        if _timeout(deadline, self.clock.time_ns()) <= 0:
             return False
         event = threading.Event()
-        if self._join(key, event):  # the queue emptied meanwhile
+        if self._join(key, event, priority, deadline):  # the queue emptied meanwhile
             return True
+        return self._wait(key, event, deadline)
+
+    def step_aside(self, key: str, deadline: float) -> bool:
+        """The head lets a higher class go first and waits for the turn again
+        until ``deadline``; False when that passed (the turn is not held then)."""
+        event = threading.Event()
+        woken, expired = self._aside(key, event)
+        self._wake(woken, expired)
+        return self._wait(key, event, deadline)
+
+    def _wait(self, key: str, event: threading.Event, deadline: float) -> bool:
+        timeout = _timeout(deadline, self.clock.time_ns())
         # Event.wait overflows past threading.TIMEOUT_MAX: an infinite wait is None
-        limit = None if timeout >= threading.TIMEOUT_MAX else timeout
+        limit = None if timeout >= threading.TIMEOUT_MAX else max(timeout, 0.0)
         try:
-            return event.wait(limit) or not self._give_up(key, event)
+            if event.wait(limit):
+                return not self._expired_now(event)
+            return not self._give_up(key, event)
         except BaseException:  # interrupted (KeyboardInterrupt ...): never strand the turn
             if not self._give_up(key, event):
                 self.leave(key)
             raise
 
-    def leave(self, key: str) -> None:
-        waiter = self._pass_on(key)
+    def _wake(self, waiter: threading.Event | None, expired: list[threading.Event]) -> None:
+        for gone in expired:
+            gone.set()
         if waiter is not None:
             waiter.set()
 
+    def leave(self, key: str) -> None:
+        self._wake(*self._pass_on(key))
+
+    def expire_before(self, key: str, until: float) -> None:
+        """The head sleeps until ``until`` (ns): tell every waiter whose
+        deadline comes first that it cannot be served in time."""
+        self._wake(None, self._doomed(key, until))
+
 
 class AsyncTurns(_Queues["asyncio.Future[None]"]):
-    async def wait_turn(self, key: str, timeout: float) -> bool:
-        if self._join(key, None):
+    async def wait_turn(self, key: str, deadline: float, priority: int = 0) -> bool:
+        """`Turns.wait_turn` without blocking the event loop."""
+        if self._join(key, None, priority, deadline):
             return True
-        if timeout <= 0:
+        if _timeout(deadline, self.clock.time_ns()) <= 0:
             return False
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._join(key, future):
+        if self._join(key, future, priority, deadline):
             return True
+        return await self._wait(key, future, deadline)
+
+    async def step_aside(self, key: str, deadline: float) -> bool:
+        """`Turns.step_aside` without blocking the event loop."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wake(*self._aside(key, future))
+        return await self._wait(key, future, deadline)
+
+    async def _wait(self, key: str, future: asyncio.Future[None], deadline: float) -> bool:
+        timeout = max(_timeout(deadline, self.clock.time_ns()), 0.0)
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout)
+            await asyncio.wait_for(asyncio.shield(future), None if math.isinf(timeout) else timeout)
         except TimeoutError:
             return not self._give_up(key, future)
         except BaseException:  # cancelled: never strand the turn
             if not self._give_up(key, future):
                 self.leave(key)
             raise
-        return True
+        return not self._expired_now(future)
 
-    def leave(self, key: str) -> None:
-        waiter = self._pass_on(key)
+    def _wake(
+        self, waiter: asyncio.Future[None] | None, expired: list[asyncio.Future[None]]
+    ) -> None:
+        for gone in expired:
+            if not gone.done():
+                gone.set_result(None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def leave(self, key: str) -> None:
+        self._wake(*self._pass_on(key))
+
+    def expire_before(self, key: str, until: float) -> None:
+        """`Turns.expire_before`."""
+        self._wake(None, self._doomed(key, until))
