@@ -81,7 +81,7 @@ def test_a_lower_class_is_told_at_its_deadline_while_higher_ones_stream_in() -> 
             granted.append(((clock.time_ns() - start) / 1e9, free_in_line()))
         return decision
 
-    limiter.hit = watched_hit  # type: ignore[method-assign]
+    limiter.hit = watched_hit
 
     async def low() -> None:
         try:
