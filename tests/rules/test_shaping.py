@@ -217,3 +217,58 @@ def test_a_queue_rule_is_a_leaky_bucket_one_deep_plus_its_line() -> None:
     assert (line.algorithm, line.burst) == ("leaky_bucket", 3)  # max_wait 0.25 s at 10/s: 2
     video = rules.by_name["video"].limits[0]
     assert (str(video.rate), video.degrade_from) == ("6/minute", 2)
+
+
+PRIORITY = textwrap.dedent("""
+    rules:
+      - name: export
+        rate: 1/second
+        algorithm: gcra
+        action: delay
+        max_wait: 2.5
+        priority_from: {attribute: plan, order: [enterprise, pro, free]}
+        match: {paths: /export}
+""")
+
+
+def test_delayed_requests_wait_in_priority_classes(clock: FakeClock) -> None:
+    engine = AsyncRuleEngine(loads(PRIORITY), AsyncMemoryStore(clock=clock))
+    start = clock.time_ns()
+    served: list[tuple[str, str, float]] = []
+
+    async def request(name: str, plan: str | None) -> None:
+        attributes = {"path": "/export", **({} if plan is None else {"plan": plan})}
+        outcome = await engine.acheck(attributes, wait=True)
+        served.append((name, outcome.action, (clock.time_ns() - start) / 1e9))
+
+    async def scenario() -> None:
+        await engine.acheck({"path": "/export"})  # the permit of t=0
+        await asyncio.gather(request("anon", None), request("free", "free"),
+                             request("pro", "pro"), request("ent", "enterprise"))  # fmt: skip
+
+    asyncio.run(scenario())
+    # enterprise and pro overtake; free and the anonymous caller (below every
+    # class listed) cannot be served within max_wait (2.5 s) and are told so
+    by_name = {name: (action, t) for name, action, t in served}
+    assert by_name["ent"] == ("allow", 1.0)
+    assert by_name["pro"] == ("allow", 2.0)
+    assert by_name["free"][0] == "reject"
+    assert by_name["anon"][0] == "reject"
+
+
+def test_priority_from_goes_with_delay_and_names_values() -> None:
+    for rule, reason in [
+        ("{name: a, rate: 1/s, priority_from: {attribute: plan, order: [a]}}", "action 'delay'"),
+        ("{name: a, rate: 1/s, action: delay, max_wait: 1,"
+         " priority_from: {attribute: plan, order: []}}", "an empty order"),
+        ("{name: a, rate: 1/s, action: delay, max_wait: 1,"
+         " priority_from: {attribute: plan, order: [a, a]}}", "listed twice"),
+    ]:  # fmt: skip
+        with pytest.raises(RuleFileError) as info:
+            loads(f"rules: [{rule}]")
+        assert any(reason in p.reason for p in info.value.problems), info.value.problems
+    ranks = loads(PRIORITY).by_name["export"]
+    assert [ranks.priority_of({"plan": p}) for p in ("enterprise", "pro", "free", "x")] == [
+        2, 1, 0, -1,
+    ]  # fmt: skip
+    assert ranks.priority_of({}) == -1

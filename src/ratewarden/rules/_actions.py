@@ -27,7 +27,7 @@ request is not refused, and a degraded one learns its level from its own header.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
@@ -35,6 +35,7 @@ import msgspec
 from .._decision import Decision
 from .._limiter import ahit_many, ahit_tiers, hit_many, hit_tiers
 from .._rate import Rate
+from .._waiting import AsyncTurns, Turns
 from ._compile import Applicable, CompiledRule, RuleSet
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Counted",
     "Step",
+    "await_in_line",
+    "classed",
     "degrade_level",
     "level_header",
     "queue_wait",
@@ -50,6 +53,7 @@ __all__ = [
     "run_sync",
     "shaped",
     "shaped_outcome",
+    "wait_in_line",
 ]
 
 Tier: TypeAlias = "tuple[Any, str, int]"  # (limiter, key, cost), sync or async
@@ -195,3 +199,109 @@ def shaped_outcome(
             changes.update(action="queue", wait=wait)
             changes.setdefault("rule", ruleset.by_limit_name.get(queued.rule or ""))
     return msgspec.structs.replace(outcome, **changes) if changes else outcome
+
+
+# -- delays in priority classes ---------------------------------------------------
+#
+# A delay rule with ``priority_from`` holds its delayed requests in a line per
+# limit and key (`_waiting.Turns`), in class order: only the head checks again,
+# when its wait is over, and it steps aside for a higher class that arrived in
+# the meantime. Every request keeps the rule's ``max_wait``, counted from its
+# first check; one that cannot make it is rejected as soon as that is known.
+
+
+def _line_of(outcome: Outcome) -> str:
+    """The line a delayed request waits in: the denying limit and its key."""
+    decision = outcome.decision
+    name = "" if decision is None else decision.rule or ""
+    for applicable in outcome.limits:
+        if applicable.limit.name == name:
+            return f"{name}\x00{applicable.key}"
+    return name
+
+
+def _rejected(outcome: Outcome) -> Outcome:
+    return msgspec.structs.replace(outcome, action="reject", wait=0.0, status=429)
+
+
+def classed(outcome: Outcome) -> bool:
+    """Whether a delayed request waits in priority classes."""
+    return outcome.rule is not None and outcome.rule.priority_from is not None
+
+
+def wait_in_line(
+    engine: Any,
+    outcome: Outcome,
+    attributes: Mapping[str, object],
+    check_again: Callable[[], Outcome],
+) -> Outcome:
+    """Hold a delayed request in its class's place in line (blocking), in the
+    lines of ``engine`` (a `RuleEngine`)."""
+    turns: Turns = engine.__dict__.setdefault("_lines", Turns(engine.store.clock))
+    rule, clock = outcome.rule, turns.clock
+    if rule is None:  # not classed(): nothing to wait for here
+        return outcome
+    line = _line_of(outcome)
+    checked = clock.time_ns()  # the outcome's wait counts from here, however long the line
+    deadline = checked + round((rule.max_wait or 0) * 1e9)
+    if not turns.wait_turn(line, deadline, rule.priority_of(attributes)):
+        return _rejected(outcome)
+    holding = True
+    try:
+        while outcome.action == "delay":
+            due = checked + round(outcome.wait * 1e9)
+            if due > deadline:
+                return _rejected(outcome)
+            now = clock.time_ns()
+            if due > now:
+                turns.expire_before(line, due)
+                clock.sleep((due - now) / 1e9)
+            if turns.outranked(line):
+                holding = turns.step_aside(line, deadline)
+                if not holding:
+                    return _rejected(outcome)
+            outcome = check_again()
+            checked = clock.time_ns()
+        return outcome
+    finally:
+        if holding:
+            turns.leave(line)
+
+
+async def await_in_line(
+    engine: Any,
+    outcome: Outcome,
+    attributes: Mapping[str, object],
+    check_again: Callable[[], Awaitable[Outcome]],
+) -> Outcome:
+    """`wait_in_line` without blocking the event loop (``engine``: an
+    `AsyncRuleEngine`)."""
+    turns: AsyncTurns = engine.__dict__.setdefault("_lines", AsyncTurns(engine.store.clock))
+    rule, clock = outcome.rule, turns.clock
+    if rule is None:  # not classed(): nothing to wait for here
+        return outcome
+    line = _line_of(outcome)
+    checked = clock.time_ns()
+    deadline = checked + round((rule.max_wait or 0) * 1e9)
+    if not await turns.wait_turn(line, deadline, rule.priority_of(attributes)):
+        return _rejected(outcome)
+    holding = True
+    try:
+        while outcome.action == "delay":
+            due = checked + round(outcome.wait * 1e9)
+            if due > deadline:
+                return _rejected(outcome)
+            now = clock.time_ns()
+            if due > now:
+                turns.expire_before(line, due)
+                await clock.asleep((due - now) / 1e9)
+            if turns.outranked(line):
+                holding = await turns.step_aside(line, deadline)
+                if not holding:
+                    return _rejected(outcome)
+            outcome = await check_again()
+            checked = clock.time_ns()
+        return outcome
+    finally:
+        if holding:
+            turns.leave(line)
