@@ -169,6 +169,10 @@ class _Queues(Generic[W]):
             queue = self._queues.get(key)
             return [] if queue is None else self._reap(queue, until, 1)
 
+    def busy(self, key: str) -> bool:
+        """Whether someone holds ``key``'s turn (a newcomer would queue)."""
+        return key in self._queues
+
     def outranked(self, key: str) -> bool:
         """Whether a caller of a higher class than the head waits behind it."""
         queue = self._queues.get(key)

@@ -9,16 +9,17 @@ from typing import Any
 
 from .._clock import Clock
 from .._errors import ConfigurationError, StoreUnavailable
-from .._waiting import check_max_wait
+from .._waiting import AsyncTurns, check_max_wait, check_priority
 from ..stores._redisconn import connect
 from ._config import QuotaConfig
 from ._coord import AsyncCoordinator, QuotaStatus
+from ._line import LINE, Line
 from ._shell import POLL, Shell, check_cost, log
 
 __all__ = ["AsyncFleetQuota", "AsyncQuotaSlot"]
 
 
-class AsyncFleetQuota(Shell):
+class AsyncFleetQuota(Line, Shell):
     """The asyncio twin of `FleetQuota`: the same options, a task instead of a
     thread, ``await quota.start()`` or ``async with``; ``acquire`` waits without
     blocking the event loop. ``redis``: a URL or a ``redis.asyncio`` client."""
@@ -51,6 +52,7 @@ class AsyncFleetQuota(Shell):
         self.coordinator = AsyncCoordinator(self.client, name, clock=coordinator_clock)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._line = AsyncTurns(self.clock)
 
     async def start(self) -> AsyncFleetQuota:
         if self._started:
@@ -165,13 +167,28 @@ class AsyncFleetQuota(Shell):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def acquire(self, max_wait: float, cost: int = 1) -> None:
+    async def acquire(self, max_wait: float, cost: int = 1, *, priority: int | str = 0) -> None:
         """`FleetQuota.acquire` without blocking the event loop."""
-        wait = self._first(max_wait, cost)
-        if wait:
-            with closing(self._waits(wait, max_wait, cost)) as waits:
-                for seconds in waits:
-                    await self.clock.asleep(seconds)
+        rank = check_priority(priority)
+        line = self._line
+        if line.busy(LINE):
+            wait = self._asked(max_wait, cost)
+        else:
+            wait = self._first(max_wait, cost)
+            if not wait:
+                return
+        deadline = self._deadline(max_wait, wait)
+        if not await line.wait_turn(LINE, deadline, rank):
+            raise self._no_turn(max_wait)
+        try:
+            wait = self._take(cost)
+            if wait:
+                with closing(self._waits(wait, self._left(deadline), cost)) as waits:
+                    for seconds in waits:
+                        line.expire_before(LINE, self.clock.time_ns() + round(seconds * 1e9))
+                        await self.clock.asleep(seconds)
+        finally:
+            line.leave(LINE)
 
     def slot(self, max_wait: float, cost: int = 1) -> AsyncQuotaSlot:
         check_max_wait(max_wait)

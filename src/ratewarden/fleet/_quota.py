@@ -16,16 +16,17 @@ from typing import Any
 
 from .._clock import Clock
 from .._errors import ConfigurationError, StoreUnavailable
-from .._waiting import check_max_wait
+from .._waiting import Turns, check_max_wait, check_priority
 from ..stores._redisconn import connect
 from ._config import QuotaConfig
 from ._coord import Coordinator, QuotaStatus
+from ._line import LINE, Line
 from ._shell import POLL, Shell, check_cost, log
 
 __all__ = ["FleetQuota", "QuotaSlot"]
 
 
-class FleetQuota(Shell):
+class FleetQuota(Line, Shell):
     """This process's share of resource ``name``, coordinated in Redis.
 
     ``redis``: a URL (``redis://``, ``redis+cluster://``...) or a ``redis.Redis``
@@ -66,6 +67,7 @@ class FleetQuota(Shell):
         self.coordinator = Coordinator(self.client, name, clock=coordinator_clock)
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._line = Turns(self.clock)
         self._thread: threading.Thread | None = None
 
     # -- membership -------------------------------------------------------------
@@ -191,14 +193,31 @@ class FleetQuota(Shell):
 
     # -- permits ----------------------------------------------------------------
 
-    def acquire(self, max_wait: float, cost: int = 1) -> None:
+    def acquire(self, max_wait: float, cost: int = 1, *, priority: int | str = 0) -> None:
         """A permit (``cost`` permits), waiting up to ``max_wait`` seconds, else
-        `RateLimitTimeout`; ``max_wait=0`` tries once."""
-        wait = self._first(max_wait, cost)
-        if wait:
-            with closing(self._waits(wait, max_wait, cost)) as waits:
-                for seconds in waits:
-                    self.clock.sleep(seconds)
+        `RateLimitTimeout`; ``max_wait=0`` tries once. ``priority``: the
+        caller's class (an int, higher first): waiting callers stand in one line
+        in class order, and only its head waits for the share (see `_line`)."""
+        rank = check_priority(priority)
+        line = self._line
+        if line.busy(LINE):  # others wait already: join them in class order, never barge
+            wait = self._asked(max_wait, cost)
+        else:
+            wait = self._first(max_wait, cost)
+            if not wait:
+                return
+        deadline = self._deadline(max_wait, wait)
+        if not line.wait_turn(LINE, deadline, rank):
+            raise self._no_turn(max_wait)
+        try:
+            wait = self._take(cost)
+            if wait:
+                with closing(self._waits(wait, self._left(deadline), cost)) as waits:
+                    for seconds in waits:
+                        line.expire_before(LINE, self.clock.time_ns() + round(seconds * 1e9))
+                        self.clock.sleep(seconds)
+        finally:
+            line.leave(LINE)
 
     def slot(self, max_wait: float, cost: int = 1) -> QuotaSlot:
         """`acquire` as a context manager or decorator."""
