@@ -158,3 +158,29 @@ def test_bad_priorities_are_named(classes: tuple[str, ...], priority: object, me
 def test_bad_classes(classes: object) -> None:
     with pytest.raises(ConfigurationError, match="classes is a list"):
         Limiter("1/second", classes=classes)  # type: ignore[arg-type]
+
+
+def test_a_turn_that_comes_after_the_deadline_is_refused() -> None:
+    clock = FakeClock()
+    limiter = AsyncLimiter("1/second", algorithm="gcra", store=AsyncMemoryStore(clock=clock))
+
+    async def scenario() -> None:
+        await limiter.acquire("k", max_wait=0)
+
+        async def late_head() -> None:  # the head that frees the turn wakes late
+            await limiter.acquire("k", max_wait=5)
+            clock.advance(3.0)
+
+        async def follower() -> None:
+            await limiter.acquire("k", max_wait=2.0)
+
+        results = await asyncio.gather(late_head(), follower(), return_exceptions=True)
+        assert results[0] is None
+        assert isinstance(results[1], RateLimitTimeout)
+
+    asyncio.run(scenario())
+
+
+def test_spin_is_checked() -> None:
+    with pytest.raises(ConfigurationError, match="spin is"):
+        AsyncLimiter("1/second", spin=-1)

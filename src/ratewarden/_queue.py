@@ -30,12 +30,11 @@ import math
 import threading
 from typing import Any
 
-from ._clock import SystemClock
 from ._decision import Decision
 from ._errors import ConfigurationError, RateLimitTimeout
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import Rate, parse_rate
-from ._waiting import check_max_wait
+from ._waiting import asleep_precisely, check_max_wait, check_spin
 from .stores import AsyncStore, Store
 from .stores._failure import OnFailure
 
@@ -199,9 +198,7 @@ class AsyncPacedQueue(_Line):
         spin: float = 0.0015,
     ) -> None:
         parsed = self._setup(rate, size)
-        if isinstance(spin, bool) or not isinstance(spin, int | float) or not 0 <= spin <= 0.1:  # type: ignore[redundant-expr]
-            raise ConfigurationError(f"spin is 0 to 0.1 seconds, got {spin!r}")
-        self.spin = spin
+        self.spin = check_spin(spin)
         self._limiter = AsyncLimiter(parsed, store=store, algorithm="leaky_bucket",
                                      burst=size + 1, name=name, on_failure=on_failure)  # fmt: skip
         self.store = self._limiter.store
@@ -224,19 +221,7 @@ class AsyncPacedQueue(_Line):
         seconds = await self.enter(key, max_wait, cost)
         if not seconds:
             return seconds
-        clock = self.store.clock
-        if self.spin <= 0 or not isinstance(clock, SystemClock):
-            await clock.asleep(seconds)
-            return seconds
-        # The event loop's timers wake up to a millisecond late (epoll counts
-        # whole milliseconds, rounded up): sleep to ``spin`` before the slot,
-        # then yield to the loop until it is due.
-        loop = asyncio.get_running_loop()
-        due = loop.time() + seconds
-        if seconds > self.spin:
-            await asyncio.sleep(seconds - self.spin)
-        while loop.time() < due:
-            await asyncio.sleep(0)
+        await asleep_precisely(self.store.clock, seconds, self.spin)
         return seconds
 
     async def reset(self, key: str) -> None:

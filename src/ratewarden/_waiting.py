@@ -27,15 +27,17 @@ import math
 import threading
 from typing import Any, Generic, TypeVar
 
-from ._clock import Clock
+from ._clock import Clock, SystemClock
 from ._decision import Decision
 from ._errors import ConfigurationError, RateLimitTimeout
 
 __all__ = [
     "AsyncTurns",
     "Turns",
+    "asleep_precisely",
     "check_max_wait",
     "check_priority",
+    "check_spin",
     "deadline_ns",
     "next_wait",
     "timed_out",
@@ -49,6 +51,29 @@ def check_max_wait(max_wait: float) -> None:
         raise ConfigurationError(f"max_wait must be a number of seconds, got {max_wait!r}")
     if not max_wait >= 0:  # also rejects NaN
         raise ConfigurationError(f"max_wait must be >= 0 seconds, got {max_wait!r}")
+
+
+def check_spin(spin: float) -> float:
+    if isinstance(spin, bool) or not isinstance(spin, int | float) or not 0 <= spin <= 0.1:  # type: ignore[redundant-expr]
+        raise ConfigurationError(f"spin is 0 to 0.1 seconds, got {spin!r}")
+    return float(spin)
+
+
+async def asleep_precisely(clock: Clock, seconds: float, spin: float) -> None:
+    """Sleep ``seconds`` on ``clock``. On the system clock with ``spin`` > 0, sleep
+    until ``spin`` before the end and then yield to the loop until it comes:
+    the loop's timers wake up to a millisecond late (epoll counts whole
+    milliseconds, rounded up), which a paced release or a permit due to a
+    higher class would otherwise pay, at the cost of up to ``spin`` of CPU."""
+    if spin <= 0 or not isinstance(clock, SystemClock):
+        await clock.asleep(seconds)
+        return
+    loop = asyncio.get_running_loop()
+    due = loop.time() + seconds
+    if seconds > spin:
+        await asyncio.sleep(seconds - spin)
+    while loop.time() < due:
+        await asyncio.sleep(0)
 
 
 def check_priority(priority: int | str, classes: tuple[str, ...] = ()) -> int:
