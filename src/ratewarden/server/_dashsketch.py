@@ -57,12 +57,20 @@ class SpaceSaving(Generic[T]):
                 if count == self._low:
                     self._low = count + 1  # the item itself now holds the lowest count
             counts[item] = count + 1
-            buckets.setdefault(count + 1, {})[item] = None
+            above = buckets.get(count + 1)
+            if above is None:
+                buckets[count + 1] = {item: None}
+            else:
+                above[item] = None
             return
         if len(counts) < self.capacity:
             counts[item] = 1
             self.errors[item] = 0
-            buckets.setdefault(1, {})[item] = None
+            ones = buckets.get(1)
+            if ones is None:
+                buckets[1] = {item: None}
+            else:
+                ones[item] = None
             self._low = 1
             return
         # full: the oldest item of the lowest count gives its counter up
@@ -72,7 +80,11 @@ class SpaceSaving(Generic[T]):
         del bucket[victim], counts[victim], self.errors[victim]
         counts[item] = low + 1
         self.errors[item] = low
-        buckets.setdefault(low + 1, {})[item] = None
+        above = buckets.get(low + 1)
+        if above is None:
+            buckets[low + 1] = {item: None}
+        else:
+            above[item] = None
         if not bucket:
             del buckets[low]
             self._low = low + 1

@@ -16,6 +16,7 @@ sketch's fixed number of counters for keys.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable
@@ -105,7 +106,11 @@ class DashboardStats:
         keys of the rules that spoke, from the limits that applied."""
         for rule in (denied, shadow):
             if rule is not None:
-                key = next((a.key for a in outcome.limits if a.rule.name == rule), "")
+                key = ""
+                for applied in outcome.limits:
+                    if applied.rule.name == rule:
+                        key = applied.key
+                        break
                 self.top.add(rule, key)
 
     def limited_envoy(self, answer: EnvoyResult, denied: str | None, shadow: str | None) -> None:
@@ -141,15 +146,20 @@ class DashboardStats:
                 delta = count - old.get(rule, 0)
                 if delta > 0:
                     per_rule.setdefault(rule, [0, 0, 0])[column] += delta
-        rules: dict[str, list[int]] = {}
-        other = [0, 0, 0]
-        busiest = sorted(per_rule.items(), key=lambda item: (-sum(item[1]), item[0]))
-        for n, (rule, (checked, denied, shadowed)) in enumerate(busiest):
-            row = [max(checked - denied, 0), denied, shadowed]
-            if n < self.max_rules:
-                rules[rule] = row
-            else:
-                other = [a + b for a, b in zip(other, row, strict=True)]
+        busiest = per_rule
+        if len(per_rule) > self.max_rules:  # the busiest by name; the rest summed
+            ranked = heapq.nsmallest(self.max_rules, per_rule.items(),
+                                     key=lambda item: (-sum(item[1]), item[0]))  # fmt: skip
+            busiest = dict(ranked)
+        rules = {rule: [max(c - d, 0), d, s] for rule, (c, d, s) in busiest.items()}
+        other = None
+        if len(busiest) < len(per_rule):
+            checked = sum(row[0] for row in per_rule.values()) - sum(r[0] for r in busiest.values())
+            denied = sum(row[1] for row in per_rule.values()) - sum(r[1] for r in busiest.values())
+            shadowed = sum(row[2] for row in per_rule.values()) - sum(
+                r[2] for r in busiest.values()
+            )
+            other = [max(checked - denied, 0), denied, shadowed]
         point = Point(
             t=now,
             dt=round(now - last_t, 3),
@@ -158,7 +168,7 @@ class DashboardStats:
             shadow=sum(row[2] for row in per_rule.values()),
             store_errors=int(errors - last_errors),
             rules=rules,
-            other=other if len(busiest) > self.max_rules else None,
+            other=other,
         )
         self.points.append(point)
         return point

@@ -204,7 +204,7 @@
       denied: state.points.map((p) => [p.t, p.denied / p.dt]),
       shadow: state.points.map((p) => [p.t, p.shadow / p.dt]),
     };
-    draw($("chart"), series, state.snap.t, true);
+    draw($("chart"), series, state.snap.t, shown(), true);
   }
 
   function renderRates() {
@@ -239,14 +239,22 @@
         allowed: seen.map(([p, c]) => [p.t, c[0] / p.dt]),
         denied: seen.map(([p, c]) => [p.t, c[1] / p.dt]),
         shadow: seen.map(([p, c]) => [p.t, c[2] / p.dt]),
-      }, state.snap.t, false);
+      }, state.snap.t, shown(), false);
     }
     $("rates-empty").hidden = ranked.length > 0;
   }
 
-  // A line chart of per-second rates over the last WINDOW seconds ending at `end`;
+  // The seconds the charts span: the history there is, from a minute up to WINDOW
+  // (a service started a moment ago is not drawn as a dot at the end of 5 minutes).
+  function shown() {
+    const first = state.points[0];
+    if (!first) return 60;
+    return Math.min(WINDOW, Math.max(60, Math.ceil(state.snap.t - first.t + first.dt)));
+  }
+
+  // A line chart of per-second rates over the `span` seconds ending at `end`;
   // `axes`: the big chart's grid, labels and legend.
-  function draw(canvas, series, end, axes) {
+  function draw(canvas, series, end, span, axes) {
     const ratio = window.devicePixelRatio || 1;
     const width = canvas.clientWidth || 180;
     const height = canvas.clientHeight || 28;
@@ -261,7 +269,7 @@
     let peak = 0;
     for (const points of Object.values(series)) for (const [, v] of points) peak = Math.max(peak, v);
     const scale = niceCeiling(peak);
-    const x = (t) => left + ((t - (end - WINDOW)) / WINDOW) * (width - left);
+    const x = (t) => left + ((t - (end - span)) / span) * (width - left);
     const y = (v) => height - bottom - (v / scale) * (height - bottom - top);
     if (axes) {
       ctx.font = "11px system-ui, sans-serif";
@@ -275,9 +283,10 @@
         ctx.stroke();
         ctx.fillText(rate(v) + "/s", 2, y(v) + 4);
       }
-      for (let m = 5; m >= 0; m--) {
-        const label = m ? `-${m}m` : "now";
-        ctx.fillText(label, Math.min(x(end - m * 60), width - 24), height - 4);
+      const step = span <= 90 ? 15 : span <= 180 ? 30 : 60;
+      for (let back = Math.floor(span / step) * step; back >= 0; back -= step) {
+        const label = back === 0 ? "now" : back % 60 ? `-${back}s` : `-${back / 60}m`;
+        ctx.fillText(label, Math.min(x(end - back), width - 24), height - 4);
       }
       let lx = left + 4;
       for (const name of Object.keys(series)) {
@@ -312,7 +321,9 @@
     for (const entry of top.keys) {
       const key = el("td", entry.key === "" ? "(one counter for all)" : entry.key, "key");
       const count = entry.error ? `${entry.denied} (±${entry.error})` : entry.denied;
-      body.append(row([entry.rule, key, num(count)]));
+      const rule = (state.rules?.rules ?? []).find((r) => r.name === entry.rule);
+      const name = rule && rule.action === "log_only" ? `${entry.rule} (shadow)` : entry.rule;
+      body.append(row([name, key, num(count)]));
     }
     const span = duration(top.window);
     $("top-note").textContent = top.keys.length
@@ -503,6 +514,12 @@
     });
     $("override-form").addEventListener("submit", setOverride);
     window.addEventListener("resize", () => state.snap && render());
+    window.addEventListener("hashchange", () => {
+      // a token pasted into the address (#token=...) on a page already open
+      if (!location.hash.startsWith("#token=")) return;
+      state.token = readToken();
+      connect();
+    });
     connect();
   });
 })();
