@@ -27,7 +27,7 @@ def test_check_config_prints_the_compiled_rules(capsys: pytest.CaptureFixture[st
     assert "fail_closed" in login
     assert "@body_size" in out
     assert "delay <=5s" in out
-    assert lines[-1] == f"{EXAMPLE}: 11 rules, 12 limits, 0 warning(s)"
+    assert lines[-1] == f"{EXAMPLE}: 14 rules, 15 limits, 0 warning(s)"
     assert err == ""
 
 
@@ -130,7 +130,7 @@ def test_check_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert err == ""
     report = json.loads(out)
     assert (report["file"], report["format"], report["loaded"]) == (EXAMPLE, "rules", True)
-    assert (len(report["rules"]), report["limits"], report["warnings"]) == (11, 12, [])
+    assert (len(report["rules"]), report["limits"], report["warnings"]) == (14, 15, [])
     login = next(rule for rule in report["rules"] if rule["name"] == "login-per-ip")
     assert login["rates"] == ["5/minute", "20/hour"]
     assert (login["where"], login["on_failure"], login["by"]) == (
