@@ -261,7 +261,9 @@ def test_the_page_and_its_files_are_served_without_a_token_under_a_strict_policy
             assert "https://" not in script  # no CDN, nothing from elsewhere
             refused = await client.get("/v1/events")
             assert refused.status_code == 401
-            assert (await client.post("/v1/events")).status_code == 405
+            wrong_method = await client.post("/v1/events")
+            assert wrong_method.status_code == 405
+            assert wrong_method.headers["allow"] == "GET"
 
     asyncio.run(main())
 
