@@ -460,10 +460,18 @@ def test_openapi_lists_every_route(rules_file: Path) -> None:
             document = (await client.get("/openapi.json")).json()
         assert set(document["paths"]) == {
             "/v1/check", "/v1/check/batch", "/v1/rules", "/v1/reload", "/v1/keys/{key}",
-            "/v1/quotas", "/v1/quotas/{name}",
-            "/auth", "/healthz", "/readyz", "/metrics", "/openapi.json",
+            "/v1/quotas", "/v1/quotas/{name}", "/v1/overrides", "/v1/overrides/{rule}",
+            "/v1/events", "/auth", "/healthz", "/readyz", "/metrics", "/openapi.json", "/",
         }  # fmt: skip
         json.dumps(document)
+        # and every API route the app has, with its method, so none goes undocumented
+        app = make_app(rules_file)
+        paths = document["paths"]
+        for method, path in app._routes:
+            if path.startswith("/v1/"):
+                assert method.lower() in paths[path], (method, path)
+        for prefix, method, *_ in app._prefixed:
+            assert any(p.startswith(prefix) and method.lower() in paths[p] for p in paths), prefix
 
     run(main())
 

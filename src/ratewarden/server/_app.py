@@ -21,6 +21,8 @@ Routes (``openapi()`` documents the same, from the same msgspec types):
     GET    /healthz /readyz   alive / the store answers
     GET    /metrics           Prometheus
     GET    /openapi.json      this API
+    GET    /                  the live dashboard's page (public: it holds no data)
+    GET    /v1/events         the dashboard's Server-Sent Events stream
 
 Bad input is a 4xx with ``{"error": ...}``; the body size is limited. A body
 is strict JSON: UTF-8, and no name twice in one object (a proxy or a firewall
@@ -44,6 +46,7 @@ from . import _overrideapi as overrideapi
 from ._authattrs import AUTH_METHODS, auth_attributes
 from ._body import HTTPError, least_members, parse, refuse_duplicates, tail
 from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
+from ._dashboard import Dashboard
 from ._metrics import CONTENT_TYPE_LATEST
 from ._openapi import openapi
 from ._quotas import MAX_LISTED, summary
@@ -94,6 +97,7 @@ class App:
         ).encode()
         observe = service.metrics.observe
         self._observe = observe
+        self.dashboard = Dashboard(service)
         # (method, path) -> (handler, endpoint name for metrics, who may call it)
         self._routes: dict[tuple[str, str], tuple[_Handler, str, str]] = {
             ("POST", "/v1/check"): (self._check, "check", "check"),
@@ -105,6 +109,7 @@ class App:
             ("GET", "/readyz"): (self._ready, "readyz", "public"),
             ("GET", "/metrics"): (self._metrics, "metrics", "check"),
             ("GET", "/openapi.json"): (self._openapi_doc, "openapi", "check"),
+            **{("GET", path): (self._asset, "dashboard", "public") for path in Dashboard.ASSETS},
             ("GET", "/v1/overrides"): (self._overrides, "overrides", "check"),
         }
         # paths under a prefix: (prefix, method, handler, endpoint name, who)
@@ -114,10 +119,11 @@ class App:
             ("/v1/overrides/", "PUT", self._set_override, "override", "admin"),
             ("/v1/overrides/", "DELETE", self._clear_override, "override", "admin"),
         )
-        self._paths = {path for _, path in self._routes} | {"/auth"}
+        self._paths = {path for _, path in self._routes} | {"/auth", "/v1/events"}
         self._allowed = {
             path: ", ".join(sorted(m for m, p in self._routes if p == path)) for path in self._paths
         }
+        self._allowed["/v1/events"] = "GET"  # a stream, answered outside the routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -140,6 +146,11 @@ class App:
                                      [(b"allow", ", ".join(AUTH_METHODS).encode())])  # fmt: skip
                 self._authorize(scope, "check")
                 status, headers, body = await self._auth(scope, receive)
+            elif path == "/v1/events" and method == "GET":
+                endpoint = "events"
+                self._authorize(scope, "check")
+                await self.dashboard.stream(scope, receive, send)  # HTTPError before it starts
+                return  # a stream's length is no latency
             else:
                 route = self._routes.get((method, path))
                 if route is None:
@@ -319,6 +330,9 @@ class App:
         quotas = await self.service.quota_gauges()
         body = self.service.metrics.exposition(quotas)
         return 200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], body
+
+    async def _asset(self, scope: Scope, receive: Receive) -> _Answer:
+        return self.dashboard.asset(scope["path"])
 
     async def _openapi_doc(self, scope: Scope, receive: Receive) -> _Answer:
         return 200, _JSON, self._openapi

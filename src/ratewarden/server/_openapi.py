@@ -9,6 +9,7 @@ import msgspec
 
 from ._authattrs import AUTH_METHODS
 from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
+from ._overrideapi import openapi_paths as override_paths
 from ._quotas import Quota, QuotaList
 
 __all__ = ["openapi"]
@@ -212,15 +213,47 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
                     "responses": {"200": answer("This document", obj), **errs(401)},
                 }
             },
+            "/": {
+                "get": {
+                    "operationId": "dashboard",
+                    "summary": "The live dashboard's page; it holds no data, so needs no token",
+                    "security": [],
+                    "responses": {
+                        "200": {
+                            "description": "The page",
+                            "content": {"text/html": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+            "/v1/events": {
+                "get": {
+                    "operationId": "events",
+                    "summary": "The dashboard's feed: a 'snapshot' event a second, until the "
+                    "client goes or the service drains",
+                    "responses": {
+                        "200": {
+                            "description": "Server-Sent Events; each data line is a JSON snapshot",
+                            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        },
+                        **errs(401),
+                        "503": {"description": "Draining, or too many streams open", **errors},
+                    },
+                }
+            },
         },
     }
+    paths, schemas = override_paths(problem)
+    document["paths"].update(paths)
+    document["components"]["schemas"].update(schemas)
     if not secured:
         del document["security"]
         for operation in _operations(document):
             operation.pop("security", None)
     elif open_checks:
         for path in ("/v1/check", "/v1/check/batch", "/v1/rules", "/v1/quotas",
-                     "/v1/quotas/{name}", "/auth", "/metrics", "/openapi.json"):  # fmt: skip
+                     "/v1/quotas/{name}", "/auth", "/metrics", "/openapi.json",
+                     "/v1/events", "/v1/overrides"):  # fmt: skip
             for operation in document["paths"][path].values():
                 operation["security"] = []
     return document

@@ -37,6 +37,7 @@ from ._core import (
     rule_statuses,
     whole_cost,
 )
+from ._dashstats import DashboardStats
 from ._envoyenv import EnvoyOptions
 from ._metrics import Metrics
 from ._quotas import MAX_SCRAPED
@@ -108,6 +109,7 @@ class Service:
         self.domain = domain
         self.metrics = Metrics(quota_members=quota_member_metrics, envoy=self.envoy_stats)
         self.metrics.rules.set(len(self.engine.ruleset))
+        self.dashboard = DashboardStats.for_metrics(self.metrics)
         self.draining = False
         self.quotas: QuotaReader | None = None
         client = getattr(store, "client", None)  # a Redis store's (the memory store has none)
@@ -224,6 +226,10 @@ class Service:
         shadow = answer.shadow
         shadow_denied = shadow.rule if shadow is not None and not shadow.allowed else None
         self.metrics.count(rules, decision, denied, closest, shadow_denied)
+        if rules:
+            self.dashboard.requests += 1
+            if denied is not None or shadow_denied is not None:
+                self.dashboard.limited_envoy(answer, denied, shadow_denied)
         return envoy_result(answer), answer
 
     def _count(self, outcome: Outcome) -> None:
@@ -245,6 +251,9 @@ class Service:
             rule = by_limit.get(shadow.rule)
             shadow_denied = shadow.rule if rule is None else rule.name
         self.metrics.count(rules, decision, denied, closest, shadow_denied)
+        self.dashboard.requests += 1
+        if denied is not None or shadow_denied is not None:
+            self.dashboard.limited(outcome, denied, shadow_denied)
 
     # -- admin ----------------------------------------------------------------
 
@@ -262,6 +271,7 @@ class Service:
         except ConfigurationError as exc:
             engine.last_error = exc
             self.metrics.reloads.labels("failed").inc()
+            self.dashboard.reload_done(str(exc))
             raise
         engine.use(ruleset)
         engine.last_error = None
@@ -270,6 +280,7 @@ class Service:
         if envoy is not None:
             self.envoy = envoy  # the same limiter names and keys: counters carry on
         self.metrics.reloads.labels("ok").inc()
+        self.dashboard.reload_done(None)
         self.metrics.rules.set(len(ruleset))
         log.info("rules reloaded: %d rules", len(ruleset))
         return {"reloaded": True, "rules": len(ruleset), "warnings": list(ruleset.warnings)}
