@@ -272,3 +272,17 @@ def test_priority_from_goes_with_delay_and_names_values() -> None:
         2, 1, 0, -1,
     ]  # fmt: skip
     assert ranks.priority_of({}) == -1
+
+
+def test_the_level_follows_the_limit_in_force() -> None:
+    """The level starts where the limiter in force says (its ceiling over full_at),
+    so a limit changed at runtime moves it; 1.1 x 100 is a ceiling of 110."""
+    rules = loads("rules: [{name: d, rate: 100/minute, algorithm: fixed_window,"
+                  " action: degrade, degrade: {full_at: 1.1}}]")  # fmt: skip
+    assert str(rules.by_name["d"].limits[0].rate) == "110/minute"
+    engine = RuleEngine(rules, MemoryStore(clock=FakeClock(START)))
+    levels = [engine.check({}).degrade for _ in range(111)]
+    assert levels[99] == 0.0
+    assert levels[100] == 0.1
+    assert levels[109] == 1.0
+    assert levels[110] == 1.0  # beyond the ceiling: still served, fully degraded

@@ -36,7 +36,7 @@ from .._decision import Decision
 from .._limiter import ahit_many, ahit_tiers, hit_many, hit_tiers
 from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
-from ._compile import Applicable, CompiledRule, RuleSet
+from ._compile import Applicable, CompiledRule, RuleSet, ceiling_start
 
 if TYPE_CHECKING:
     from ._engine import Outcome
@@ -144,22 +144,23 @@ def queue_wait(queued: Decision, tiers: list[Tier]) -> float:
 
 def degrade_level(degraded: Decision, ruleset: RuleSet) -> tuple[float, CompiledRule | None]:
     """How much to degrade (0: not at all, up to 1) by the degrade tiers' Decision,
-    and the rule that says so."""
+    and the rule that says so. The limit in force counts up to ``full_at`` times
+    the rule's own limit, so that limit is read back from the ceiling the
+    Decision reports: the level follows a limit changed at runtime (an override)."""
     rule = ruleset.by_limit_name.get(degraded.rule or "")
     if not degraded.allowed:
         return 1.0, rule
-    if rule is None:
-        return 0.0, None
-    start = None
-    for spec in rule.limits:
-        if spec.name == degraded.rule:
-            start = spec.degrade_from
-    if start is None or degraded.degraded:  # over the plain limit is a denial; or no counts
+    if rule is None or rule.rule.degrade is None or degraded.degraded:
         return 0.0, rule
-    used = degraded.limit - degraded.remaining
-    if used <= start:
+    full_at = rule.rule.degrade.full_at
+    if full_at is None:  # over the plain limit is a denial
         return 0.0, rule
-    return min(1.0, (used - start) / (degraded.limit - start)), rule
+    ceiling = degraded.limit
+    start = ceiling_start(ceiling, full_at)
+    used = ceiling - degraded.remaining
+    if used <= start or ceiling <= start:
+        return 0.0, rule
+    return min(1.0, (used - start) / (ceiling - start)), rule
 
 
 def level_header(rule: CompiledRule, level: float) -> tuple[str, str] | None:

@@ -227,6 +227,17 @@ class CompiledRule:
         return f"<CompiledRule {self.name!r} group={self.group!r} rank={self.rank}>"
 
 
+def ceiling_of(limit: int, full_at: float) -> int:
+    """What a degrade rule's limiter counts up to: ``full_at`` times its limit,
+    rounded up (1.1 x 100 is 110, not the 111 a float would make of it)."""
+    return max(limit + 1, math.ceil(round(limit * full_at, 6)))
+
+
+def ceiling_start(ceiling: int, full_at: float) -> int:
+    """The limit whose `ceiling_of` is ``ceiling``: where degrading starts."""
+    return math.floor(round(ceiling / full_at, 6))
+
+
 def _spec(rule: Rule, plain: LimitSpec) -> LimitSpec:
     """One rate of a rule as its limiter counts it (``plain``: as most rules do).
     A queue is a leaky bucket one request deep plus the line that may wait (no
@@ -240,7 +251,7 @@ def _spec(rule: Rule, plain: LimitSpec) -> LimitSpec:
     full_at = None if rule.degrade is None else rule.degrade.full_at
     if full_at is not None:
         rate = plain.rate
-        ceiling = Rate(max(rate.limit + 1, math.ceil(rate.limit * full_at)), rate.period)
+        ceiling = Rate(ceiling_of(rate.limit, full_at), rate.period)
         return dataclasses.replace(plain, rate=ceiling, degrade_from=rate.limit)
     return plain
 
