@@ -72,7 +72,7 @@ def test_workers_with_the_memory_store_are_refused_loudly(rules_file: Path) -> N
         [str(RATEWARDEN), "serve", "--config", str(rules_file), "--workers", "2"],
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
-    assert done.returncode == 1
+    assert done.returncode == 2  # the CLI's exit code for what it was told to do
     assert "--workers 2 with the memory store" in done.stderr
     assert "2 times the rate" in done.stderr
 
@@ -97,7 +97,7 @@ def test_bad_options_are_errors_not_tracebacks(rules_file: Path, tmp_path: Path)
             [str(RATEWARDEN), "serve", "--config", str(rules_file), *args],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
-        assert done.returncode == 1, (args, done.stderr)
+        assert done.returncode == 2, (args, done.stderr)
         assert words in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
 
@@ -175,7 +175,7 @@ def test_a_second_server_on_a_taken_grpc_port_fails(rules_file: Path, tmp_path: 
              "--grpc", f"127.0.0.1:{served.grpc}"],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
-        assert done.returncode == 1, done.stderr
+        assert done.returncode == 2, done.stderr
         assert f"gRPC cannot listen on 127.0.0.1:{served.grpc}: Address already in use" in (
             done.stderr
         )
@@ -302,7 +302,7 @@ def test_the_connection_cap_fits_the_open_file_limit(rules_file: Path, tmp_path:
     assert "--max-connections lowered from 10000 to 384 a listener" in stderr
     done = subprocess.run(under(200, 200), capture_output=True, text=True, timeout=30,
                           check=False)  # fmt: skip
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "the process may open only 200 files (ulimit -n): too few to serve" in done.stderr
     assert "Traceback" not in done.stderr
 
