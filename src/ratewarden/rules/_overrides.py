@@ -17,6 +17,7 @@ when the override ends the rule's own counters, kept all along, are used again.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -24,7 +25,7 @@ import msgspec
 
 from .._errors import ConfigurationError
 from .._rate import Rate, parse_rate
-from ._compile import CompiledRule, LimitSpec, RuleSet
+from ._compile import CompiledRule, LimitSpec, RuleSet, _spec
 
 __all__ = [
     "MAX_DURATION",
@@ -46,6 +47,12 @@ AUDIT_KEPT = 1000  # entries of the audit trail kept, newest first
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+# Characters that make one line of text look like another in a table, a log or
+# a terminal: C0 and C1 controls (ESC, CSI), DEL, line and paragraph separators,
+# the bidirectional controls (U+202E turns "ecila" into "alice") and the BOM.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+                  "\u2066\u2067\u2068\u2069\ufeff")  # fmt: skip
+_UNPRINTABLE = frozenset(("Cc", "Zl", "Zp", "Cs", "Co", "Cn"))
 
 
 class UnknownRule(ConfigurationError):
@@ -157,9 +164,35 @@ def check_text(name: str, value: object, most: int, *, required: bool) -> str:
         raise ConfigurationError(f"{name} is required: say why, for the audit trail")
     if len(text) > most:
         raise ConfigurationError(f"{name} is longer than {most} characters")
-    if any(ord(c) < 32 for c in text):
+    if not text.isprintable() and any(_unprintable(c) for c in text):
         raise ConfigurationError(f"{name} must be one line of printable text")
     return text
+
+
+def _unprintable(char: str) -> bool:
+    return char in _BIDI or unicodedata.category(char) in _UNPRINTABLE
+
+
+def _rate(text: str) -> Rate:
+    """`parse_rate` for text from a client or another process: its digits must
+    be ASCII (a superscript two passes ``isdigit`` and fails ``int``; Arabic-Indic
+    digits would be read as ASCII ones)."""
+    if not text.isascii():
+        raise ConfigurationError(f"bad rate {text!r}: write it in ASCII, such as '500/minute'")
+    try:
+        return parse_rate(text)
+    except ValueError as exc:  # ConfigurationError is one too; anything else the parser missed
+        if isinstance(exc, ConfigurationError):
+            raise
+        raise ConfigurationError(f"bad rate {text!r}: {exc}") from None
+
+
+def file_rate(spec: LimitSpec) -> Rate:
+    """The rate the rule file gives for ``spec``: a degrade rule with ``full_at``
+    counts up to a ceiling above it, and shows (and is overridden by) its own."""
+    if spec.degrade_from is None:
+        return spec.rate
+    return Rate(spec.degrade_from, spec.rate.period)
 
 
 def check_override(
@@ -181,9 +214,9 @@ def check_override(
     for text in limits:
         if not isinstance(text, str):
             raise ConfigurationError(f"a rate is text such as '500/minute', got {text!r}")
-        rates.append(parse_rate(text))
+        rates.append(_rate(text))
     _tiers(rule, rates)  # raises when they do not fit the rule
-    return tuple(str(r) for r in rates), tuple(str(s.rate) for s in rule.limits)
+    return tuple(str(r) for r in rates), tuple(str(file_rate(s)) for s in rule.limits)
 
 
 def _tiers(rule: CompiledRule, rates: Sequence[Rate]) -> dict[int, Rate]:
@@ -192,7 +225,7 @@ def _tiers(rule: CompiledRule, rates: Sequence[Rate]) -> dict[int, Rate]:
     if len(specs) == 1:
         if len(rates) != 1:
             raise ConfigurationError(
-                f"rule {rule.name!r} has one rate ({specs[0].rate}):"
+                f"rule {rule.name!r} has one rate ({file_rate(specs[0])}):"
                 f" give one rate, not {len(rates)}"
             )
         return {0: rates[0]}
@@ -201,13 +234,13 @@ def _tiers(rule: CompiledRule, rates: Sequence[Rate]) -> dict[int, Rate]:
     for rate in rates:
         tier = by_window.get(rate.period_ns)
         if tier is None:
-            have = ", ".join(str(s.rate) for s in specs)
+            have = ", ".join(str(file_rate(s)) for s in specs)
             raise ConfigurationError(
                 f"rule {rule.name!r} has rates {have}: {rate} has none of their windows"
                 " (an override replaces the rate with the same window)"
             )
         if tier in out:
-            raise ConfigurationError(f"two rates given for the window of {specs[tier].rate}")
+            raise ConfigurationError(f"two rates given for the window of {file_rate(specs[tier])}")
         out[tier] = rate
     return out
 
@@ -226,7 +259,7 @@ def substitutions(
             problems.append(f"override of {name!r} ignored: no rule of that name here")
             continue
         try:
-            tiers = _tiers(rule, [parse_rate(text) for text in record.limits])
+            tiers = _tiers(rule, [_rate(text) for text in record.limits])
         except ConfigurationError as exc:
             problems.append(f"override of {name!r} ignored: {exc}")
             continue
@@ -234,5 +267,9 @@ def substitutions(
             spec = rule.limits[tier]
             # The name stays the rule's, so Decisions name the rule; the rate
             # differs, so the counters are the override's own (see Limiter).
-            out[rule.slots[tier]] = replace(spec, rate=rate)
+            # What the rate shapes is worked out again from the rule, as the
+            # compiler does: a queue's line (no longer than max_wait at the new
+            # rate), a degrade rule's ceiling and the level's start.
+            plain = replace(spec, rate=rate, burst=rule.rule.burst, degrade_from=None)
+            out[rule.slots[tier]] = _spec(rule.rule, plain)
     return out, problems
