@@ -16,6 +16,7 @@ get Redis's clock with the records and turn "expires at" into "expires in".
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from .._errors import ConfigurationError, StoreUnavailable
 from ._overrides import AUDIT_KEPT, OverrideRecord, StoredChange
 
 __all__ = ["AsyncRedisOverrides", "LocalOverrides", "RedisOverrides", "Snapshot"]
+
+log = logging.getLogger("ratewarden.rules")
 
 # (Redis's or this process's clock in ms, the records in force by rule)
 Snapshot = tuple[int, dict[str, OverrideRecord]]
@@ -42,13 +45,21 @@ _encode = msgspec.json.Encoder().encode
 _CHANGE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- an override in force: ours (a record's fields, of their types) and not ended;
+-- anything else in the hash (not JSON, another program's) is no override
 local function live(text)
   if not text then return nil end
-  local ends = tonumber(string.match(text, '"expires_at":(%d+)'))
-  if ends and ends > now then return text end
+  local ok, r = pcall(cjson.decode, text)
+  if not ok or type(r) ~= 'table' or type(r.expires_at) ~= 'number' or
+     type(r.set_at) ~= 'number' or type(r.rule) ~= 'string' or
+     type(r.limits) ~= 'table' or type(r.file_limits) ~= 'table' or
+     type(r.reason) ~= 'string' or type(r.by) ~= 'string' then
+    return nil
+  end
+  if r.expires_at > now then return text end
   return nil
 end
--- forget what has expired (one entry per rule at most: a short walk)
+-- forget what has expired, and what is not ours (one entry per rule: a short walk)
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   if not live(all[i + 1]) then redis.call('HDEL', KEYS[1], all[i]) end
@@ -91,24 +102,48 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _record(rule: object, value: bytes | str) -> OverrideRecord | None:
+    """A stored record, or None (and a warning) for a value that is not one:
+    one bad value must not stop the others, nor a change (the next change drops it)."""
+    try:
+        return _decode_record(value)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        _warn_once(f"overrides: the value for {rule!r} is not an override, ignored: {exc}")
+        return None
+
+
 def _snapshot(reply: list[Any]) -> Snapshot:
     now = int(reply[0])
     active: dict[str, OverrideRecord] = {}
     for i in range(1, len(reply) - 1, 2):
         try:
-            record = _decode_record(reply[i + 1])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue  # not ours: nothing else writes there, and one bad field must not stop all
-        if record.expires_at > now:
-            active[_text(reply[i])] = record
+            rule = _text(reply[i])
+        except UnicodeDecodeError:
+            _warn_once(f"overrides: a rule name that is not UTF-8, ignored: {reply[i]!r}")
+            continue
+        record = _record(rule, reply[i + 1])
+        if record is not None and record.expires_at > now:
+            active[rule] = record
     return now, active
 
 
 def _changed(reply: list[Any]) -> tuple[int, OverrideRecord | None, OverrideRecord | None]:
     now = int(reply[0])
-    record = _decode_record(reply[1]) if reply[1] else None
-    previous = _decode_record(reply[2]) if reply[2] else None
+    record = _decode_record(reply[1]) if reply[1] else None  # the script's own: it decodes
+    previous = _record("previous", reply[2]) if reply[2] else None
     return now, record, previous
+
+
+_warned: dict[str, None] = {}  # what was said, so that a read every 2 s does not repeat it
+
+
+def _warn_once(message: str) -> None:
+    if message in _warned:
+        return
+    if len(_warned) >= 100:  # bounded whatever the hash holds
+        _warned.pop(next(iter(_warned)))
+    _warned[message] = None
+    log.warning("%s", message)
 
 
 class _Keys:
@@ -268,6 +303,6 @@ def _changes(raw: list[Any]) -> list[StoredChange]:
     for item in raw:
         try:
             out.append(_decode_change(item))
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+            _warn_once(f"overrides: an audit entry that is not one, left out: {exc}")
     return out
