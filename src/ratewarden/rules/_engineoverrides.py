@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +66,7 @@ class _Base:
                 self._view.add(now, stored)
             else:
                 self._view.remove(rule)
+            self._view.changed(now)  # a read begun before this must not undo it
             self._install(self.ruleset)
 
 
@@ -160,7 +162,7 @@ class AsyncOverridable(_Base):
         self._follow_pending = False
         source = self.overrides_source
         self._follower = asyncio.get_running_loop().create_task(
-            follow_async(self, source),  # type: ignore[arg-type]
+            follow_async(weakref.ref(self), source),  # type: ignore[arg-type]
             name="ratewarden-overrides",
         )
 

@@ -26,6 +26,7 @@ from ._overrides import (
     OverrideRecord,
     check_override,
     check_text,
+    file_rate,
     parse_duration,
     substitutions,
 )
@@ -42,6 +43,8 @@ L = TypeVar("L")
 SUBSCRIBED_POLL = 2.0  # seconds between reads while the channel is heard
 UNSUBSCRIBED_POLL = 0.5  # without the channel, reads alone keep "within a second"
 MIN_GAP = 0.05  # between two reads, so that a flood of messages costs few reads
+DRAINED = 100  # messages taken at most before the next read, whatever the channel does
+STALE_READ = 5.0  # seconds a read may have been in flight (longer than any timeout)
 
 
 def new_record(  # noqa: PLR0917 - the engine's keyword arguments, passed on
@@ -60,7 +63,7 @@ def clear_record(ruleset: RuleSet, rule: object, reason: object, by: object) -> 
     if not isinstance(rule, str) or not rule:
         raise ConfigurationError("name the rule whose override ends")
     known = ruleset.by_name.get(rule)
-    file_rates = () if known is None else tuple(str(s.rate) for s in known.limits)
+    file_rates = () if known is None else tuple(str(file_rate(s)) for s in known.limits)
     why = check_text("reason", reason, MAX_REASON, required=False)
     who = check_text("by", by, MAX_BY, required=False)
     return OverrideRecord(rule, (), file_rates, why, who)
@@ -75,36 +78,54 @@ class OverrideView:
         self.deadlines: dict[str, int] = {}  # rule -> clock.time_ns() when it ends
         self.next_expiry: int | None = None  # the earliest deadline; None: nothing to expire
         self.problems: tuple[str, ...] = ()
-        self.lock = threading.Lock()  # one change of the view at a time
+        # (source ms, local ns) of the last change made here, while reads may predate it
+        self._changed: tuple[int, int] | None = None
 
     def take(self, snapshot: Snapshot) -> bool:
         """Put ``snapshot`` (the source's clock and its records) in force; True
-        if that changes anything."""
+        if that changes anything. A read that began before a change this engine
+        made (the follower's, landing just after `changed`) is older than what
+        is in force and is ignored: it would undo the change until the next read."""
         source_now, records = snapshot
+        mark = self._changed
+        if mark is not None:
+            changed_at, local_at = mark
+            if self.clock.time_ns() - local_at > STALE_READ * 1_000_000_000:
+                self._changed = None  # a read in flight is long over: trust them all
+            elif source_now <= changed_at:
+                return False
+        return self._put(source_now, records)
+
+    def _put(self, source_now: int, records: dict[str, OverrideRecord]) -> bool:
         local_now = self.clock.time_ns()
         deadlines = {
             rule: local_now + (record.expires_at - source_now) * 1_000_000
             for rule, record in records.items()
         }
-        if records == self.records:
-            self.deadlines = deadlines  # the same overrides: only refresh the clocks' offset
-            return False
-        self.records = dict(records)
+        # the same overrides: only the clocks' offset moves, and the next expiry with it
+        changed = records != self.records
+        if changed:
+            self.records = dict(records)
         self.deadlines = deadlines
         self.next_expiry = min(deadlines.values(), default=None)
-        return True
+        return changed
 
     def add(self, snapshot_now: int, record: OverrideRecord) -> None:
         records = dict(self.records)
         records[record.rule] = record
-        self.take((snapshot_now, records))
+        self._put(snapshot_now, records)
 
     def remove(self, rule: str) -> None:
         if rule in self.records:
             records = {k: v for k, v in self.records.items() if k != rule}
             deadlines = {k: v for k, v in self.deadlines.items() if k != rule}
             self.records, self.deadlines = records, deadlines
-            self.next_expiry = min(deadlines.values(), default=None)
+        self.next_expiry = min(self.deadlines.values(), default=None)
+
+    def changed(self, source_now: int) -> None:
+        """This engine changed the source at ``source_now`` (its clock) and put
+        the change in force: reads that began before it are stale (see `take`)."""
+        self._changed = (source_now, self.clock.time_ns())
 
     def expire(self) -> bool:
         """Drop what has expired by now; True if something was."""
@@ -112,6 +133,8 @@ class OverrideView:
         gone = [rule for rule, deadline in self.deadlines.items() if deadline <= now]
         for rule in gone:
             self.remove(rule)
+        # also when nothing went: a read moved the deadlines since the next expiry was set
+        self.next_expiry = min(self.deadlines.values(), default=None)
         return bool(gone)
 
     def limiters(
@@ -146,6 +169,17 @@ class OverrideView:
 # -- following a shared store -----------------------------------------------------
 
 
+def _deliver(ref: weakref.ref[Any], snapshot: Snapshot) -> bool:
+    """Put ``snapshot`` in force in the engine, if it is still there. The engine
+    is taken from its weak reference only now, after the read: held across the
+    read, a dropped engine would live as long as the read takes."""
+    engine = ref()
+    if engine is None:
+        return False
+    engine._take_overrides(snapshot)
+    return True
+
+
 class Follower:
     """A daemon thread that keeps an engine up to date with a shared source
     until `stop` or until the engine is gone (it holds the engine weakly)."""
@@ -176,24 +210,27 @@ class Follower:
             if self._pubsub is None:
                 with suppress(Exception):
                     self._pubsub = source.subscribe()  # before reading: no change falls between
-            target = self._ref()
-            if target is None:
+            if self._ref() is None:
                 break
             try:
-                target._take_overrides(source.read())
+                if not _deliver(self._ref, source.read()):
+                    break
             except StoreUnavailable as exc:
                 log.debug("overrides not read: %s", exc)
             except Exception:  # never let the thread die: overrides would freeze
                 log.exception("overrides not read")
-            del target
             last_read = time.monotonic()
             pubsub = self._pubsub
             try:
                 if pubsub is not None:
                     get = pubsub.get_message
                     message = get(ignore_subscribe_messages=True, timeout=SUBSCRIBED_POLL)
-                    while message is not None:  # a burst of changes: one read after it
+                    # a burst of changes: one read after it; a flood: a read every
+                    # DRAINED messages, or the overrides would freeze while it lasts
+                    drained = 0
+                    while message is not None and drained < DRAINED:
                         message = get(ignore_subscribe_messages=True, timeout=0.0)
+                        drained += 1
             except Exception as exc:  # a lost subscription: the next turn subscribes again
                 log.debug("overrides channel lost: %s", exc)
                 if pubsub is not None:
@@ -208,9 +245,11 @@ class Follower:
                 pubsub.close()
 
 
-async def follow_async(engine: AsyncRuleEngine, source: Any) -> None:
-    """The asyncio twin of `follow_sync`: run as a task, cancelled to stop."""
-    ref = weakref.ref(engine)
+async def follow_async(ref: weakref.ref[AsyncRuleEngine], source: Any) -> None:
+    """The asyncio twin of `Follower`: run as a task, cancelled to stop. It
+    holds the engine weakly, as the thread does, and ends once the engine is
+    gone (the engine itself as an argument would live as long as the task's
+    frame, which the loop keeps: engine and task would never go)."""
     pubsub = None
     last_read = -MIN_GAP
     try:
@@ -219,23 +258,24 @@ async def follow_async(engine: AsyncRuleEngine, source: Any) -> None:
             if pubsub is None:
                 with suppress(Exception):
                     pubsub = await source.subscribe()
-            target = ref()
-            if target is None:
+            if ref() is None:
                 return
             try:
-                target._take_overrides(await source.read())
+                if not _deliver(ref, await source.read()):
+                    return
             except StoreUnavailable as exc:
                 log.debug("overrides not read: %s", exc)
             except Exception:
                 log.exception("overrides not read")
-            del target
             last_read = time.monotonic()
             try:
                 if pubsub is not None:
                     get = pubsub.get_message
                     message = await get(ignore_subscribe_messages=True, timeout=SUBSCRIBED_POLL)
-                    while message is not None:
+                    drained = 0
+                    while message is not None and drained < DRAINED:
                         message = await get(ignore_subscribe_messages=True, timeout=0.0)
+                        drained += 1
             except Exception as exc:  # CancelledError is no Exception: it ends the task
                 log.debug("overrides channel lost: %s", exc)
                 if pubsub is not None:
