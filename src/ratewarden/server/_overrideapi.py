@@ -17,7 +17,7 @@ from urllib.parse import parse_qs
 import msgspec
 
 from .._errors import ConfigurationError
-from ..rules._overrides import AuditEntry, RuntimeOverride, UnknownRule
+from ..rules._overrides import MAX_BY, AuditEntry, RuntimeOverride, UnknownRule, check_text
 from ._body import HTTPError, parse, scan_duplicates, tail
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["OverrideList", "OverrideRequest", "clear_override", "list_overrides", "set_override"]
 
 PREFIX = b"/v1/overrides/"
+MAX_CLAIMED = MAX_BY - 80  # room for " (from <an IPv6 address>)" in the audit's ``by``
 
 
 class OverrideRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -59,12 +60,18 @@ _decode = msgspec.json.Decoder(OverrideRequest).decode
 _encode = msgspec.json.Encoder().encode
 
 
-def _who(scope: dict[str, Any] | Any, claimed: str) -> str:
+def _who(scope: dict[str, Any] | Any, claimed: object) -> str:
     """Who made a change, as the audit trail says: the name the caller gives
-    (unchecked: the token says the caller may, not who it is) and its address."""
+    (unverified: the token says the caller may, not who it is) and its address.
+    The name is checked as given, so that a refusal counts the caller's
+    characters, not the address added after them."""
+    try:
+        name = check_text("by", claimed, MAX_CLAIMED, required=False)
+    except ConfigurationError as exc:
+        raise HTTPError(422, str(exc)) from None
     client = scope.get("client")
-    peer = "?" if not client else str(client[0])
-    return f"{claimed} (from {peer})" if claimed else f"api (from {peer})"
+    peer = "?" if not client else str(client[0])[:64]
+    return f"{name or 'api'} (from {peer})"
 
 
 def _rule(scope: Any) -> str:
@@ -88,7 +95,7 @@ async def set_override(service: Service, scope: Any, body: bytes) -> bytes:
     try:
         override = await service.engine.aset_override(
             rule, request.limits, duration=request.duration, reason=request.reason,
-            by=_who(scope, request.by.strip()),
+            by=_who(scope, request.by),
         )  # fmt: skip
     except UnknownRule as exc:
         raise HTTPError(404, str(exc)) from None
