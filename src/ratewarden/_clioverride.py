@@ -16,7 +16,7 @@ import time
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from ._clicommon import OK, USAGE, CliError, examples, print_json, table
+from ._clicommon import OK, UNREACHABLE, USAGE, CliError, examples, print_json, table
 from ._cliservice import add_service_arguments, client_from
 
 __all__ = ["add_parser", "run"]
@@ -122,8 +122,14 @@ def run(args: argparse.Namespace) -> int:
     answer = _direct(args) if args.store is not None else _through_service(args)
     if args.json:
         print_json(answer)
-    else:
-        print(_text(verb, answer, getattr(args, "audit", 0)))
+        return OK
+    try:
+        text = _text(verb, answer, getattr(args, "audit", 0))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        where = "the store" if args.store is not None else "the service"
+        message = f"{where} answered what this command cannot read ({type(exc).__name__}: {exc})"
+        raise CliError(_cell(message), UNREACHABLE) from None
+    print(text)
     return OK
 
 
@@ -147,7 +153,8 @@ def _through_service(args: argparse.Namespace) -> Any:
         query = urlencode({"reason": args.reason, "by": _by(args)})
         return client.request("DELETE", f"/v1/overrides/{quote(args.rule, safe='')}?{query}")
     listed = client.request("GET", "/v1/overrides")
-    listed["audit"] = listed.get("audit", [])[: args.audit]
+    if isinstance(listed, dict) and isinstance(listed.get("audit", []), list):
+        listed["audit"] = listed.get("audit", [])[: args.audit]
     return listed
 
 
@@ -160,6 +167,7 @@ def _direct(args: argparse.Namespace) -> Any:
 
     from ._errors import ConfigurationError  # noqa: PLC0415
     from .rules import RuleEngine, load  # noqa: PLC0415
+    from .rules._overridesrc import RedisOverrides  # noqa: PLC0415
     from .stores._redisconn import SCHEMES  # noqa: PLC0415
     from .stores.redis import RedisStore  # noqa: PLC0415
 
@@ -171,7 +179,10 @@ def _direct(args: argparse.Namespace) -> Any:
     except ConfigurationError as exc:
         raise CliError(str(exc), USAGE) from None
     with RedisStore(args.store) as store:
-        engine = RuleEngine(ruleset, store, overrides=True)
+        # One change and done: the overrides in that Redis, with no follower
+        # thread and no first read (whose failure would be a second line).
+        engine = RuleEngine(ruleset, store, overrides=False)
+        engine.overrides_source = RedisOverrides(store.client)
         try:
             verb = args.override_command
             if verb == "set":
@@ -192,30 +203,45 @@ def _direct(args: argparse.Namespace) -> Any:
             engine.close()
 
 
+def _cell(value: object) -> str:
+    """Text from a service or a Redis as one printable line: whoever wrote it, a
+    terminal escape, a line break or a bidi control must not redraw the table."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def _rates_of(values: Any) -> str:
+    return ", ".join(_cell(v) for v in values)
+
+
 def _text(verb: str, answer: Any, audit: int) -> str:
     if verb == "set":
         o = answer["override"]
-        return (f"{o['rule']}: {', '.join(o['limits'])} (was {', '.join(o['replaces'])}) "
+        return (f"{_cell(o['rule'])}: {_rates_of(o['limits'])} (was {_rates_of(o['replaces'])}) "
                 f"for {_span(o['expires_in'])}{_scope(answer)}")  # fmt: skip
     if verb == "clear":
         if not answer["removed"]:
-            return f"{answer['rule']}: no override in force"
-        return f"{answer['rule']}: override ended; the rule file's rates apply{_scope(answer)}"
+            return f"{_cell(answer['rule'])}: no override in force"
+        return (f"{_cell(answer['rule'])}: override ended; the rule file's rates apply"
+                f"{_scope(answer)}")  # fmt: skip
     lines = []
     overrides = answer["overrides"]
     if overrides:
         rows = [["RULE", "RATES", "REPLACES", "LEFT", "BY", "REASON"]]
-        rows += [[o["rule"], ", ".join(o["limits"]), ", ".join(o["replaces"]),
-                  _span(o["expires_in"]), o["by"], o["reason"]] for o in overrides]  # fmt: skip
+        rows += [[_cell(o["rule"]), _rates_of(o["limits"]), _rates_of(o["replaces"]),
+                  _span(o["expires_in"]), _cell(o["by"]), _cell(o["reason"])]
+                 for o in overrides]  # fmt: skip
         lines.append(table(rows))
     else:
         lines.append("no overrides in force")
     if audit:
         entries = answer["audit"]
         rows = [["AT (UTC)", "ACTION", "RULE", "RATES", "REPLACES", "BY", "REASON"]]
-        rows += [[time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(a["at"])), a["action"],
-                  a["rule"], ", ".join(a["limits"]), ", ".join(a["replaces"]), a["by"],
-                  a["reason"]] for a in entries]  # fmt: skip
+        rows += [[time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(a["at"])), _cell(a["action"]),
+                  _cell(a["rule"]), _rates_of(a["limits"]), _rates_of(a["replaces"]),
+                  _cell(a["by"]), _cell(a["reason"])] for a in entries]  # fmt: skip
         lines.append("")
         lines.append(table(rows) if entries else "no changes recorded")
     return "\n".join(lines)
