@@ -234,7 +234,19 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
                     "responses": {
                         "200": {
                             "description": "Server-Sent Events; each data line is a JSON snapshot",
-                            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                            # each event as schemathesis and OpenAPI 3.2 read a stream: its fields
+                            "content": {
+                                "text/event-stream": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {
+                                            "event": {"const": "snapshot"},
+                                            "data": {"type": "string"},
+                                        },
+                                        "required": ["event", "data"],
+                                    }
+                                }
+                            },
                         },
                         **errs(401),
                         "503": {"description": "Draining, or too many streams open", **errors},
