@@ -38,6 +38,9 @@ def test_parses(text: str, limit: int, period: float) -> None:
         ("10 minutes", "expected"),
         ("", "expected"),
         ("1.5/second", "'1.5'"),
+        ("\u00b2/minute", "'\u00b2'"),  # a digit to str.isdigit(), not to int()
+        ("\u0661\u0660/minute", "'\u0661\u0660'"),  # Arabic-Indic 10: not read as 10
+        ("10/\u0662minutes", "expected"),
     ],
 )
 def test_bad_strings_name_the_bad_part(text: str, names: str) -> None:

@@ -30,7 +30,8 @@ _ALIASES = {
 
 # "<limit> ('/' | 'per') [<count>] <unit>", e.g. "100/minute", "10 per second", "5/2hours".
 _RATE = re.compile(
-    r"^\s*(?P<limit>\S+?)\s*(?:/|\s+per\s+)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[A-Za-z]+)\s*$"
+    r"^\s*(?P<limit>\S+?)\s*(?:/|\s+per\s+)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[A-Za-z]+)\s*$",
+    re.ASCII,  # digits are 0-9: "²" passes str.isdigit() and fails int(); "١٠" would be 10
 )
 
 
@@ -95,7 +96,7 @@ def parse_rate(text: str | Rate) -> Rate:
             " '<limit> per <count> <unit>', e.g. '100/minute', '10 per second', '5/2hours'"
         )
     raw_limit, raw_count, raw_unit = match["limit"], match["count"], match["unit"]
-    if not raw_limit.isdigit() or int(raw_limit) < 1:
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or int(raw_limit) < 1:
         raise ConfigurationError(f"bad limit {raw_limit!r} in rate {text!r}: a positive integer")
     unit = _ALIASES.get(raw_unit.lower())
     if unit is None:
