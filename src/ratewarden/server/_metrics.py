@@ -133,6 +133,13 @@ class Metrics:
             "ratewarden_config_reloads", "Rule reloads, by result", ["result"], registry=r
         )
         self.rules = Gauge("ratewarden_rules", "Rules in force", registry=r)
+        # rule names label it, as they do the per-rule counters: bounded by the rule file
+        self._degraded = Counter(
+            "ratewarden_degraded",
+            "Requests a degrade rule let through with a level above 0",
+            ["rule"],
+            registry=r,
+        )
         # .labels() looks a child up under a lock; the hot path keeps its own dict
         self._latency: dict[str, Histogram] = {}
 
@@ -165,6 +172,10 @@ class Metrics:
                 self._near[closest] = self._near.get(closest, 0) + 1
         if shadow_denied_by is not None:
             self._shadow[shadow_denied_by] = self._shadow.get(shadow_denied_by, 0) + 1
+
+    def degraded(self, rule: str) -> None:
+        """A degrade rule had a request served at a lower quality."""
+        self._degraded.labels(rule).inc()
 
     def exposition(self, quotas: Sequence[QuotaStatus] = ()) -> bytes:
         """The text format; ``quotas``: the fleet quotas the scrape read."""
