@@ -45,6 +45,7 @@ from .._errors import ConfigurationError
 from .._headers import Policy, rate_limit_headers
 from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
 from ..stores import AsyncStore, Store
+from . import _actions as act
 from ._compile import Applicable, CompiledRule, LimitSpec, RuleSet, load
 from ._engineoverrides import AsyncOverridable, Overridable
 from ._overridesrc import Snapshot
@@ -56,8 +57,10 @@ __all__ = ["AsyncRuleEngine", "Outcome", "RuleEngine", "Watcher", "wait_out"]
 log = logging.getLogger("ratewarden.rules")
 
 L = TypeVar("L", Limiter, AsyncLimiter)
-Verdict = Literal["allow", "reject", "delay", "shadow_ban"]
+Verdict = Literal["allow", "reject", "delay", "shadow_ban", "queue", "degrade"]
 _NO_LIMITS: tuple[Applicable, ...] = ()
+_UNSHOWN = ("log_only", "degrade")  # limits the rate-limit headers leave out
+_HELD = ("delay", "queue")  # outcomes that ``check(wait=True)`` holds
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -67,15 +70,21 @@ class Outcome(msgspec.Struct, frozen=True):
     ``action``       ``"allow"``, ``"reject"`` (answer ``status``), ``"delay"``
                      (hold the request ``wait`` seconds, then check again; a front
                      end that cannot wait rejects with ``status``) or
-                     ``"shadow_ban"`` (answer ``response`` without processing);
+                     ``"shadow_ban"`` (answer ``response`` without processing),
+                     ``"queue"`` (allowed: hold the request ``wait`` seconds, then
+                     let it through; its slot is taken) or ``"degrade"``
+                     (allowed: serve it, at the lower quality ``degrade`` asks);
     ``decision``     the Decision of the enforced limits (None: none applied);
-    ``rule``         the rule that denied, when denied;
+    ``rule``         the rule that denied, when denied (allowed: the queue or
+                     degrade rule that shaped the request, if one did);
     ``status``       the HTTP status to answer: 200 when allowed;
     ``retry_after``  seconds until this request would pass (``decision``'s);
     ``shadow``       the Decision of the ``log_only`` limits (None: none applied);
                      ``shadow.allowed`` False means they would have denied, and
                      ``shadow.rule`` names one that would have;
-    ``limits``       every limit that applied.
+    ``limits``       every limit that applied;
+    ``degrade``      how much to degrade the response, 0 (not at all) to 1, when a
+                     ``degrade`` rule's caller is over its limit.
     """
 
     allowed: bool
@@ -88,6 +97,7 @@ class Outcome(msgspec.Struct, frozen=True):
     response: Response | None = None
     shadow: Decision | None = None
     limits: tuple[Applicable, ...] = ()
+    degrade: float = 0.0
 
     def __bool__(self) -> bool:
         return self.allowed
@@ -96,17 +106,28 @@ class Outcome(msgspec.Struct, frozen=True):
         """The response headers for this outcome (see `ratewarden._headers`):
         X-RateLimit-* (``legacy``) and RateLimit / RateLimit-Policy (``ietf``) for
         the enforced limit closest to denying, and Retry-After when denied. An
-        empty list when no enforced limit applied; ``log_only`` limits never show."""
+        empty list when no enforced limit applied; ``log_only`` and ``degrade``
+        limits never show. A degraded request gets its rule's degrade header, if
+        the rule names one (`degrade_headers`)."""
         if self.decision is None:
-            return []
+            return self.degrade_headers()
         policies: dict[str, Policy] = {}
         for applicable in self.limits:
-            if applicable.rule.action == "log_only":
+            if applicable.rule.action in _UNSHOWN:
                 continue
             spec = applicable.limit
             quota = spec.rate.limit if spec.burst is None else spec.burst
             policies.setdefault(spec.name, Policy(spec.name, quota, spec.rate.period))
-        return rate_limit_headers(self.decision, policies.values(), legacy=legacy, ietf=ietf)
+        headers = rate_limit_headers(self.decision, policies.values(), legacy=legacy, ietf=ietf)
+        return headers + self.degrade_headers() if self.degrade else headers
+
+    def degrade_headers(self) -> list[tuple[str, str]]:
+        """The degrade rule's own header (``X-RateLimit-Degraded: 1``, or the
+        level) when the request is degraded and the rule asks for one."""
+        if not self.degrade or self.rule is None:
+            return []
+        header = act.level_header(self.rule, self.degrade)
+        return [] if header is None else [header]
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +282,7 @@ class _Core(Generic[L]):
             return Outcome(True, "allow", decision, shadow=shadow, limits=limits)
         rule = ruleset.by_limit_name.get(decision.rule or "")
         retry = decision.retry_after
-        if rule is None or rule.action == "reject":
+        if rule is None or rule.action in ("reject", "queue"):  # queue: the line is full
             status = 429 if rule is None else rule.status
             return Outcome(False, "reject", decision, rule, status, retry, limits=limits)
         if rule.action == "shadow_ban":
@@ -308,12 +329,19 @@ class RuleEngine(_Core[Limiter], Overridable):
         every rule charges (a batch of ``cost`` requests checked as one, as the
         service's ``cost`` field and envoy's ``hits_addend`` ask)."""
         outcome = self._check_once(attributes, cost)
-        if not wait or outcome.action != "delay":  # the common case: nothing to hold
+        if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
+        if act.classed(outcome):  # a delay in priority classes: its place in line
+            return act.wait_in_line(
+                self, outcome, attributes, lambda: self._check_once(attributes, cost)
+            )
         return _wait_out_sync(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
     def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
+        if ruleset.shaping and applicable:
+            counted = act.run_sync(act.shaped(ruleset, enforced, shadow))
+            return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = hit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
 
@@ -342,14 +370,21 @@ class AsyncRuleEngine(_Core[AsyncLimiter], AsyncOverridable):
     ) -> Outcome:
         """The twin of `RuleEngine.check`; waiting never blocks the event loop."""
         outcome = await self._check_once(attributes, cost)
-        if not wait or outcome.action != "delay":  # the common case: nothing to hold
+        if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
+        if act.classed(outcome):
+            return await act.await_in_line(
+                self, outcome, attributes, lambda: self._check_once(attributes, cost)
+            )
         return await wait_out(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
     async def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         if self._follow_pending:  # a Redis store's overrides: followed from the first check
             self._start_following()
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
+        if ruleset.shaping and applicable:
+            counted = await act.run_async(act.shaped(ruleset, enforced, shadow))
+            return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = await ahit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
 
@@ -371,7 +406,10 @@ def _waits(outcome: Outcome, clock: Clock) -> Generator[float, Outcome, Outcome]
 
 
 def _wait_out_sync(outcome: Outcome, check_again: Callable[[], Outcome], clock: Clock) -> Outcome:
-    """`_waits` on a blocking clock."""
+    """`_waits` on a blocking clock; a queued request sleeps until its slot."""
+    if outcome.action == "queue":  # its slot is taken: hold it until due, then go
+        clock.sleep(outcome.wait)
+        return _released(outcome)
     waits = _waits(outcome, clock)
     try:
         seconds = next(waits)
@@ -385,7 +423,11 @@ def _wait_out_sync(outcome: Outcome, check_again: Callable[[], Outcome], clock: 
 async def wait_out(
     outcome: Outcome, check_again: Callable[[], Awaitable[Outcome]], clock: Clock
 ) -> Outcome:
-    """`_waits` without blocking the event loop."""
+    """`_waits` without blocking the event loop; a queued request sleeps until
+    its slot (it is counted: no second check)."""
+    if outcome.action == "queue":
+        await clock.asleep(outcome.wait)
+        return _released(outcome)
     waits = _waits(outcome, clock)
     try:
         seconds = next(waits)
@@ -394,6 +436,12 @@ async def wait_out(
             seconds = waits.send(await check_again())
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+def _released(outcome: Outcome) -> Outcome:
+    """A queued request whose slot has come: it goes (degraded, if it was)."""
+    action: Verdict = "degrade" if outcome.degrade else "allow"
+    return msgspec.structs.replace(outcome, action=action, wait=0.0)
 
 
 def _too_long(outcome: Outcome) -> Outcome:

@@ -251,6 +251,8 @@ class Service:
             rule = by_limit.get(shadow.rule)
             shadow_denied = shadow.rule if rule is None else rule.name
         self.metrics.count(rules, decision, denied, closest, shadow_denied)
+        if outcome.degrade and outcome.rule is not None:
+            self.metrics.degraded(outcome.rule.name)
         self.dashboard.requests += 1
         if denied is not None or shadow_denied is not None:
             self.dashboard.limited(outcome, denied, shadow_denied)
