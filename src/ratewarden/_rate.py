@@ -31,7 +31,7 @@ _ALIASES = {
 # "<limit> ('/' | 'per') [<count>] <unit>", e.g. "100/minute", "10 per second", "5/2hours".
 _RATE = re.compile(
     r"^\s*(?P<limit>\S+?)\s*(?:/|\s+per\s+)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[A-Za-z]+)\s*$",
-    re.ASCII,  # digits are 0-9: "²" passes str.isdigit() and fails int(); "١٠" would be 10
+    re.ASCII,  # 0-9 only: "\u00b2" passes isdigit() but fails int(); no Arabic-Indic digits
 )
 
 
