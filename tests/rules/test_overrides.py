@@ -207,3 +207,14 @@ def test_the_async_engine_is_the_twin() -> None:
         await e.aclose()
 
     asyncio.run(main())
+
+
+def test_the_headers_show_the_limit_in_force() -> None:
+    e = engine()
+    e.set_override("api", "5/minute", duration=60, reason="r")
+    headers = dict(e.check(API).headers())
+    assert headers["X-RateLimit-Limit"] == "5"
+    assert headers["RateLimit-Policy"] == '"api";q=5;w=60'
+    assert e.check(API).limits[0].limit.rate.limit == 5
+    e.clear_override("api")
+    assert dict(e.check(API).headers())["RateLimit-Policy"] == '"api";q=2;w=60'

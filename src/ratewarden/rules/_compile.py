@@ -270,6 +270,17 @@ class Applicable(msgspec.Struct, frozen=True, gc=False):
         return self.rule.limits[self.rule.slots.index(self.slot)]
 
 
+class Overridden(Applicable, frozen=True, gc=False):
+    """An `Applicable` whose limit a runtime override replaces (see _overrides):
+    its headers and reports show the limit in force, not the file's."""
+
+    spec: LimitSpec
+
+    @property
+    def limit(self) -> LimitSpec:
+        return self.spec
+
+
 @dataclass(frozen=True, slots=True)
 class Explanation:
     """What one rule made of one request, for ``ratewarden explain``."""

@@ -46,7 +46,7 @@ from .._headers import Policy, rate_limit_headers
 from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
 from ..stores import AsyncStore, Store
 from . import _actions as act
-from ._compile import Applicable, CompiledRule, LimitSpec, RuleSet, load
+from ._compile import Applicable, CompiledRule, LimitSpec, Overridden, RuleSet, load
 from ._engineoverrides import AsyncOverridable, Overridable
 from ._overridesrc import Snapshot
 from ._overrideview import OverrideView
@@ -138,6 +138,14 @@ class _Bound(Generic[L]):
     ruleset: RuleSet
     limiters: tuple[L, ...]
     specs: tuple[LimitSpec, ...]  # the limits in force: the rule set's, or an override's
+    overridden: bool  # some of them an override's
+
+
+def _in_force(applicable: Applicable, specs: tuple[LimitSpec, ...]) -> Applicable:
+    spec = specs[applicable.slot]
+    if spec == applicable.limit:
+        return applicable
+    return Overridden(applicable.rule, applicable.slot, applicable.key, applicable.cost, spec)
 
 
 class _Core(Generic[L]):
@@ -180,7 +188,7 @@ class _Core(Generic[L]):
         bound = getattr(self, "_bound", None)
         previous = None if bound is None else (bound.ruleset, bound.specs, bound.limiters)
         specs, limiters = self._view.limiters(ruleset, self._limiter, previous)
-        self._bound = _Bound(ruleset, limiters, specs)
+        self._bound = _Bound(ruleset, limiters, specs, specs != ruleset.limits)
 
     @property
     def ruleset(self) -> RuleSet:
@@ -262,6 +270,8 @@ class _Core(Generic[L]):
         bound = self._bound  # read once: a reload in between cannot mix two rule sets
         applicable = bound.ruleset.evaluate(attributes)
         limiters = bound.limiters
+        if bound.overridden:  # the limits in force, for the headers and the reports
+            applicable = [_in_force(a, bound.specs) for a in applicable]
         enforced: list[tuple[L, str, int]] = []
         shadow: list[tuple[L, str, int]] = []
         for a in applicable:
