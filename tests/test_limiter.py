@@ -259,3 +259,19 @@ def test_a_name_with_its_own_rate_after_an_at_counts_under_the_plain_name() -> N
     assert prefix("api@6/minute") == "api@6/minute:sliding_window_counter/5/minute:"
     assert prefix("@5/minute") == "@5/minute:sliding_window_counter/5/minute:"
     assert Limiter("5/minute", name="api@5/minute").name == "api@5/minute"  # shown as given
+
+
+def test_acquire_with_no_wait_tries_once_on_the_real_clock() -> None:
+    # the system clock moves between the deadline and the check: max_wait=0 is "now"
+    limiter = Limiter("1/minute", algorithm="token_bucket")
+    assert limiter.acquire("k", max_wait=0).allowed
+    with pytest.raises(RateLimitTimeout):
+        limiter.acquire("k", max_wait=0)
+
+    async def main() -> None:
+        alimiter = AsyncLimiter("1/minute", algorithm="token_bucket")
+        assert (await alimiter.acquire("k", max_wait=0)).allowed
+        with pytest.raises(RateLimitTimeout):
+            await alimiter.acquire("k", max_wait=0)
+
+    asyncio.run(main())

@@ -248,7 +248,8 @@ class Limiter(_Shell):
         holding = True
         try:
             while True:
-                if clock.time_ns() > deadline:  # its turn came, but late (a slow wake)
+                # its turn came, but late (a slow wake); max_wait=0 tries once, never late
+                if max_wait and clock.time_ns() > deadline:
                     raise timed_out(key, max_wait)
                 decision = self.hit(key, cost)
                 if decision.allowed:
@@ -313,7 +314,7 @@ class AsyncLimiter(_Shell):
         holding = True
         try:
             while True:
-                if clock.time_ns() > deadline:
+                if max_wait and clock.time_ns() > deadline:  # as in Limiter.acquire
                     raise timed_out(key, max_wait)
                 decision = await self.hit(key, cost)
                 if decision.allowed:
