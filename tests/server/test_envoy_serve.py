@@ -67,6 +67,6 @@ def test_bad_envoy_input_is_an_error_not_a_traceback(rules_file: Path, tmp_path:
             [str(RATEWARDEN), "serve", "--config", str(rules_file), *args],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
-        assert done.returncode == 1, (args, done.stderr)
+        assert done.returncode == 2, (args, done.stderr)  # a usage error
         assert words in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
