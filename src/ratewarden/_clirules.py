@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ._clicommon import print_json, table
 from ._cliprogress import spinning
 from ._errors import ConfigurationError
+from ._rate import parse_rate
 
 if TYPE_CHECKING:
     from .rules import CompiledRule
@@ -36,7 +37,17 @@ def _action(rule: CompiledRule) -> str:
         return f"delay <={rule.max_wait:g}s"
     if rule.action == "shadow_ban":
         return f"shadow_ban {rule.response.status}"
+    if rule.action == "queue":
+        wait = "" if rule.max_wait is None else f" <={rule.max_wait:g}s"
+        return f"queue {rule.rule.queue}{wait}"
+    if rule.action == "degrade" and rule.rule.degrade is not None and rule.rule.degrade.full_at:
+        return f"degrade to {rule.rule.degrade.full_at:g}x"
     return rule.action
+
+
+def _file_rates(rule: CompiledRule) -> list[str]:
+    rates = rule.rule.rate
+    return [str(parse_rate(r)) for r in (rates if isinstance(rates, list) else [rates])]
 
 
 def _envoy_format(path: str) -> bool:
@@ -125,8 +136,10 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
         {
             "name": rule.name, "group": rule.group, "priority": rule.priority,
             "rank": rule.rank, "where": _where(rule), "by": list(rule.by),
-            "rates": [str(s.rate) for s in rule.limits], "algorithm": rule.limits[0].algorithm,
-            "burst": rule.limits[0].burst,
+            # as the file says them: a queue's bucket and a degrade rule's ceiling are
+            # the engine's own, derived from them
+            "rates": _file_rates(rule), "algorithm": rule.limits[0].algorithm,
+            "burst": rule.rule.burst,
             "cost": rule.cost if rule.cost_attribute is None else f"@{rule.cost_attribute}",
             "action": _action(rule), "on_failure": rule.limits[0].on_failure,
         }

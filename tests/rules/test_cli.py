@@ -27,6 +27,11 @@ def test_check_config_prints_the_compiled_rules(capsys: pytest.CaptureFixture[st
     assert "fail_closed" in login
     assert "@body_size" in out
     assert "delay <=5s" in out
+    # the file's rates and a queue's length, not the engine's bucket and ceiling
+    replay = next(line for line in lines if line.startswith("webhook-replay"))
+    assert re.search(r" 10/second +leaky_bucket +1 +queue 50 <=4s ", replay), replay
+    media = next(line for line in lines if line.startswith("media-quality"))
+    assert re.search(r" 600/minute +sliding_window_counter +1 +degrade to 2x ", media), media
     assert lines[-1] == f"{EXAMPLE}: 14 rules, 15 limits, 0 warning(s)"
     assert err == ""
 
