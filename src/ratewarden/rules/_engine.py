@@ -138,13 +138,10 @@ class _Bound(Generic[L]):
     ruleset: RuleSet
     limiters: tuple[L, ...]
     specs: tuple[LimitSpec, ...]  # the limits in force: the rule set's, or an override's
-    overridden: bool  # some of them an override's
+    overridden: frozenset[int]  # the slots whose limit is an override's
 
 
-def _in_force(applicable: Applicable, specs: tuple[LimitSpec, ...]) -> Applicable:
-    spec = specs[applicable.slot]
-    if spec == applicable.limit:
-        return applicable
+def _in_force(applicable: Applicable, spec: LimitSpec) -> Applicable:
     return Overridden(applicable.rule, applicable.slot, applicable.key, applicable.cost, spec)
 
 
@@ -188,7 +185,8 @@ class _Core(Generic[L]):
         bound = getattr(self, "_bound", None)
         previous = None if bound is None else (bound.ruleset, bound.specs, bound.limiters)
         specs, limiters = self._view.limiters(ruleset, self._limiter, previous)
-        self._bound = _Bound(ruleset, limiters, specs, specs != ruleset.limits)
+        overridden = frozenset(n for n, spec in enumerate(specs) if spec is not ruleset.limits[n])
+        self._bound = _Bound(ruleset, limiters, specs, overridden)
 
     @property
     def ruleset(self) -> RuleSet:
@@ -270,8 +268,12 @@ class _Core(Generic[L]):
         bound = self._bound  # read once: a reload in between cannot mix two rule sets
         applicable = bound.ruleset.evaluate(attributes)
         limiters = bound.limiters
-        if bound.overridden:  # the limits in force, for the headers and the reports
-            applicable = [_in_force(a, bound.specs) for a in applicable]
+        overridden = bound.overridden
+        if overridden:  # the limits in force, for the headers and the reports
+            specs = bound.specs
+            applicable = [
+                a if a.slot not in overridden else _in_force(a, specs[a.slot]) for a in applicable
+            ]
         enforced: list[tuple[L, str, int]] = []
         shadow: list[tuple[L, str, int]] = []
         for a in applicable:
