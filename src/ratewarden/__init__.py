@@ -1,5 +1,6 @@
 """ratewarden: exact, fast rate limiting for Python, on one process or a fleet."""
 
+from ._adaptive import Adaptive
 from ._clock import Clock, FakeClock, SystemClock
 from ._decision import Decision
 from ._errors import (
@@ -17,6 +18,7 @@ from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 
 __all__ = [
     "ALGORITHMS",
+    "Adaptive",
     "AsyncLimiter",
     "AsyncMemoryStore",
     "AsyncPacedQueue",

@@ -13,6 +13,7 @@ from contextlib import AsyncContextDecorator, ContextDecorator
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
 
+from ._adaptive import UNITS, Adaptive, Scale, in_requests
 from ._decision import Decision
 from ._errors import ConfigurationError
 from ._rate import Rate, parse_rate
@@ -66,6 +67,7 @@ class LimiterOptions(TypedDict, total=False):
     shards: int
     promote_at: float | None
     classes: Sequence[str]
+    adaptive: Adaptive | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,9 @@ class _Config:
     shards: int = 1
     promote_at: float | None = None
     classes: tuple[str, ...] = ()
+    adaptive: Adaptive | None = None
+    # what the store counts: the rate itself, or in units when adaptive (see _adaptive)
+    counted: Rate | None = None
 
     @classmethod
     def make(
@@ -91,6 +96,7 @@ class _Config:
         shards: int = 1,
         promote_at: float | None = None,
         classes: Sequence[str] = (),
+        adaptive: Adaptive | None = None,
     ) -> _Config:
         parsed = parse_rate(rate)
         named: tuple[object, ...] = () if isinstance(classes, str) else tuple(classes)
@@ -123,28 +129,53 @@ class _Config:
         # that gains or loses a rate keeps the counters of the rates it had.
         mode = "" if refill == "continuous" else f"/{refill}"
         tag = f"{algo.name}{mode}/{parsed}" + ("" if burst is None else f"/burst={burst}")
+        counted = parsed
+        if adaptive is not None:
+            if not isinstance(adaptive, Adaptive):
+                raise ConfigurationError(f"adaptive takes Adaptive(...), got {adaptive!r}")
+            if algo.name == "sliding_window_log":
+                raise ConfigurationError(
+                    "an adaptive limit counts in units, and sliding_window_log keeps one entry"
+                    " per unit: use sliding_window_counter, fixed_window or a bucket"
+                )
+            # counted in units: a key prefix of its own, so units never meet requests
+            counted = Rate(parsed.limit * UNITS, parsed.period)
+            tag += f"/units={UNITS}"
         owner = name
         if name is not None and name.endswith(f"@{parsed}") and len(name) > len(f"@{parsed}"):
             owner = name[: -len(f"@{parsed}")]
         prefix = f"{tag}:" if owner is None else f"{owner}:{tag}:"
-        options = BindOptions(burst=burst, prefix=prefix, rule=name, on_failure=on_failure)
+        counted_burst = burst if burst is None or adaptive is None else burst * UNITS
+        options = BindOptions(burst=counted_burst, prefix=prefix, rule=name, on_failure=on_failure)
         if two_tier:
             if type(two_tier) is not bool:
                 raise ConfigurationError(f"two_tier must be True or False, got {two_tier!r}")
             options["two_tier"] = True
         _shards.check_shards(shards, promote_at)
-        return cls(parsed, algo, options, shards, promote_at, tuple(map(str, named)))
+        return cls(
+            parsed, algo, options, shards, promote_at, tuple(map(str, named)), adaptive, counted
+        )
+
+    @property
+    def units(self) -> int:
+        """The limit in units as the store counts it: the bucket's capacity or the
+        window's limit (an adaptive limit's price never goes past it)."""
+        counted = self.counted or self.rate
+        burst = self.options["burst"]
+        return counted.limit if burst is None else burst
 
     def bind(self, store: Store) -> Bound:
+        rate = self.counted or self.rate
         if self.shards == 1:
-            return store.bind(self.algorithm, self.rate, **self.options)
-        return _shards.bind(store, self.algorithm, self.rate, self.options,
+            return store.bind(self.algorithm, rate, **self.options)
+        return _shards.bind(store, self.algorithm, rate, self.options,
                             shards=self.shards, promote_at=self.promote_at)  # fmt: skip
 
     def abind(self, store: AsyncStore) -> AsyncBound:
+        rate = self.counted or self.rate
         if self.shards == 1:
-            return store.bind(self.algorithm, self.rate, **self.options)
-        return _shards.abind(store, self.algorithm, self.rate, self.options,
+            return store.bind(self.algorithm, rate, **self.options)
+        return _shards.abind(store, self.algorithm, rate, self.options,
                              shards=self.shards, promote_at=self.promote_at)  # fmt: skip
 
 
@@ -153,6 +184,7 @@ class _Shell:
 
     _config: _Config
     _tier: Any  # the store's handle for this limit, for hit_many
+    _scale: Scale | None  # an adaptive limit's price; None for a plain one
     store: Store | AsyncStore
 
     @property
@@ -169,6 +201,21 @@ class _Shell:
         return self._config.options["rule"]
 
     @property
+    def scale(self) -> Scale | None:
+        """An adaptive limit's `Scale` (its factor and price now); None otherwise."""
+        return self._scale
+
+    @property
+    def effective_limit(self) -> int:
+        """The limit in force now, in requests: the rate's limit (the burst for a
+        bucket with one), times the load factor when adaptive (at least 1)."""
+        scale = self._scale
+        if scale is None:
+            burst = self._config.options["burst"]
+            return self.rate.limit if burst is None else burst
+        return self._config.units // scale.unit()
+
+    @property
     def key_prefix(self) -> str:
         """What this limit puts before every key in its store (in Redis, the key is
         ``key_prefix + key``)."""
@@ -176,12 +223,16 @@ class _Shell:
 
     def __repr__(self) -> str:
         options = self._config.options
-        burst = "" if options["burst"] is None else f", burst={options['burst']}"
+        burst_units = options["burst"]
+        if burst_units is not None and self._scale is not None:
+            burst_units //= UNITS
+        burst = "" if burst_units is None else f", burst={burst_units}"
         name = "" if options["rule"] is None else f", name={options['rule']!r}"
         shards = "" if self._config.shards == 1 else f", shards={self._config.shards}"
+        scale = "" if self._scale is None else f", effective_limit={self.effective_limit}"
         return (
             f"{type(self).__name__}({str(self.rate)!r}, algorithm={self.algorithm!r}{burst}"
-            f"{name}{shards}, store={self.store!r})"
+            f"{name}{shards}{scale}, store={self.store!r})"
         )
 
 
@@ -230,7 +281,28 @@ class Limiter(_Shell):
         self._config = _Config.make(rate, **options)
         self.store = MemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = self._config.bind(self.store)
+        self._scale = self._adapt()
         self._turns = Turns(self.store.clock)
+
+    def _adapt(self) -> Scale | None:
+        """For an adaptive limit: ``hit`` and ``peek`` that charge the price of the
+        moment and answer in requests."""
+        adaptive = self._config.adaptive
+        if adaptive is None:
+            return None
+        scale = Scale(adaptive, self.store.clock, self._config.units)
+        hit, peek, unit = self.hit, self.peek, scale.unit
+
+        def adaptive_hit(key: str, cost: int = 1) -> Decision:
+            price = unit()
+            return in_requests(hit(key, cost * price), price)
+
+        def adaptive_peek(key: str, cost: int = 1) -> Decision:
+            price = unit()
+            return in_requests(peek(key, cost * price), price)
+
+        self.hit, self.peek = adaptive_hit, adaptive_peek
+        return scale
 
     def acquire(
         self, key: str, max_wait: float, cost: int = 1, *, priority: int | str = 0
@@ -298,7 +370,27 @@ class AsyncLimiter(_Shell):
         self._config = _Config.make(rate, **options)
         self.store = AsyncMemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = self._config.abind(self.store)
+        self._scale = self._adapt()
         self._turns = AsyncTurns(self.store.clock)
+
+    def _adapt(self) -> Scale | None:
+        """`Limiter._adapt`, awaited."""
+        adaptive = self._config.adaptive
+        if adaptive is None:
+            return None
+        scale = Scale(adaptive, self.store.clock, self._config.units)
+        hit, peek, unit = self.hit, self.peek, scale.unit
+
+        async def adaptive_hit(key: str, cost: int = 1) -> Decision:
+            price = unit()
+            return in_requests(await hit(key, cost * price), price)
+
+        async def adaptive_peek(key: str, cost: int = 1) -> Decision:
+            price = unit()
+            return in_requests(await peek(key, cost * price), price)
+
+        self.hit, self.peek = adaptive_hit, adaptive_peek
+        return scale
 
     async def acquire(
         self, key: str, max_wait: float, cost: int = 1, *, priority: int | str = 0
@@ -369,14 +461,20 @@ class AsyncSlot(AsyncContextDecorator):
 _L = TypeVar("_L", Limiter, AsyncLimiter)
 
 
+# An adaptive tier's price, by what its Decision says: its name and its limit in units
+Prices = dict[tuple[str | None, int], int]
+
+
 def _checks(
     checks: Iterable[tuple[_L, str] | tuple[_L, str, int]],
-) -> tuple[Any, list[Check], bool]:
-    """The store every tier shares, the tiers as that store takes them, and whether
-    any is sharded (then `_shards` drives the store)."""
+) -> tuple[Any, list[Check], bool, Prices | None]:
+    """The store every tier shares, the tiers as that store takes them, whether
+    any is sharded (then `_shards` drives the store), and the prices of the
+    adaptive tiers (None: there are none)."""
     store: Any = None
     sharded = False
     tiers: list[Check] = []
+    prices: Prices | None = None
     for check in checks:
         if not isinstance(check, tuple) or len(check) not in (2, 3):  # type: ignore[redundant-expr]
             raise ConfigurationError(
@@ -391,11 +489,30 @@ def _checks(
             raise ConfigurationError(
                 "hit_many needs every limiter on one store: it counts all tiers atomically"
             )
-        tiers.append((limiter._tier, key, check[2] if len(check) == 3 else 1))
+        cost = check[2] if len(check) == 3 else 1
+        scale = limiter._scale
+        if scale is not None:
+            price = scale.unit()
+            if prices is None:
+                prices = {}
+            units = limiter._config.units
+            prices[limiter.name, units // limiter._config.shards] = price
+            prices[limiter.name, units] = price
+            cost *= price
+        tiers.append((limiter._tier, key, cost))
         sharded = sharded or limiter._config.shards > 1
     if store is None:
         raise ConfigurationError("hit_many needs at least one (limiter, key) to check")
-    return store, tiers, sharded
+    return store, tiers, sharded, prices
+
+
+def _told(decision: Decision | None, prices: Prices | None) -> Decision | None:
+    """``decision`` in requests, if an adaptive tier gave it (its rule and its
+    limit in units say which); as it is otherwise."""
+    if prices is None or decision is None:
+        return decision
+    price = prices.get((decision.rule, decision.limit))
+    return decision if price is None else in_requests(decision, price)
 
 
 def hit_many(checks: Iterable[tuple[Limiter, str] | tuple[Limiter, str, int]]) -> Decision:
@@ -411,34 +528,39 @@ def hit_many(checks: Iterable[tuple[Limiter, str] | tuple[Limiter, str, int]]) -
     retry_after (its ``rule`` names it: give your limiters names); if allowed, that
     of the tier with the least room left relative to its size.
     """
-    store, tiers, sharded = _checks(checks)
-    if sharded:
-        return _shards.hit_many(store, tiers)
-    return store.hit_many(tiers)  # type: ignore[no-any-return]
+    store, tiers, sharded, prices = _checks(checks)
+    decision: Decision = _shards.hit_many(store, tiers) if sharded else store.hit_many(tiers)
+    return decision if prices is None else _told(decision, prices)  # type: ignore[return-value]
 
 
 async def ahit_many(
     checks: Iterable[tuple[AsyncLimiter, str] | tuple[AsyncLimiter, str, int]],
 ) -> Decision:
     """The asyncio twin of `hit_many`, for `AsyncLimiter` tiers."""
-    store, tiers, sharded = _checks(checks)
+    store, tiers, sharded, prices = _checks(checks)
     if sharded:
-        return await _shards.ahit_many(store, tiers)
-    return await store.hit_many(tiers)  # type: ignore[no-any-return]
+        decision: Decision = await _shards.ahit_many(store, tiers)
+    else:
+        decision = await store.hit_many(tiers)
+    return decision if prices is None else _told(decision, prices)  # type: ignore[return-value]
 
 
 def _tiers(
     checks: Sequence[tuple[_L, str, int]], shadow: Sequence[tuple[_L, str, int]]
-) -> tuple[Any, list[Check], list[Check], bool]:
-    store, tiers, sharded = _checks(checks) if checks else (None, [], False)
-    shadow_store, shadow_tiers, shadow_sharded = _checks(shadow) if shadow else (store, [], False)
+) -> tuple[Any, list[Check], list[Check], bool, Prices | None]:
+    store, tiers, sharded, prices = _checks(checks) if checks else (None, [], False, None)
+    shadow_store, shadow_tiers, shadow_sharded, shadow_prices = (
+        _checks(shadow) if shadow else (store, [], False, None)
+    )
+    if shadow_prices is not None:
+        prices = shadow_prices if prices is None else prices | shadow_prices
     if store is None:
         store = shadow_store
     elif shadow_store is not store:
         raise ConfigurationError("hit_tiers needs every limiter on one store")
     if store is None:
         raise ConfigurationError("hit_tiers needs at least one (limiter, key) to check")
-    return store, tiers, shadow_tiers, sharded or shadow_sharded
+    return store, tiers, shadow_tiers, sharded or shadow_sharded, prices
 
 
 def hit_tiers(
@@ -447,10 +569,14 @@ def hit_tiers(
     """For the rule engine: `hit_many` of ``checks`` and, if it admitted the request
     (or there were none), of the ``shadow`` tiers that never deny, in one store
     call. Their Decisions; None for a side not checked."""
-    store, tiers, shadow_tiers, sharded = _tiers(checks, shadow)
+    store, tiers, shadow_tiers, sharded, prices = _tiers(checks, shadow)
     if sharded:
-        return _shards.hit_tiers(store, tiers, shadow_tiers)
-    return store.hit_tiers(tiers, shadow_tiers)  # type: ignore[no-any-return]
+        told = _shards.hit_tiers(store, tiers, shadow_tiers)
+    else:
+        told = store.hit_tiers(tiers, shadow_tiers)
+    if prices is None:
+        return told
+    return _told(told[0], prices), _told(told[1], prices)
 
 
 async def ahit_tiers(
@@ -458,7 +584,11 @@ async def ahit_tiers(
     shadow: Sequence[tuple[AsyncLimiter, str, int]],
 ) -> tuple[Decision | None, Decision | None]:
     """The asyncio twin of `hit_tiers`."""
-    store, tiers, shadow_tiers, sharded = _tiers(checks, shadow)
+    store, tiers, shadow_tiers, sharded, prices = _tiers(checks, shadow)
     if sharded:
-        return await _shards.ahit_tiers(store, tiers, shadow_tiers)
-    return await store.hit_tiers(tiers, shadow_tiers)  # type: ignore[no-any-return]
+        told = await _shards.ahit_tiers(store, tiers, shadow_tiers)
+    else:
+        told = await store.hit_tiers(tiers, shadow_tiers)
+    if prices is None:
+        return told
+    return _told(told[0], prices), _told(told[1], prices)
