@@ -118,18 +118,12 @@ def refuse_duplicates(body: bytes, checks: Sequence[CheckRequest], members: int)
     # with no backslash, no quote is escaped: the split's odd parts are the strings
     if b"\\" not in body and colons - b"".join(body.split(b'"')[1::2]).count(b":") == least:
         return
-    try:
-        _scan(body.decode())
-    except _Duplicate as exc:
-        message = f"malformed JSON: the name {exc.args[0]!r} appears twice in one object"
-        raise HTTPError(400, message) from None
-    except (ValueError, RecursionError) as exc:  # msgspec took it; should not happen
-        raise HTTPError(400, f"malformed JSON: {exc}") from None
+    scan_duplicates(body)
 
 
 def scan_duplicates(body: bytes) -> None:
-    """Refuse a JSON body with a name twice in one object (small bodies: the
-    admin endpoints'; the checks take the faster way above)."""
+    """Refuse a JSON body with a name twice in one object: every body the counts
+    above do not settle, and the admin endpoints' small ones."""
     try:
         _scan(body.decode())
     except _Duplicate as exc:
