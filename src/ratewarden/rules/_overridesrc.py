@@ -212,8 +212,8 @@ class LocalOverrides:
         return f"<LocalOverrides {len(self._active)} in force>"
 
 
-class RedisOverrides:
-    """Overrides in Redis (a sync redis-py client, single node or cluster)."""
+class _InRedis:
+    """What the twins share: the keys, the scripts, a change's arguments."""
 
     shared = True
 
@@ -223,13 +223,25 @@ class RedisOverrides:
         self._change = client.register_script(_CHANGE)
         self._read = client.register_script(_READ)
 
+    def _change_args(
+        self, action: str, record: OverrideRecord, seconds: float
+    ) -> tuple[list[str], list[Any]]:
+        keys = [self.keys.active, self.keys.audit]
+        args = [action, record.rule, _bare(record), round(seconds * 1000), AUDIT_KEPT,
+                self.keys.channel]  # fmt: skip
+        return keys, args
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.keys.namespace!r}>"
+
+
+class RedisOverrides(_InRedis):
+    """Overrides in Redis (a sync redis-py client, single node or cluster)."""
+
     def change(
         self, action: str, record: OverrideRecord, seconds: float
     ) -> tuple[int, OverrideRecord | None, OverrideRecord | None]:
-        args = [action, record.rule, _bare(record), round(seconds * 1000), AUDIT_KEPT,
-                self.keys.channel]  # fmt: skip
-        reply = self._call(self._change, [self.keys.active, self.keys.audit], args)
-        return _changed(reply)
+        return _changed(self._call(self._change, *self._change_args(action, record, seconds)))
 
     def read(self) -> Snapshot:
         return _snapshot(self._call(self._read, [self.keys.active], []))
@@ -252,28 +264,15 @@ class RedisOverrides:
         pubsub.subscribe(self.keys.channel)
         return pubsub
 
-    def __repr__(self) -> str:
-        return f"<RedisOverrides {self.keys.namespace!r}>"
 
-
-class AsyncRedisOverrides:
+class AsyncRedisOverrides(_InRedis):
     """The asyncio twin of `RedisOverrides` (a redis.asyncio client)."""
-
-    shared = True
-
-    def __init__(self, client: Any, namespace: str = "ratewarden") -> None:
-        self.client = client
-        self.keys = _Keys(namespace)
-        self._change = client.register_script(_CHANGE)
-        self._read = client.register_script(_READ)
 
     async def change(
         self, action: str, record: OverrideRecord, seconds: float
     ) -> tuple[int, OverrideRecord | None, OverrideRecord | None]:
-        args = [action, record.rule, _bare(record), round(seconds * 1000), AUDIT_KEPT,
-                self.keys.channel]  # fmt: skip
-        return _changed(await self._call(self._change(keys=[self.keys.active, self.keys.audit],
-                                                      args=args)))  # fmt: skip
+        keys, args = self._change_args(action, record, seconds)
+        return _changed(await self._call(self._change(keys=keys, args=args)))
 
     async def read(self) -> Snapshot:
         return _snapshot(await self._call(self._read(keys=[self.keys.active], args=[])))
@@ -293,9 +292,6 @@ class AsyncRedisOverrides:
         pubsub = self.client.pubsub()
         await pubsub.subscribe(self.keys.channel)
         return pubsub
-
-    def __repr__(self) -> str:
-        return f"<AsyncRedisOverrides {self.keys.namespace!r}>"
 
 
 def _changes(raw: list[Any]) -> list[StoredChange]:
