@@ -41,6 +41,7 @@ from ._paths import PathIndex, Pattern, normalize_path, parse_pattern, walk
 from ._reach import unreachable
 from ._schema import (
     Action,
+    AdaptiveLimit,
     FailurePolicy,
     Refill,
     Response,
@@ -92,6 +93,8 @@ class LimitSpec:
     # action degrade with full_at: the rule's own limit, from which the level grows
     # (the limiter counts up to full_at times it)
     degrade_from: int | None = None
+    # adaptive: the limit follows a load signal (see ratewarden._adaptive)
+    adaptive: AdaptiveLimit | None = None
 
 
 class CompiledRule:
@@ -176,9 +179,10 @@ class CompiledRule:
         # the rule's name (see Limiter), so adding or removing a rate keeps them too.
         names = [rule.name] if len(rates) == 1 else [f"{rule.name}@{r}" for r in rates]
         plain = [
-            LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure, two_tier, shards)
+            LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure, two_tier, shards,
+                      adaptive=rule.adaptive)
             for name, rate in zip(names, rates, strict=True)
-        ]
+        ]  # fmt: skip
         self.limits = tuple(_spec(rule, spec) for spec in plain)
         self.slots: tuple[int, ...] = ()
         self.rank = 0
@@ -395,6 +399,10 @@ class RuleSet:
         self.limits: tuple[LimitSpec, ...] = tuple(s for r in rules for s in r.limits)
         # queue and degrade rules take more than the one store call (rules/_actions)
         self.shaping = any(r.action in ("queue", "degrade") for r in rules)
+        # the load signals the adaptive rules read
+        self.signals = frozenset(
+            r.rule.adaptive.signal for r in rules if r.rule.adaptive is not None
+        )
         self._always: list[_Entry] = []
         self._fixed: list[Applicable] = []
         self._paths: PathIndex[_Entry] = PathIndex()

@@ -39,6 +39,7 @@ from typing import Generic, Literal, TypeVar
 
 import msgspec
 
+from .._adaptive import Load, LoadSignals
 from .._clock import Clock
 from .._decision import Decision
 from .._errors import ConfigurationError
@@ -47,6 +48,7 @@ from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
 from ..stores import AsyncStore, Store
 from . import _actions as act
 from ._compile import Applicable, CompiledRule, LimitSpec, Overridden, RuleSet, load
+from ._engineadaptive import adaptive_of, in_force
 from ._engineoverrides import AsyncOverridable, Overridable
 from ._overridesrc import Snapshot
 from ._overrideview import OverrideView
@@ -139,6 +141,7 @@ class _Bound(Generic[L]):
     limiters: tuple[L, ...]
     specs: tuple[LimitSpec, ...]  # the limits in force: the rule set's, or an override's
     overridden: frozenset[int]  # the slots whose limit is an override's
+    adaptive: frozenset[int] = frozenset()  # the slots whose limit follows a load signal
 
 
 def _in_force(applicable: Applicable, spec: LimitSpec) -> Applicable:
@@ -152,6 +155,8 @@ class _Core(Generic[L]):
 
     def __init__(self, source: RuleSet | str | os.PathLike[str], clock: Clock) -> None:
         self._view = OverrideView(clock)
+        # the load signals of the adaptive rules: this engine's own (see _adaptive)
+        self.signals = LoadSignals()
         if isinstance(source, RuleSet):
             self.path: Path | None = None if source.source is None else Path(source.source)
             ruleset = source
@@ -186,7 +191,26 @@ class _Core(Generic[L]):
         previous = None if bound is None else (bound.ruleset, bound.specs, bound.limiters)
         specs, limiters = self._view.limiters(ruleset, self._limiter, previous)
         overridden = frozenset(n for n, spec in enumerate(specs) if spec is not ruleset.limits[n])
-        self._bound = _Bound(ruleset, limiters, specs, overridden)
+        adaptive = frozenset(n for n, limiter in enumerate(limiters) if limiter.scale is not None)
+        self.signals.known = ruleset.signals
+        self._bound = _Bound(ruleset, limiters, specs, overridden, adaptive)
+
+    def set_load(self, signal: str, value: float | Load) -> None:
+        """Feed a load signal the adaptive rules read: a finite number, or a
+        callable returning one (read at most once per rule's interval). A signal
+        no rule reads is a `ConfigurationError`."""
+        self.signals.set(signal, value)
+
+    def effective_limits(self) -> dict[str, tuple[int, int]]:
+        """Every adaptive limit in force, by its name: (the limit in force without
+        the load, the limit the load leaves now), in requests."""
+        bound = self._bound
+        out: dict[str, tuple[int, int]] = {}
+        for slot in sorted(bound.adaptive):
+            spec = bound.specs[slot]
+            full = spec.rate.limit if spec.burst is None else spec.burst
+            out[spec.name] = (full, bound.limiters[slot].effective_limit)
+        return out
 
     @property
     def ruleset(self) -> RuleSet:
@@ -274,6 +298,12 @@ class _Core(Generic[L]):
             applicable = [
                 a if a.slot not in overridden else _in_force(a, specs[a.slot]) for a in applicable
             ]
+        adaptive = bound.adaptive
+        if adaptive:  # and an adaptive limit's size now
+            specs = bound.specs
+            applicable = [
+                a if a.slot not in adaptive else in_force(a, specs, limiters) for a in applicable
+            ]
         enforced: list[tuple[L, str, int]] = []
         shadow: list[tuple[L, str, int]] = []
         for a in applicable:
@@ -330,6 +360,7 @@ class RuleEngine(_Core[Limiter], Overridable):
             spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
             refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
             two_tier=spec.two_tier, shards=spec.shards,
+            adaptive=adaptive_of(spec, self.signals),
         )  # fmt: skip
 
     def check(
@@ -375,6 +406,7 @@ class AsyncRuleEngine(_Core[AsyncLimiter], AsyncOverridable):
             spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
             refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
             two_tier=spec.two_tier, shards=spec.shards,
+            adaptive=adaptive_of(spec, self.signals),
         )  # fmt: skip
 
     async def acheck(

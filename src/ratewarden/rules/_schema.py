@@ -21,6 +21,7 @@ from typing import Literal, Protocol
 import msgspec
 import yaml
 
+from .._adaptive import parse_floor
 from .._errors import ConfigurationError
 from .._rate import parse_rate
 from ..algorithms import get_algorithm
@@ -31,6 +32,7 @@ from ._source import Document
 
 __all__ = [
     "Action",
+    "AdaptiveLimit",
     "ClientIP",
     "CostFrom",
     "Defaults",
@@ -108,6 +110,21 @@ class PriorityFrom(_Base, frozen=True):
     order: list[str]
 
 
+class AdaptiveLimit(_Base, frozen=True):
+    """A limit that follows a load signal (see `ratewarden.Adaptive`): the full
+    limit while ``signal`` is at ``good`` or better, ``floor`` of it (``10%`` or
+    0.1) at ``bad`` or worse, linear in between; the signal read every
+    ``interval`` seconds, smoothed, and changes under ``dead_band`` ignored."""
+
+    signal: str
+    good: float
+    bad: float
+    floor: float | str = 0.1
+    interval: float = 1.0
+    smoothing: float = 0.3
+    dead_band: float = 0.05
+
+
 class Rule(_Base, frozen=True):
     name: str
     rate: str | list[str]
@@ -131,6 +148,7 @@ class Rule(_Base, frozen=True):
     degrade: Degrade | None = None
     queue: int | None = None  # action queue: how many requests may wait in line
     priority_from: PriorityFrom | None = None
+    adaptive: AdaptiveLimit | None = None
 
 
 class ClientIP(_Base, frozen=True):
@@ -271,6 +289,8 @@ def _check(rule_file: RuleFile, document: Document) -> list[Problem]:
                 bad("cost", "the default cost must be a positive integer", f"{at}.cost.default")
         _check_action(rule, bad)
         _check_shaping(rule, rule_file.defaults, bad)
+        if rule.adaptive is not None:
+            _check_adaptive(rule, rule.adaptive, rule_algorithm(rule, rule_file.defaults), bad)
     return problems
 
 
@@ -439,6 +459,30 @@ def _check_queue(rule: Rule, algorithm: str, store: str, bad: _Bad) -> None:
         bad("store", "a queue's slots are handed out one by one: store: exact, not two_tier")
     if rule.shards is not None and rule.shards > 1:
         bad("shards", "a queue's slots form one line: it cannot be split into shards")
+
+
+def _check_adaptive(rule: Rule, adaptive: AdaptiveLimit, algorithm: str, bad: _Bad) -> None:
+    if not _ATTRIBUTE.match(adaptive.signal):
+        bad("adaptive", f"bad signal name {adaptive.signal!r}: letters, digits, '_', '.', '-'")
+    if not (math.isfinite(adaptive.good) and math.isfinite(adaptive.bad)):
+        bad("adaptive", "good and bad are finite numbers")
+    elif adaptive.good == adaptive.bad:
+        bad("adaptive", f"good and bad must differ, both are {adaptive.good}")
+    try:
+        parse_floor(adaptive.floor)
+    except ConfigurationError as exc:
+        bad("adaptive", str(exc))
+    if not (math.isfinite(adaptive.interval) and 0 < adaptive.interval <= 3600):
+        bad("adaptive", f"interval is seconds, > 0 and <= 3600, got {adaptive.interval}")
+    if not 0 < adaptive.smoothing <= 1:
+        bad("adaptive", f"smoothing is > 0 and <= 1 (1: none), got {adaptive.smoothing}")
+    if not 0 <= adaptive.dead_band < 1:
+        bad("adaptive", f"dead_band is >= 0 and < 1, got {adaptive.dead_band}")
+    if algorithm == "sliding_window_log":
+        bad("adaptive", "an adaptive limit counts in units, and sliding_window_log keeps one"
+            " entry per unit: use sliding_window_counter, fixed_window or a bucket")  # fmt: skip
+    if rule.action == "queue":
+        bad("adaptive", "a queue's slots are spaced by its rate: it cannot be adaptive")
 
 
 class _Bad(Protocol):  # the per-rule reporter the helpers are given
