@@ -15,6 +15,7 @@ Routes (``openapi()`` documents the same, from the same msgspec types):
     GET    /v1/overrides      runtime overrides in force, and their audit trail
     PUT    /v1/overrides/{rule}  replace a rule's rates for a while (admin)
     DELETE /v1/overrides/{rule}  end an override now (admin)
+    PUT    /v1/load/{signal}  feed a load signal of the adaptive rules (admin)
     POST   /v1/reload         load the rule file again (admin)
     DELETE /v1/keys/{key}     forget a key, in every limit or one rule's (admin)
     ANY    /auth              for gateways: 200, or 429 + Retry-After + X-RateLimit-*
@@ -42,6 +43,7 @@ from urllib.parse import parse_qs
 import msgspec
 
 from .._errors import ConfigurationError, StoreError
+from . import _loadapi as loadapi
 from . import _overrideapi as overrideapi
 from ._authattrs import AUTH_METHODS, auth_attributes
 from ._body import HTTPError, least_members, parse, refuse_duplicates, tail
@@ -118,6 +120,7 @@ class App:
             ("/v1/quotas/", "GET", self._quota, "quota", "check"),
             ("/v1/overrides/", "PUT", self._set_override, "override", "admin"),
             ("/v1/overrides/", "DELETE", self._clear_override, "override", "admin"),
+            ("/v1/load/", "PUT", self._set_load, "load", "admin"),
         )
         self._paths = {path for _, path in self._routes} | {"/auth", "/v1/events"}
         self._allowed = {
@@ -312,6 +315,10 @@ class App:
 
     async def _clear_override(self, scope: Scope, receive: Receive) -> _Answer:
         return 200, _JSON, await overrideapi.clear_override(self.service, scope)
+
+    async def _set_load(self, scope: Scope, receive: Receive) -> _Answer:
+        body = await self._body(scope, receive)
+        return 200, _JSON, await loadapi.set_load(self.service, scope, body)
 
     async def _health(self, scope: Scope, receive: Receive) -> _Answer:
         if self.service.draining:

@@ -10,7 +10,7 @@ envoy stats keys, which may hold request values, are capped (`_envoymetrics`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -101,6 +101,36 @@ class _QuotaGauges:
                 yield family
 
 
+class _AdaptiveGauges:
+    """Adaptive limits, read when scraped: each limit's effective size now
+    (``ratewarden_effective_limit{rule}``, in requests; the rule's name, or
+    ``name@rate`` for one rate of several) and the load signals fed to them."""
+
+    def __init__(self) -> None:
+        self.limits: Callable[[], dict[str, tuple[int, int]]] = dict
+        self.signals: Callable[[], dict[str, float | None]] = dict
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        limits = self.limits()
+        if limits:
+            family = GaugeMetricFamily(
+                "ratewarden_effective_limit",
+                "An adaptive limit's size now, in requests, after its load signal",
+                labels=["rule"],
+            )
+            for name, (_, effective) in sorted(limits.items()):
+                family.add_metric([name], effective)
+            yield family
+        signals = {k: v for k, v in self.signals().items() if v is not None}
+        if signals:
+            family = GaugeMetricFamily(
+                "ratewarden_load_signal", "A load signal's last value, as fed", labels=["signal"]
+            )
+            for name, value in signals.items():
+                family.add_metric([name], value)
+            yield family
+
+
 class Metrics:
     """``quota_members``: the fleet quotas' gauges per member too; ``envoy``:
     the envoy domains' per-descriptor statistics (`_envoymetrics`)."""
@@ -116,6 +146,9 @@ class Metrics:
         r.register(self._rules)
         self._quotas = _QuotaGauges(members=quota_members)
         r.register(self._quotas)
+        # the service points these at its engine: `ratewarden_effective_limit`
+        self.adaptive = _AdaptiveGauges()
+        r.register(self.adaptive)
         self._checks, self._over, self._near, self._shadow = self._rules.counts
         self.latency = Histogram(
             "ratewarden_request_duration_seconds",

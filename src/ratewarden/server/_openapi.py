@@ -9,6 +9,7 @@ import msgspec
 
 from ._authattrs import AUTH_METHODS
 from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
+from ._loadapi import openapi_paths as load_paths
 from ._overrideapi import openapi_paths as override_paths
 from ._quotas import Quota, QuotaList
 
@@ -255,9 +256,10 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
             },
         },
     }
-    paths, schemas = override_paths(problem)
-    document["paths"].update(paths)
-    document["components"]["schemas"].update(schemas)
+    for more in (override_paths, load_paths):
+        paths, schemas = more(problem)
+        document["paths"].update(paths)
+        document["components"]["schemas"].update(schemas)
     if not secured:
         del document["security"]
         for operation in _operations(document):

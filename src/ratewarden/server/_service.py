@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -109,6 +110,8 @@ class Service:
         self.domain = domain
         self.metrics = Metrics(quota_members=quota_member_metrics, envoy=self.envoy_stats)
         self.metrics.rules.set(len(self.engine.ruleset))
+        self.metrics.adaptive.limits = self.engine.effective_limits
+        self.metrics.adaptive.signals = self.engine.signals.values
         self.dashboard = DashboardStats.for_metrics(self.metrics)
         self.draining = False
         self.quotas: QuotaReader | None = None
@@ -382,6 +385,35 @@ class Service:
             "envoy_domains": envoy,
             "store": type(self.store).__name__,
         }
+
+    # -- adaptive limits -----------------------------------------------------------
+
+    def set_load(self, signal: str, value: object) -> dict[str, Any]:
+        """Feed a load signal (``PUT /v1/load/{signal}``): this process's engine
+        alone, as the load is this process's (see `ratewarden._adaptive`). What the
+        adaptive limits reading it are now; `NotFound` for a signal no rule reads,
+        `Unprocessable` for a value that is not a finite number."""
+        engine = self.engine
+        if signal not in engine.ruleset.signals:
+            read = ", ".join(sorted(engine.ruleset.signals)) or "none"
+            raise NotFound(
+                f"no rule reads the load signal {signal[:100]!r} (the rules read: {read})"
+            )
+        if type(value) is bool or not isinstance(value, int | float) or not math.isfinite(value):
+            raise Unprocessable(f"a load signal's value is a finite number, got {value!r}")
+        engine.set_load(signal, float(value))
+        readers = {
+            spec.name
+            for r in engine.ruleset.rules
+            if r.rule.adaptive is not None and r.rule.adaptive.signal == signal
+            for spec in r.limits
+        }
+        limits = {
+            name: {"limit": full, "effective_limit": effective}
+            for name, (full, effective) in engine.effective_limits().items()
+            if name in readers
+        }
+        return {"signal": signal, "value": float(value), "limits": limits, "shared": False}
 
     # -- runtime overrides -------------------------------------------------------
 
