@@ -2,8 +2,10 @@
 
 The effective limit is a price, not a new limit. An adaptive limiter counts in
 units, ``UNITS`` to a request at the full limit (its store holds ``limit x UNITS``
-units a window), and a request costs ``ceil(UNITS / factor)`` units, where the
-factor runs from 1 (load good) down to the floor (load bad). So:
+units a window), and a request costs about ``UNITS / factor`` units, where the
+factor runs from 1 (load good) down to the floor (load bad); the price is
+rounded so that the limit admits ``factor`` times its requests, rounded down.
+So:
 
 - the stores, their Lua scripts, two-tier counting and sharding need nothing new:
   a price is a cost, and every store counts costs exactly;
@@ -123,10 +125,13 @@ class Adaptive:
         return 1.0 - min(1.0, max(0.0, share)) * (1.0 - floor)
 
 
-def price(factor: float) -> int:
-    """Units a request costs at ``factor``: ``UNITS`` at 1, more as it falls
-    (rounded to 6 places first, so that 0.1 costs 10000 and not 10001)."""
-    return math.ceil(round(UNITS / factor, 6))
+def price(factor: float, most: int) -> int:
+    """Units a request costs at ``factor`` under a limit of ``most`` units: the
+    price at which the limit admits ``factor`` times its requests, rounded down
+    to whole requests and never below one (10 at 0.6 admits 6, not the 5 that
+    ``ceil(UNITS / 0.6)`` would leave)."""
+    requests = max(1, math.floor(round(most * factor / UNITS, 6)))
+    return max(1, most // requests)
 
 
 def in_requests(decision: Decision, unit: int) -> Decision:
@@ -196,7 +201,7 @@ class Scale:
         extreme = target in (1.0, floor)
         if target != self.factor and (extreme or abs(target - self.factor) >= adaptive.dead_band):
             self.factor = target
-            self.price = min(price(target), self.most)
+            self.price = price(target, self.most)
 
     def __repr__(self) -> str:
         return f"<Scale factor={self.factor:.3f} price={self.price} smoothed={self.smoothed!r}>"

@@ -250,3 +250,33 @@ def test_the_view_decorator_and_the_middleware_keep_the_stronger_level(clock: Fa
     setattr(request, "ratewarden_degrade", 0.75)  # noqa: B010  (as the middleware left it)
     levels = [own(request).content for _ in range(3)]  # the view's own: 0, 0.5, 1
     assert levels == [b'{"level": 0.75}', b'{"level": 0.75}', b'{"level": 1.0}']
+
+
+ADAPTIVE = """
+rules:
+  - name: api
+    rate: 10/minute
+    algorithm: fixed_window
+    adaptive: {signal: p99_ms, good: 200, bad: 1000, floor: 20%}
+"""
+
+
+@pytest.mark.parametrize("kind", ["sync engine", "async engine"])
+def test_adaptive_limit_applies_sync_and_async(kind: str, clock: FakeClock) -> None:
+    engine: Any = (
+        RuleEngine(loads(ADAPTIVE), MemoryStore(clock=clock))
+        if kind == "sync engine"
+        else AsyncRuleEngine(loads(ADAPTIVE), AsyncMemoryStore(clock=clock))
+    )
+    engine.set_load("p99_ms", 1000)  # at the floor: 2 of 10
+
+    async def scenario() -> list[Any]:
+        client = AsyncClient(REMOTE_ADDR="198.51.100.9")
+        return [await client.get("/api/async") for _ in range(2)]
+
+    with override_settings(MIDDLEWARE=MIDDLEWARE, RATEWARDEN={"ENGINE": engine}):
+        sync = [Client(REMOTE_ADDR="203.0.113.7").get("/api/items") for _ in range(2)]
+        asynchronous = asyncio.run(scenario())
+    responses = sync + asynchronous
+    assert [r.status_code for r in responses] == [200, 200, 429, 429]
+    assert {r.headers["X-RateLimit-Limit"] for r in responses} == {"2"}
