@@ -5,13 +5,16 @@ file's ``adaptive:``; an override's rate scaled as the file's is."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from ratewarden import Adaptive, ConfigurationError, FakeClock, Limiter, MemoryStore, hit_many
 from ratewarden._adaptive import Scale, parse_floor
+from ratewarden.cli import main
 from ratewarden.rules import RuleEngine, RuleFileError, loads
 
 START = 1_700_000_040.0
@@ -239,3 +242,18 @@ def test_rule_file_refuses(adaptive: str, extra: str, message: str) -> None:
     with pytest.raises(RuleFileError, match=message) as caught:
         loads(text)
     assert "api" in str(caught.value)
+
+
+def test_explain_shows_the_limit_a_load_leaves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES)
+    assert main(["explain", str(path), "path=/", "--load", "p99_ms=600"]) == 0
+    out = capsys.readouterr().out
+    assert "10/minute -> 6 at p99_ms=600, 100/hour -> 60 at p99_ms=600" in out
+    assert main(["explain", str(path), "path=/", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["rules"][0]["limits"]
+    assert listed == ["10/minute (adaptive: p99_ms not fed)", "100/hour (adaptive: p99_ms not fed)"]
+    assert main(["explain", str(path), "path=/", "--load", "p99_ms=lots"]) == 2
+    assert "--load takes SIGNAL=NUMBER, got 'p99_ms=lots'" in capsys.readouterr().err

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ._adaptive import Adaptive
 from ._clicommon import print_json, table
 from ._cliprogress import spinning
 from ._errors import ConfigurationError
@@ -184,8 +186,44 @@ def _attributes(pairs: list[str], headers: list[str]) -> dict[str, object]:
     return attributes
 
 
-def explain(path: str, pairs: list[str], headers: list[str], *, as_json: bool = False) -> int:
-    """Show what every rule makes of one request, and which limits apply."""
+def _loads(pairs: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not name or not math.isfinite(number):
+            raise ConfigurationError(f"--load takes SIGNAL=NUMBER, got {pair!r}")
+        out[name] = number
+    return out
+
+
+def _limits(rule: CompiledRule, loads: dict[str, float]) -> list[str]:
+    """The rule's limits; an adaptive one's with what the load leaves of it (at a
+    steady ``--load``; the full limit until its signal is fed)."""
+    adaptive = rule.rule.adaptive
+    if adaptive is None:
+        return [str(s.rate) for s in rule.limits]
+    value = loads.get(adaptive.signal)
+    if value is None:
+        return [f"{s.rate} (adaptive: {adaptive.signal} not fed)" for s in rule.limits]
+    factor = Adaptive(lambda: value, good=adaptive.good, bad=adaptive.bad,
+                      floor=adaptive.floor).factor_of(value)  # fmt: skip
+    return [
+        f"{s.rate} -> {max(1, math.floor(round(s.rate.limit * factor, 6)))} at"
+        f" {adaptive.signal}={value:g}"
+        for s in rule.limits
+    ]
+
+
+def explain(
+    path: str, pairs: list[str], headers: list[str], *, as_json: bool = False,
+    signals: list[str] | None = None,
+) -> int:  # fmt: skip
+    """Show what every rule makes of one request, and which limits apply; an
+    adaptive limit at the ``signals`` given (``SIGNAL=VALUE``)."""
     from .rules import RuleFileError, load  # noqa: PLC0415 - PyYAML only when asked for
 
     try:
@@ -195,8 +233,9 @@ def explain(path: str, pairs: list[str], headers: list[str], *, as_json: bool = 
             print(f"error: {problem}", file=sys.stderr)
         return 1
     attributes = _attributes(pairs, headers)
+    loads = _loads(signals or [])
     if as_json:
-        return _explain_json(ruleset, attributes)
+        return _explain_json(ruleset, attributes, loads)
     print("request: " + (" ".join(f"{k}={v!r}" for k, v in attributes.items()) or "(empty)"))
     rows = [["verdict", "rule", "group", "why", "key", "cost", "limits", "action"]]
     for e in ruleset.explain(attributes):
@@ -204,7 +243,7 @@ def explain(path: str, pairs: list[str], headers: list[str], *, as_json: bool = 
         rows.append([
             e.verdict, e.rule.name, e.rule.group or "-", e.reason,
             "-" if e.key is None else repr(e.key), "-" if e.cost is None else str(e.cost),
-            ", ".join(str(s.rate) for s in e.rule.limits) if applies else "",
+            ", ".join(_limits(e.rule, loads)) if applies else "",
             _action(e.rule) if applies else "",
         ])  # fmt: skip
     print(table(rows))
@@ -214,13 +253,13 @@ def explain(path: str, pairs: list[str], headers: list[str], *, as_json: bool = 
     return 0
 
 
-def _explain_json(ruleset: Any, attributes: dict[str, object]) -> int:
+def _explain_json(ruleset: Any, attributes: dict[str, object], loads: dict[str, float]) -> int:
     """``explain --json``: the request, each rule's verdict, the rules that apply."""
     rules = [
         {
             "verdict": e.verdict, "rule": e.rule.name, "group": e.rule.group, "why": e.reason,
             "key": e.key, "cost": e.cost,
-            "limits": [str(s.rate) for s in e.rule.limits] if e.verdict == "applies" else [],
+            "limits": _limits(e.rule, loads) if e.verdict == "applies" else [],
             "action": _action(e.rule) if e.verdict == "applies" else None,
         }
         for e in ruleset.explain(attributes)

@@ -182,6 +182,10 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
         "--header", action="append", default=[], metavar="NAME=VALUE", help="a request header"
     )
     why.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    why.add_argument(
+        "--load", action="append", default=[], metavar="SIGNAL=VALUE",
+        help="an adaptive rule's load signal, to show the limit it leaves",
+    )  # fmt: skip
 
     add_quota(sub)
 
@@ -260,7 +264,9 @@ def _run(args: argparse.Namespace) -> int:
     if command == "check-config":
         return check_config(args.file, strict=args.strict, as_json=args.json)
     if command == "explain":
-        return explain(args.file, [*args.words, *args.attr], args.header, as_json=args.json)
+        return explain(
+            args.file, [*args.words, *args.attr], args.header, as_json=args.json, signals=args.load
+        )
     if command == "quota":
         return quota(args)
     if command == "override":
