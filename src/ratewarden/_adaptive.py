@@ -36,6 +36,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ._clock import Clock
 from ._decision import Decision
@@ -149,7 +150,7 @@ class Scale:
     others go on at the old price rather than wait for it)."""
 
     __slots__ = ("_lock", "_next_ns", "_period_ns", "adaptive", "clock", "factor", "most",
-                 "price", "reads", "smoothed")  # fmt: skip
+                 "price", "reads", "shown", "smoothed")  # fmt: skip
 
     def __init__(self, adaptive: Adaptive, clock: Clock, most: int) -> None:
         self.adaptive = adaptive
@@ -159,6 +160,7 @@ class Scale:
         self.price = UNITS
         self.smoothed: float | None = None
         self.reads = 0
+        self.shown: Any = None  # the rule engine's effective limit at this price, cached
         self._period_ns = round(adaptive.interval * 1e9)
         self._next_ns = 0
         self._lock = threading.Lock()

@@ -46,7 +46,11 @@ def in_force(applicable: Applicable, specs: tuple[LimitSpec, ...], limiters: Any
     spec = specs[slot]
     scale = limiters[slot].scale
     if scale is not None:
-        spec = effective_spec(spec, scale.unit())
+        price = scale.unit()
+        shown = scale.shown  # (price, spec, effective spec): hashing a spec costs more
+        if shown is None or shown[0] != price or shown[1] is not spec:
+            shown = scale.shown = (price, spec, effective_spec(spec, price))
+        spec = shown[2]
     if spec is applicable.limit:  # the full limit, no override: as the rule set has it
         return applicable
     return Overridden(applicable.rule, slot, applicable.key, applicable.cost, spec)
