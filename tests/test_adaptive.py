@@ -16,6 +16,8 @@ from ratewarden import Adaptive, ConfigurationError, FakeClock, Limiter, MemoryS
 from ratewarden._adaptive import Scale, parse_floor
 from ratewarden.cli import main
 from ratewarden.rules import RuleEngine, RuleFileError, loads
+from ratewarden.stores.redis import RedisStore
+from tests.redis_server import RedisServer
 
 START = 1_700_000_040.0
 
@@ -257,3 +259,16 @@ def test_explain_shows_the_limit_a_load_leaves(
     assert listed == ["10/minute (adaptive: p99_ms not fed)", "100/hour (adaptive: p99_ms not fed)"]
     assert main(["explain", str(path), "path=/", "--load", "p99_ms=lots"]) == 2
     assert "--load takes SIGNAL=NUMBER, got 'p99_ms=lots'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter", "gcra"])
+def test_the_redis_store_counts_the_price(redis_single: RedisServer, algorithm: str) -> None:
+    store = RedisStore(redis_single.url)
+    adaptive = Adaptive(Feed(1000), good=200, bad=1000, floor=0.2)
+    lim = Limiter("10/minute", store=store, algorithm=algorithm, adaptive=adaptive,
+                  name=f"adaptive-{algorithm}")  # fmt: skip
+    decisions = [lim.hit("k") for _ in range(3)]
+    assert [(d.allowed, d.limit, d.remaining) for d in decisions] == [
+        (True, 2, 1), (True, 2, 0), (False, 2, 0)
+    ]  # fmt: skip
+    store.close()
