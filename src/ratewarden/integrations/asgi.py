@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMappi
 from typing import Any
 
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
-from ..rules._engine import wait_out
+from ..rules._hold import wait_out
 from ..stores import MemoryStore
 from ._request import (
     DEGRADE,

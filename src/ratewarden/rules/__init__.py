@@ -11,13 +11,15 @@ ratewarden[rules]``); ``import ratewarden`` does not import this package.
 """
 
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
-from ._engine import AsyncRuleEngine, Outcome, RuleEngine, Watcher
+from ._engine import AsyncRuleEngine, RuleEngine
 from ._envoy import AsyncEnvoyConfig, EnvoyConfig, EnvoyLimit, EnvoyResult, Override
 from ._envoystats import EnvoyStats
 from ._errors import Problem, RuleFileError
+from ._outcome import Outcome
 from ._overrides import AuditEntry, RuntimeOverride, UnknownRule
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile, dump
 from ._source import MAX_BYTES
+from ._watcher import Watcher
 
 __all__ = [
     "MAX_BYTES",

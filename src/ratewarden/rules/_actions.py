@@ -39,7 +39,7 @@ from .._waiting import AsyncTurns, Turns
 from ._compile import Applicable, CompiledRule, RuleSet, ceiling_start
 
 if TYPE_CHECKING:
-    from ._engine import Outcome
+    from ._outcome import Outcome
 
 __all__ = [
     "Counted",

@@ -31,105 +31,35 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Generic, Literal, TypeVar
-
-import msgspec
+from typing import Generic, TypeVar
 
 from .._adaptive import Load, LoadSignals
 from .._clock import Clock
 from .._decision import Decision
 from .._errors import ConfigurationError
-from .._headers import Policy, rate_limit_headers
 from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
 from ..stores import AsyncStore, Store
 from . import _actions as act
-from ._compile import Applicable, CompiledRule, LimitSpec, Overridden, RuleSet, load
+from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
 from ._engineadaptive import adaptive_of, in_force
 from ._engineoverrides import AsyncOverridable, Overridable
+from ._hold import wait_out, wait_out_sync
+from ._outcome import Outcome
 from ._overridesrc import Snapshot
 from ._overrideview import OverrideView
-from ._schema import Response
+from ._watcher import Watcher
 
-__all__ = ["AsyncRuleEngine", "Outcome", "RuleEngine", "Watcher", "wait_out"]
+__all__ = ["AsyncRuleEngine", "RuleEngine"]
 
 log = logging.getLogger("ratewarden.rules")
 
 L = TypeVar("L", Limiter, AsyncLimiter)
-Verdict = Literal["allow", "reject", "delay", "shadow_ban", "queue", "degrade"]
 _NO_LIMITS: tuple[Applicable, ...] = ()
-_UNSHOWN = ("log_only", "degrade")  # limits the rate-limit headers leave out
 _HELD = ("delay", "queue")  # outcomes that ``check(wait=True)`` holds
-
-
-class Outcome(msgspec.Struct, frozen=True):
-    """What the engine says about one request, for the front end to act on.
-
-    ``allowed``      proceed with the request;
-    ``action``       ``"allow"``, ``"reject"`` (answer ``status``), ``"delay"``
-                     (hold the request ``wait`` seconds, then check again; a front
-                     end that cannot wait rejects with ``status``) or
-                     ``"shadow_ban"`` (answer ``response`` without processing),
-                     ``"queue"`` (allowed: hold the request ``wait`` seconds, then
-                     let it through; its slot is taken) or ``"degrade"``
-                     (allowed: serve it, at the lower quality ``degrade`` asks);
-    ``decision``     the Decision of the enforced limits (None: none applied);
-    ``rule``         the rule that denied, when denied (allowed: the queue or
-                     degrade rule that shaped the request, if one did);
-    ``status``       the HTTP status to answer: 200 when allowed;
-    ``retry_after``  seconds until this request would pass (``decision``'s);
-    ``shadow``       the Decision of the ``log_only`` limits (None: none applied);
-                     ``shadow.allowed`` False means they would have denied, and
-                     ``shadow.rule`` names one that would have;
-    ``limits``       every limit that applied;
-    ``degrade``      how much to degrade the response, 0 (not at all) to 1, when a
-                     ``degrade`` rule's caller is over its limit.
-    """
-
-    allowed: bool
-    action: Verdict
-    decision: Decision | None
-    rule: CompiledRule | None = None
-    status: int = 200
-    retry_after: float = 0.0
-    wait: float = 0.0
-    response: Response | None = None
-    shadow: Decision | None = None
-    limits: tuple[Applicable, ...] = ()
-    degrade: float = 0.0
-
-    def __bool__(self) -> bool:
-        return self.allowed
-
-    def headers(self, *, legacy: bool = True, ietf: bool = True) -> list[tuple[str, str]]:
-        """The response headers for this outcome (see `ratewarden._headers`):
-        X-RateLimit-* (``legacy``) and RateLimit / RateLimit-Policy (``ietf``) for
-        the enforced limit closest to denying, and Retry-After when denied. An
-        empty list when no enforced limit applied; ``log_only`` and ``degrade``
-        limits never show. A degraded request gets its rule's degrade header, if
-        the rule names one (`degrade_headers`)."""
-        if self.decision is None:
-            return self.degrade_headers()
-        policies: dict[str, Policy] = {}
-        for applicable in self.limits:
-            if applicable.rule.action in _UNSHOWN:
-                continue
-            spec = applicable.limit
-            quota = spec.rate.limit if spec.burst is None else spec.burst
-            policies.setdefault(spec.name, Policy(spec.name, quota, spec.rate.period))
-        headers = rate_limit_headers(self.decision, policies.values(), legacy=legacy, ietf=ietf)
-        return headers + self.degrade_headers() if self.degrade else headers
-
-    def degrade_headers(self) -> list[tuple[str, str]]:
-        """The degrade rule's own header (``X-RateLimit-Degraded: 1``, or the
-        level) when the request is degraded and the rule asks for one."""
-        if not self.degrade or self.rule is None:
-            return []
-        header = act.level_header(self.rule, self.degrade)
-        return [] if header is None else [header]
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,7 +308,7 @@ class RuleEngine(_Core[Limiter], Overridable):
             return act.wait_in_line(
                 self, outcome, attributes, lambda: self._check_once(attributes, cost)
             )
-        return _wait_out_sync(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
+        return wait_out_sync(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
     def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
@@ -431,124 +361,3 @@ class AsyncRuleEngine(_Core[AsyncLimiter], AsyncOverridable):
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = await ahit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
-
-
-def _waits(outcome: Outcome, clock: Clock) -> Generator[float, Outcome, Outcome]:
-    """How a ``delay`` outcome is held, written once for both engines: yields the
-    seconds to sleep and is sent the outcome of checking again, until it passes,
-    is rejected, or would wait past the rule's ``max_wait`` counted from now. Any
-    other outcome is returned as it is."""
-    if outcome.action != "delay" or outcome.rule is None:
-        return outcome
-    deadline = clock.time_ns() + round((outcome.rule.max_wait or 0) * 1e9)
-    while True:
-        if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
-            return _too_long(outcome)
-        outcome = yield outcome.wait
-        if outcome.action != "delay":
-            return outcome
-
-
-def _wait_out_sync(outcome: Outcome, check_again: Callable[[], Outcome], clock: Clock) -> Outcome:
-    """`_waits` on a blocking clock; a queued request sleeps until its slot."""
-    if outcome.action == "queue":  # its slot is taken: hold it until due, then go
-        clock.sleep(outcome.wait)
-        return _released(outcome)
-    waits = _waits(outcome, clock)
-    try:
-        seconds = next(waits)
-        while True:
-            clock.sleep(seconds)
-            seconds = waits.send(check_again())
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-async def wait_out(
-    outcome: Outcome, check_again: Callable[[], Awaitable[Outcome]], clock: Clock
-) -> Outcome:
-    """`_waits` without blocking the event loop; a queued request sleeps until
-    its slot (it is counted: no second check)."""
-    if outcome.action == "queue":
-        await clock.asleep(outcome.wait)
-        return _released(outcome)
-    waits = _waits(outcome, clock)
-    try:
-        seconds = next(waits)
-        while True:
-            await clock.asleep(seconds)
-            seconds = waits.send(await check_again())
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-def _released(outcome: Outcome) -> Outcome:
-    """A queued request whose slot has come: it goes (degraded, if it was)."""
-    action: Verdict = "degrade" if outcome.degrade else "allow"
-    return msgspec.structs.replace(outcome, action=action, wait=0.0)
-
-
-def _too_long(outcome: Outcome) -> Outcome:
-    """A delay that would run past the rule's ``max_wait``: rejected after all."""
-    return msgspec.structs.replace(outcome, action="reject", wait=0.0, status=429)
-
-
-class Watcher:
-    """Polls the rule file's identity (mtime, size, inode) and reloads when it
-    changes. Polling, not inotify (watchfiles): one ``stat`` a second is free, it
-    needs no native dependency, and it sees what inotify setups can miss, such as a
-    Kubernetes ConfigMap swapping the symlink of a mounted file. A half-written
-    file fails validation and the old rules stay; the next change reloads."""
-
-    def __init__(self, engine: _Core[Limiter] | _Core[AsyncLimiter], interval: float) -> None:
-        if engine.path is None:
-            raise ConfigurationError("this engine was built from rules in memory: no file")
-        if not interval > 0:
-            raise ConfigurationError(f"interval must be > 0 seconds, got {interval!r}")
-        self.engine = engine
-        self.path = engine.path
-        self.interval = interval
-        self.reloads = 0
-        self.failures = 0
-        self._seen = _identity(self.path)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ratewarden-rules", daemon=True)
-
-    def poll(self) -> bool | None:
-        """Check once: None when the file is unchanged, else whether it reloaded."""
-        now = _identity(self.path)
-        if now == self._seen:
-            return None
-        self._seen = now
-        if now is None:
-            log.error("rule file %s is gone; the previous rules stay in force", self.path)
-            self.failures += 1
-            return False
-        if self.engine.try_reload():
-            self.reloads += 1
-            return True
-        self.failures += 1
-        return False
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.poll()
-
-    def __repr__(self) -> str:
-        return f"<Watcher {str(self.path)!r} every {self.interval}s, {self.reloads} reloads>"
-
-
-def _identity(path: Path) -> tuple[int, int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev
