@@ -19,7 +19,7 @@ from ratewarden import (
     ahit_many,
     hit_many,
 )
-from ratewarden._limiter import hit_tiers
+from ratewarden._hitmany import hit_tiers
 from ratewarden.algorithms import Params, State, Step, get_algorithm, peek
 from ratewarden.stores._base import pick
 from tests.strategies import TierSpec, TiersScenario, tier_scenarios

@@ -10,7 +10,8 @@ from ._errors import (
     StoreError,
     StoreUnavailable,
 )
-from ._limiter import AsyncLimiter, Limiter, ahit_many, hit_many
+from ._hitmany import ahit_many, hit_many
+from ._limiter import AsyncLimiter, Limiter
 from ._queue import AsyncPacedQueue, PacedQueue, QueueFull
 from ._rate import Rate, parse_rate
 from .algorithms import ALGORITHMS

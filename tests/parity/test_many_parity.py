@@ -27,7 +27,7 @@ from ratewarden import (
     ahit_many,
     hit_many,
 )
-from ratewarden._limiter import hit_tiers
+from ratewarden._hitmany import hit_tiers
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisCluster, RedisServer
 from tests.strategies import TiersScenario, tier_scenarios

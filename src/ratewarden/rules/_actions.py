@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import msgspec
 
 from .._decision import Decision
-from .._limiter import ahit_many, ahit_tiers, hit_many, hit_tiers
+from .._hitmany import ahit_many, ahit_tiers, hit_many, hit_tiers
 from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
 from ._compile import Applicable, CompiledRule, RuleSet, ceiling_start

@@ -41,7 +41,8 @@ from .._adaptive import Load, LoadSignals
 from .._clock import Clock
 from .._decision import Decision
 from .._errors import ConfigurationError
-from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
+from .._hitmany import ahit_tiers, hit_tiers
+from .._limiter import AsyncLimiter, Limiter
 from ..stores import AsyncStore, Store
 from . import _actions as act
 from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load

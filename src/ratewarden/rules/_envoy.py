@@ -40,7 +40,8 @@ from typing import Generic, TypeVar
 
 from .._decision import Decision
 from .._errors import ConfigurationError
-from .._limiter import AsyncLimiter, Limiter, ahit_tiers, hit_tiers
+from .._hitmany import ahit_tiers, hit_tiers
+from .._limiter import AsyncLimiter, Limiter
 from .._rate import Rate
 from ..stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 from ._envoydir import envoy_files
