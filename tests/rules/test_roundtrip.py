@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratewarden.rules import RuleFile, RuleSet, dump, load, loads
-from ratewarden.rules._compile import _mismatch, _normal_method
+from ratewarden.rules._compile import _mismatch
 from ratewarden.rules._paths import normalize_path
+from ratewarden.rules._rule import normal_method
 from tests.rules.strategies import rule_files
 
 
@@ -53,7 +54,7 @@ def naive(ruleset: RuleSet, attributes: dict[str, object]) -> set[tuple[str, str
     """Every rule in rank order, checked with the slow matcher; first of each group."""
     taken: set[str] = set()
     out = set()
-    method = _normal_method(attributes.get("method"))
+    method = normal_method(attributes.get("method"))
     path = attributes.get("path")
     path = normalize_path(path) if isinstance(path, str) else path  # as a server routes it
     for rule in sorted(ruleset.rules, key=lambda r: r.rank):

@@ -25,7 +25,8 @@ import msgspec
 
 from .._errors import ConfigurationError
 from .._rate import Rate, parse_rate
-from ._compile import CompiledRule, LimitSpec, RuleSet, _spec
+from ._compile import RuleSet
+from ._rule import CompiledRule, LimitSpec, spec_for
 
 __all__ = [
     "MAX_DURATION",
@@ -271,5 +272,5 @@ def substitutions(
             # compiler does: a queue's line (no longer than max_wait at the new
             # rate), a degrade rule's ceiling and the level's start.
             plain = replace(spec, rate=rate, burst=rule.rule.burst, degrade_from=None)
-            out[rule.slots[tier]] = _spec(rule.rule, plain)
+            out[rule.slots[tier]] = spec_for(rule.rule, plain)
     return out, problems
