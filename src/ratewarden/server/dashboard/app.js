@@ -10,6 +10,8 @@
   const COLORS = { allowed: "#2e7d32", denied: "#c62828", shadow: "#ef8f00" };
   const state = { token: null, points: [], rules: null, snap: null, abort: null, retry: 0 };
 
+  const UNSENDABLE = "This token cannot be sent in an HTTP header: a token is printable ASCII.";
+
   const $ = (id) => document.getElementById(id);
 
   function el(tag, text, className) {
@@ -49,13 +51,46 @@
 
   // -- the token ---------------------------------------------------------------------
 
+  // A token goes in an Authorization header: printable ASCII, or fetch refuses
+  // to send it (and the service's token, compared as bytes, is never anything else).
+  function sendable(token) {
+    return /^[\x20-\x7e]+$/.test(token);
+  }
+
+  // The token from the address (#token=...), taken out of it, else the tab's;
+  // `problem` says why an address's fragment was not one.
   function readToken() {
-    const match = /^#token=(.+)$/.exec(location.hash);
+    const match = /^#token=(.*)$/.exec(location.hash);
     if (match) {
-      sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
       history.replaceState(null, "", location.pathname + location.search); // out of sight
+      let token = "";
+      try {
+        token = decodeURIComponent(match[1]).trim();
+      } catch (err) {
+        // a broken %-escape: not a token
+      }
+      if (!token || !sendable(token)) {
+        return { token: null, problem: "The address held something after #token= that is not a token." };
+      }
+      sessionStorage.setItem(TOKEN_KEY, token);
     }
-    return sessionStorage.getItem(TOKEN_KEY);
+    return { token: sessionStorage.getItem(TOKEN_KEY), problem: "" };
+  }
+
+  // Use `read` (from readToken) and connect, or ask for a token.
+  function start(read) {
+    state.token = read.token;
+    if (read.problem) {
+      if (state.abort) state.abort.abort();
+      clearTimeout(state.retry);
+      showLogin(read.problem);
+    } else if (state.token !== null && !sendable(state.token)) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      state.token = null;
+      showLogin(UNSENDABLE);
+    } else {
+      connect();
+    }
   }
 
   function headers(extra) {
@@ -368,36 +403,49 @@
     if (chosen && rules.rules.some((r) => r.name === chosen)) select.value = chosen;
   }
 
+  // The overrides' rows are kept from one snapshot to the next and only their
+  // text changes: a row rebuilt every second would take its Clear button out of
+  // the page under a pointer pressing it, and the click would be lost.
   function renderOverrides() {
     const overrides = state.snap.overrides;
     const note = $("overrides-note");
     const body = $("overrides");
-    body.replaceChildren();
     const form = $("override-form");
-    if (overrides === null) {
-      note.textContent = "This service has no runtime overrides.";
-      form.hidden = true;
+    if (overrides === null || overrides.error) {
+      body.replaceChildren();
+      form.hidden = overrides === null;
+      note.textContent = overrides === null
+        ? "This service has no runtime overrides."
+        : `Overrides cannot be read: ${overrides.error}`;
+      note.className = overrides === null ? "muted" : "error";
       return;
     }
     form.hidden = false;
-    if (overrides.error) {
-      note.textContent = `Overrides cannot be read: ${overrides.error}`;
-      note.className = "error";
-      return;
-    }
     note.className = "muted";
     note.textContent = overrides.overrides.length ? "" : "No override is in force.";
-    for (const o of overrides.overrides) {
-      const clear = el("button", "Clear");
-      clear.type = "button";
-      clear.addEventListener("click", () => clearOverride(o.rule));
-      const cell = el("td");
-      cell.append(clear);
+    const kept = new Map([...body.children].map((tr) => [tr.dataset.rule, tr]));
+    overrides.overrides.forEach((o, n) => {
       const limits = `${o.limits.join(", ")} (in place of ${o.replaces.join(", ")})`;
-      const tr = row([o.rule, limits, o.reason, o.by, num(duration(o.expires_in)), cell]);
-      tr.dataset.rule = o.rule;
-      body.append(tr);
-    }
+      const texts = [o.rule, limits, o.reason, o.by, duration(o.expires_in)];
+      let tr = kept.get(o.rule);
+      kept.delete(o.rule);
+      if (tr === undefined) {
+        const clear = el("button", "Clear");
+        clear.type = "button";
+        clear.addEventListener("click", () => clearOverride(o.rule));
+        const cell = el("td");
+        cell.append(clear);
+        tr = row([...texts.slice(0, 4), num(texts[4]), cell]);
+        tr.dataset.rule = o.rule;
+      } else {
+        texts.forEach((text, i) => {
+          const td = tr.children[i];
+          if (td.textContent !== String(text)) td.textContent = String(text);
+        });
+      }
+      if (body.children[n] !== tr) body.insertBefore(tr, body.children[n] || null);
+    });
+    for (const gone of kept.values()) gone.remove();
     const audit = $("audit");
     audit.replaceChildren();
     for (const a of overrides.audit.slice(0, 20)) {
@@ -498,13 +546,16 @@
   // -- start ---------------------------------------------------------------------------
 
   document.addEventListener("DOMContentLoaded", () => {
-    state.token = readToken();
     $("login-form").addEventListener("submit", (event) => {
       event.preventDefault();
-      state.token = $("token").value.trim();
-      sessionStorage.setItem(TOKEN_KEY, state.token);
+      const token = $("token").value.trim();
       $("token").value = "";
-      connect();
+      if (!sendable(token)) {
+        showLogin(UNSENDABLE);
+        return;
+      }
+      sessionStorage.setItem(TOKEN_KEY, token);
+      start({ token, problem: "" });
     });
     $("forget").addEventListener("click", () => {
       sessionStorage.removeItem(TOKEN_KEY);
@@ -516,10 +567,8 @@
     window.addEventListener("resize", () => state.snap && render());
     window.addEventListener("hashchange", () => {
       // a token pasted into the address (#token=...) on a page already open
-      if (!location.hash.startsWith("#token=")) return;
-      state.token = readToken();
-      connect();
+      if (location.hash.startsWith("#token=")) start(readToken());
     });
-    connect();
+    start(readToken());
   });
 })();
