@@ -445,3 +445,15 @@ def test_no_stream_no_publisher(rules_file: Path) -> None:
         assert app.service.dashboard.listeners == []
 
     asyncio.run(main())
+
+
+def test_the_stats_read_the_metrics_counters_through_their_public_face() -> None:
+    from ratewarden.server._metrics import Metrics  # noqa: PLC0415
+
+    metrics = Metrics()
+    stats = DashboardStats.for_metrics(metrics)
+    assert metrics.store_error_count() == 0
+    metrics.store_errors.inc()
+    metrics.store_errors.inc()
+    assert metrics.store_error_count() == 2
+    assert stats._store_errors() == 2

@@ -93,7 +93,7 @@ class DashboardStats:
     def for_metrics(cls, metrics: Metrics, *, interval: float = 1.0) -> DashboardStats:
         """Stats over the counters ``metrics`` keeps for its scrape, read here
         rather than counted a second time on every check."""
-        return cls(metrics._rules.counts, metrics.store_errors._value.get, interval=interval)
+        return cls(metrics.rule_counts, metrics.store_error_count, interval=interval)
 
     # -- the hooks the service calls --------------------------------------------------
 

@@ -176,6 +176,20 @@ class Metrics:
         # .labels() looks a child up under a lock; the hot path keeps its own dict
         self._latency: dict[str, Histogram] = {}
 
+    @property
+    def rule_counts(self) -> tuple[dict[str, int], ...]:
+        """The per-rule counters behind the rule families (checks, over limit, near
+        limit, shadow denials), by rule name: live dicts, for the dashboard."""
+        return self._rules.counts
+
+    def store_error_count(self) -> float:
+        """Checks a failure policy answered so far (the counter's value)."""
+        for metric in self.store_errors.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    return float(sample.value)
+        return 0.0
+
     def observe(self, endpoint: str, seconds: float) -> None:
         child = self._latency.get(endpoint)
         if child is None:
