@@ -40,6 +40,7 @@ from ._body import HTTPError
 from ._quotas import summary
 
 if TYPE_CHECKING:
+    from ._dashstats import Point
     from ._service import Service
 
 __all__ = ["MAX_STREAMS", "Dashboard"]
@@ -104,7 +105,7 @@ class Dashboard:
         self._shared = b""  # the last snapshot's parts that are the same for every stream
         self._rules: tuple[object, bytes] = (None, b"")  # (what they were made from, JSON)
         self._publisher: asyncio.Task[None] | None = None
-        self._single: tuple[float, bytes] = (-1.0, b"")  # the latest point alone, encoded
+        self._single: tuple[object, bytes] = (None, b"")  # the latest point alone, encoded
         with contextlib.suppress(RuntimeError):  # built in a running loop: sample from now on
             asyncio.get_running_loop()
             self.stats.start()
@@ -136,12 +137,12 @@ class Dashboard:
                 (b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no"),
                 (b"x-content-type-options", b"nosniff")]})  # fmt: skip
-            sent_until = 0.0
+            sent: Point | None = None  # the last sample this client has
             rules_sent: object = None
             if not self._shared:
                 await _first(self._published.wait(), gone)
             while self._going_on(gone):
-                series = self._series(sent_until)
+                series = self._series(sent)
                 made_from, rules = self._rules
                 parts = [b'{"series":', series]
                 if made_from is not rules_sent:
@@ -150,7 +151,7 @@ class Dashboard:
                 parts += [b",", self._shared[1:]]
                 body = b"event: snapshot\ndata: " + b"".join(parts) + b"\n\n"
                 if self.stats.points:
-                    sent_until = self.stats.points[-1].t
+                    sent = self.stats.points[-1]
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 await _first(self._published.wait(), gone)
             if not gone.done():
@@ -164,14 +165,26 @@ class Dashboard:
         is not draining, and the publisher runs."""
         return not gone.done() and not self.service.draining and bool(self._shared)
 
-    def _series(self, after: float) -> bytes:
+    def _series(self, sent: Point | None) -> bytes:
+        """The samples after ``sent`` (all of them if it is gone from the history).
+        Told by the sample itself, not its time: the wall clock that stamps
+        samples may be stepped back, and a stream that waited for a time it had
+        seen would send nothing until the clock came back there."""
         points = self.stats.points
-        if points and points[-1].t > after and (len(points) < 2 or points[-2].t <= after):
+        if not points or points[-1] is sent:
+            return b"[]"
+        if len(points) < 2 or points[-2] is sent:
             latest = points[-1]  # the usual case: one new point, encoded once for every stream
-            if self._single[0] != latest.t:
-                self._single = (latest.t, _encode([latest]))
+            if self._single[0] is not latest:
+                self._single = (latest, _encode([latest]))
             return self._single[1]
-        return _encode(self.stats.since(after))
+        new: list[Point] = []
+        for point in reversed(points):
+            if point is sent:
+                break
+            new.append(point)
+        new.reverse()
+        return _encode(new)
 
     async def _publish(self) -> None:
         """While a stream is open: after each sample, gather the snapshot's shared
