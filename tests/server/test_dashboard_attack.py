@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ratewarden.server import _dashstats, openapi
-from ratewarden.server._dashboard import MAX_STREAMS
+from ratewarden.server._dashboard import MAX_OVERRIDES, MAX_STREAMS
 from tests.server.conftest import RULES, client_for
 from tests.server.process import Served, serving
 from tests.server.test_dashboard import AUTH, TOKEN, fast_app, login, stream
@@ -78,6 +78,31 @@ def test_a_key_cannot_forge_events_or_lines(rules_file: Path) -> None:
                     break
             assert snapshot["top"]["keys"][0]["key"] == forged
             assert "forged" not in snapshot
+
+    asyncio.run(main())
+
+
+def test_every_list_an_event_carries_has_a_cap(tmp_path: Path) -> None:
+    """Overrides are one a rule, and a rule file may hold 10,000 rules: an event
+    lists a bounded number of them, and says there are more."""
+    rules = tmp_path / "many.yaml"
+    many = MAX_OVERRIDES + 5
+    listed = (f"  - {{name: r{n}, rate: 5/minute, match: {{paths: /r{n}}}}}\n" for n in range(many))
+    rules.write_text("version: 1\nrules:\n" + "".join(listed))
+    body = {"limits": ["9/minute"], "for": "10m", "reason": "x" * 200, "by": "ops"}
+
+    async def main() -> None:
+        app = fast_app(rules)
+        async with client_for(app) as client:
+            for n in range(many):
+                put = await client.put(f"/v1/overrides/r{n}", json=body, headers=AUTH)
+                assert put.status_code == 200, put.text
+        async with stream(app, AUTH) as events:
+            await events.start()
+            overrides = (await events.event())["overrides"]
+            assert len(overrides["overrides"]) == MAX_OVERRIDES
+            assert overrides["more"] == 5
+            assert len(overrides["audit"]) <= 20
 
     asyncio.run(main())
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ._dashstats import Point
     from ._service import Service
 
-__all__ = ["MAX_STREAMS", "Dashboard"]
+__all__ = ["MAX_OVERRIDES", "MAX_STREAMS", "Dashboard"]
 
 log = logging.getLogger("ratewarden.server")
 
@@ -60,6 +60,7 @@ MAX_RULES_LISTED = 500  # rules in force listed (a rule file may hold 10,000)
 MAX_QUOTAS = 20  # fleet quotas shown, by name
 MAX_MEMBERS = 50  # members shown a quota, by id
 MAX_AUDIT = 20  # the overrides' latest changes shown
+MAX_OVERRIDES = 100  # overrides shown (one a rule, and a rule file may hold 10,000)
 
 # the page may load its own script and style and talk to its own origin, nothing else
 CSP = (
@@ -283,6 +284,9 @@ class Dashboard:
         if listing is None:
             return None  # a service without runtime overrides
         answer: dict[str, Any] = msgspec.to_builtins(await listing())
+        overrides = answer.get("overrides", [])
+        answer["overrides"] = overrides[:MAX_OVERRIDES]
+        answer["more"] = max(len(overrides) - MAX_OVERRIDES, 0)
         answer["audit"] = answer.get("audit", [])[:MAX_AUDIT]
         return answer
 

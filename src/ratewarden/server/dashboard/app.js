@@ -422,7 +422,9 @@
     }
     form.hidden = false;
     note.className = "muted";
-    note.textContent = overrides.overrides.length ? "" : "No override is in force.";
+    note.textContent = !overrides.overrides.length ? "No override is in force."
+      : overrides.more ? `The first ${overrides.overrides.length} are shown, and ${overrides.more} ` +
+        "more are in force (GET /v1/overrides lists them all)." : "";
     const kept = new Map([...body.children].map((tr) => [tr.dataset.rule, tr]));
     overrides.overrides.forEach((o, n) => {
       const limits = `${o.limits.join(", ")} (in place of ${o.replaces.join(", ")})`;
