@@ -35,8 +35,8 @@ CLEAR_EXAMPLES = examples(
     "ratewarden override clear per-ip --store redis://127.0.0.1:6379/0 --rules rules.yaml",
 )
 LIST_EXAMPLES = examples(
-    "ratewarden override list --url http://127.0.0.1:8080",
-    "ratewarden override list --audit 20 --url http://127.0.0.1:8080 --json",
+    "ratewarden override list --url http://127.0.0.1:8080 --token-file token",
+    "ratewarden override list --audit 20 --url http://127.0.0.1:8080 --token-file token --json",
     "ratewarden override list --store redis://127.0.0.1:6379/0 --rules rules.yaml",
 )
 
@@ -52,7 +52,7 @@ def add_parser(sub: Any) -> None:
         epilog=examples(
             'ratewarden override set order-reads 500/minute --for 30m --reason "incident 7"'
             " --url http://127.0.0.1:8080 --token-file token",
-            "ratewarden override list --url http://127.0.0.1:8080",
+            "ratewarden override list --url http://127.0.0.1:8080 --token-file token",
         ),
     )
     verbs = override.add_subparsers(dest="override_command", required=True, metavar="VERB")

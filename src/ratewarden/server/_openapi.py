@@ -266,8 +266,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
             operation.pop("security", None)
     elif open_checks:
         for path in ("/v1/check", "/v1/check/batch", "/v1/rules", "/v1/quotas",
-                     "/v1/quotas/{name}", "/auth", "/metrics", "/openapi.json",
-                     "/v1/events", "/v1/overrides"):  # fmt: skip
+                     "/v1/quotas/{name}", "/auth", "/metrics", "/openapi.json"):  # fmt: skip
             for operation in document["paths"][path].values():
                 operation["security"] = []
     return document
