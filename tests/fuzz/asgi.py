@@ -64,6 +64,8 @@ async def call(
     once: a start and a body. An exception from the app propagates, since a
     server would turn it into a 500."""
     headers = list(headers or [])
+    if not any(name == b"host" for name, _ in headers):  # as a client sends it (HTTP/1.1)
+        headers.insert(0, (b"host", b"127.0.0.1:8080"))
     if body and not any(name == b"content-length" for name, _ in headers):
         headers.append((b"content-length", str(len(body)).encode()))
     size = max(1, -(-len(body) // chunks))

@@ -193,7 +193,11 @@ class App:
         raise HTTPError(404, f"no such endpoint: {path}")
 
     def _authorize(self, scope: Scope, who: str) -> None:
-        if self._token is None or who == "public" or (who == "check" and self.open_checks):
+        if self._token is None:
+            if who == "admin" and not _loopback_host(scope["headers"]):
+                raise HTTPError(403, NO_TOKEN_ADMIN)
+            return
+        if who == "public" or (who == "check" and self.open_checks):
             return
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -363,6 +367,29 @@ class App:
             return 429, canned, response.body.encode()
         problem = _encode(Problem(f"rate limited by {_rule_name(outcome)}"))
         return outcome.status, _JSON + headers, problem
+
+
+# Without a token anything that reaches the port may call the admin endpoints:
+# local processes, and a web page in a browser on this machine too, through DNS
+# rebinding (its name resolved to 127.0.0.1: the request carries its Host).
+NO_TOKEN_ADMIN = (
+    "without a token (--token-file) the admin endpoints answer only requests for a "
+    "loopback name (127.0.0.1, localhost, [::1]); give the service a token to reach "
+    "them by another name"
+)
+_LOOPBACK_NAMES = (b"127.0.0.1", b"localhost", b"[::1]")
+
+
+def _loopback_host(headers: Headers) -> bool:
+    for name, value in headers:
+        if name == b"host":
+            host = value.lower()
+            if host.startswith(b"["):  # [::1]:8080
+                host = host.partition(b"]")[0] + b"]"
+            else:
+                host = host.partition(b":")[0]
+            return host in _LOOPBACK_NAMES
+    return False
 
 
 _Answer = tuple[int, Headers, bytes]
