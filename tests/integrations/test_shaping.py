@@ -5,7 +5,6 @@ held until its slot (on the fake clock) and a full line is a 429."""
 from __future__ import annotations
 
 import itertools
-import textwrap
 from typing import Any
 
 import flask
@@ -26,24 +25,8 @@ from ratewarden.integrations.asgi import RateLimitMiddleware as ASGIMiddleware
 from ratewarden.integrations.fastapi import RateLimit
 from ratewarden.integrations.wsgi import RateLimitMiddleware as WSGIMiddleware
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, loads
+from tests.shaping import LEVELS, SHAPING, START
 
-SHAPING = textwrap.dedent("""
-    rules:
-      - name: video
-        rate: 2/minute
-        algorithm: fixed_window
-        by: ip
-        action: degrade
-        degrade: {header: true, full_at: 3}
-        match: {paths: /video}
-      - name: line
-        rate: 2/second
-        action: queue
-        queue: 2
-        match: {paths: /line}
-""")
-START = 1_700_000_040.0
-LEVELS = [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
 HEADERS = [None, None, "0.25", "0.50", "0.75", "1", "1"]
 
 

@@ -4,34 +4,17 @@ and hold, and the envoy descriptors of the rules' domain."""
 from __future__ import annotations
 
 import asyncio
-import textwrap
 from pathlib import Path
 
 from ratewarden import AsyncMemoryStore, FakeClock
 from ratewarden.server import App, Service
 from tests.server.conftest import client_for
-
-RULES = textwrap.dedent("""
-    rules:
-      - name: video
-        rate: 2/minute
-        algorithm: fixed_window
-        by: ip
-        action: degrade
-        degrade: {header: true, full_at: 3}
-        match: {paths: /video}
-      - name: line
-        rate: 2/second
-        action: queue
-        queue: 2
-        match: {paths: /line}
-""")
-START = 1_700_000_040.0
+from tests.shaping import SHAPING, START
 
 
 def service(tmp_path: Path, clock: FakeClock) -> Service:
     path = tmp_path / "rules.yaml"
-    path.write_text(RULES)
+    path.write_text(SHAPING)
     return Service(path, AsyncMemoryStore(clock=clock))
 
 
