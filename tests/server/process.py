@@ -65,3 +65,15 @@ def serving(*args: str, tmp: Path, ready: float = 30) -> Iterator[Served]:
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+@contextmanager
+def serving_rules(rules: str, token: str, *args: str, tmp: Path) -> Iterator[Served]:
+    """`serving` a rule file of ``rules`` behind ``token`` (read from a file), HTTP only."""
+    path = tmp / "rules.yaml"
+    path.write_text(rules)
+    token_file = tmp / "token"
+    token_file.write_text(token)
+    with serving("--config", str(path), "--grpc", "off", "--token-file", str(token_file),
+                 *args, tmp=tmp) as served:  # fmt: skip
+        yield served

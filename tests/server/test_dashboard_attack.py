@@ -22,7 +22,7 @@ import pytest
 from ratewarden.server import _dashstats, openapi
 from ratewarden.server._dashboard import MAX_OVERRIDES, MAX_STREAMS
 from tests.server.conftest import RULES, client_for
-from tests.server.process import Served, serving
+from tests.server.process import Served, serving_rules
 from tests.server.test_dashboard import AUTH, TOKEN, fast_app, login, stream
 
 # -- who may read it --------------------------------------------------------------------------
@@ -190,12 +190,7 @@ def test_the_rates_add_up_to_the_metrics_also_across_a_reload(rules_file: Path) 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    args = ("--config", str(rules), "--grpc", "off", "--token-file", str(token), "--drain", "5")
-    with serving(*args, tmp=tmp_path) as served:
+    with serving_rules(RULES, TOKEN, "--drain", "5", tmp=tmp_path) as served:
         yield served
 
 

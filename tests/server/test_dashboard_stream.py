@@ -16,7 +16,7 @@ import pytest
 
 from ratewarden.server._dashboard import MAX_STREAMS
 from tests.server.conftest import RULES
-from tests.server.process import Served, serving
+from tests.server.process import Served, serving_rules
 
 TOKEN = "stream-token-3"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -25,12 +25,7 @@ LOGIN = {"attributes": {"method": "POST", "path": "/api/login", "ip": "192.0.2.4
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    args = ("--config", str(rules), "--grpc", "off", "--token-file", str(token), "--drain", "5")
-    with serving(*args, tmp=tmp_path) as served:
+    with serving_rules(RULES, TOKEN, "--drain", "5", tmp=tmp_path) as served:
         yield served
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.server.process import Served, serving
+from tests.server.process import Served, serving_rules
 from tests.system.test_dashboard_browser import AUTH, RULES, TOKEN, browser
 
 __all__ = ["browser"]
@@ -20,12 +20,7 @@ __all__ = ["browser"]
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    args = ("--config", str(rules), "--grpc", "off", "--token-file", str(token))
-    with serving(*args, tmp=tmp_path) as served:
+    with serving_rules(RULES, TOKEN, tmp=tmp_path) as served:
         yield served
 
 

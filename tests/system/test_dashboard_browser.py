@@ -22,7 +22,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from tests.server.process import Served, serving
+from tests.server.process import Served, serving_rules
 
 ROOT = Path(__file__).parent.parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -54,12 +54,7 @@ XSS = '<img src=x onerror="window.__pwned = 1">'
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(RULES)
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    args = ("--config", str(rules), "--grpc", "off", "--token-file", str(token))
-    with serving(*args, tmp=tmp_path) as served:
+    with serving_rules(RULES, TOKEN, tmp=tmp_path) as served:
         yield served
 
 
