@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from . import __version__
-from ._clicommon import MISSING, USAGE, CliError, parse_pairs, print_json, table
+from ._clicommon import USAGE, CliError, load_rule_file, parse_pairs, print_json, table
 from ._cliprogress import Progress
 from ._clistore import STORE_HELP, opened_store, redact
 from .algorithms import ALGORITHMS
@@ -98,16 +97,9 @@ def _limiter_runs(args: argparse.Namespace, store: Store) -> dict[str, Hit]:
 
 
 def _rule_runs(path: str, pairs: list[str], args: argparse.Namespace, store: Store) -> Hit:
-    try:
-        from .rules import RuleEngine, RuleFileError, load  # noqa: PLC0415 - PyYAML
-    except ImportError:
-        raise CliError("a rule file needs: pip install 'ratewarden[rules]'", MISSING) from None
-    try:
-        ruleset = load(path)
-    except RuleFileError as exc:
-        for problem in exc.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        raise CliError(f"{path}: not loaded ({len(exc.problems)} problem(s))", USAGE) from None
+    ruleset = load_rule_file(path)
+    from .rules import RuleEngine  # noqa: PLC0415 - PyYAML, there since the file loaded
+
     attributes: dict[str, object] = dict(parse_pairs(pairs, "an attribute"))
     if args.vary is None:
         requests = [attributes]

@@ -16,12 +16,12 @@ import sys
 from typing import Any
 
 from ._clicommon import (
-    MISSING,
     NO,
     OK,
     UNREACHABLE,
     USAGE,
     CliError,
+    load_rule_file,
     parse_pairs,
     print_json,
     table,
@@ -99,17 +99,10 @@ def _request(args: argparse.Namespace) -> tuple[str | None, dict[str, Any]]:
 def _in_memory(path: str, attributes: dict[str, Any], args: argparse.Namespace) -> list[Any]:
     import msgspec  # noqa: PLC0415
 
-    try:
-        from .rules import RuleEngine, RuleFileError, load  # noqa: PLC0415 - PyYAML
-        from .server._core import outcome_result  # noqa: PLC0415 - msgspec and the rules only
-    except ImportError:
-        raise CliError("a rule file needs: pip install 'ratewarden[rules]'", MISSING) from None
-    try:
-        ruleset = load(path)
-    except RuleFileError as exc:
-        for problem in exc.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        raise CliError(f"{path}: not loaded ({len(exc.problems)} problem(s))", USAGE) from None
+    ruleset = load_rule_file(path)
+    from .rules import RuleEngine  # noqa: PLC0415 - PyYAML, there since the file loaded
+    from .server._core import outcome_result  # noqa: PLC0415 - msgspec and the rules only
+
     with opened_store(args.store or "memory") as store:
         engine = RuleEngine(ruleset, store)
         outcomes = [engine.check(attributes, cost=args.cost) for _ in range(args.times)]

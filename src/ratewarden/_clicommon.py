@@ -11,7 +11,10 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from .rules import RuleSet
 
 __all__ = [
     "EXIT_CODES",
@@ -22,6 +25,7 @@ __all__ = [
     "USAGE",
     "CliError",
     "Parser",
+    "load_rule_file",
     "parse_pairs",
     "print_json",
     "table",
@@ -83,6 +87,21 @@ def examples(*lines: str) -> str:
     tests/test_cli_examples.py, with the conventions that cli.py's docstring
     states; a comment ``# exits N`` says the example ends with exit code N."""
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def load_rule_file(path: str) -> RuleSet:
+    """A rule file a command runs (check, bench): each problem on stderr, then a
+    usage error; a missing extra is exit code 4."""
+    try:
+        from .rules import RuleFileError, load  # noqa: PLC0415 - PyYAML
+    except ImportError:
+        raise CliError("a rule file needs: pip install 'ratewarden[rules]'", MISSING) from None
+    try:
+        return load(path)
+    except RuleFileError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        raise CliError(f"{path}: not loaded ({len(exc.problems)} problem(s))", USAGE) from None
 
 
 def parse_pairs(pairs: Sequence[str], what: str) -> dict[str, str]:
