@@ -101,3 +101,20 @@ def test_the_openapi_document_has_the_route(tmp_path: Path) -> None:
     assert put["operationId"] == "setLoad"
     assert set(put["responses"]) >= {"200", "404", "422"}
     assert "LoadRequest" in document["components"]["schemas"]
+
+
+def test_envoy_descriptors_meet_the_effective_limit(tmp_path: Path) -> None:
+    # the gRPC service (Envoy RLS) asks with descriptors, through the same engine
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES)
+    svc = Service(path, AsyncMemoryStore(clock=FakeClock(START)))
+    svc.engine.set_load("p99_ms", 1000)
+
+    async def main() -> list[Any]:
+        descriptors = [[("remote_address", "203.0.113.8")]]
+        return [await svc.check_descriptors("ratewarden", descriptors) for _ in range(3)]
+
+    answers = asyncio.run(main())
+    assert [a.allowed for a in answers] == [True, True, False]
+    assert answers[0].limit == 2
+    assert answers[0].headers["X-RateLimit-Limit"] == "2"
