@@ -12,7 +12,6 @@ from ._adaptive import Adaptive
 from ._clicommon import print_json, table
 from ._cliprogress import spinning
 from ._errors import ConfigurationError
-from ._rate import parse_rate
 
 if TYPE_CHECKING:
     from .rules import CompiledRule
@@ -45,11 +44,6 @@ def _action(rule: CompiledRule) -> str:
     if rule.action == "degrade" and rule.rule.degrade is not None and rule.rule.degrade.full_at:
         return f"degrade to {rule.rule.degrade.full_at:g}x"
     return rule.action
-
-
-def _file_rates(rule: CompiledRule) -> list[str]:
-    rates = rule.rule.rate
-    return [str(parse_rate(r)) for r in (rates if isinstance(rates, list) else [rates])]
 
 
 def _envoy_format(path: str) -> bool:
@@ -140,7 +134,7 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
             "rank": rule.rank, "where": _where(rule), "by": list(rule.by),
             # as the file says them: a queue's bucket and a degrade rule's ceiling are
             # the engine's own, derived from them
-            "rates": _file_rates(rule), "algorithm": rule.limits[0].algorithm,
+            "rates": [str(s.file_rate) for s in rule.limits], "algorithm": rule.limits[0].algorithm,
             "burst": rule.rule.burst,
             "cost": rule.cost if rule.cost_attribute is None else f"@{rule.cost_attribute}",
             "action": _action(rule), "on_failure": rule.limits[0].on_failure,
@@ -205,10 +199,10 @@ def _limits(rule: CompiledRule, loads: dict[str, float]) -> list[str]:
     steady ``--load``; the full limit until its signal is fed)."""
     adaptive = rule.rule.adaptive
     if adaptive is None:
-        return [str(s.rate) for s in rule.limits]
+        return [str(s.file_rate) for s in rule.limits]
     value = loads.get(adaptive.signal)
     if value is None:
-        return [f"{s.rate} (adaptive: {adaptive.signal} not fed)" for s in rule.limits]
+        return [f"{s.file_rate} (adaptive: {adaptive.signal} not fed)" for s in rule.limits]
     factor = Adaptive(lambda: value, good=adaptive.good, bad=adaptive.bad,
                       floor=adaptive.floor).factor_of(value)  # fmt: skip
     return [

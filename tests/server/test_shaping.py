@@ -77,3 +77,10 @@ def test_envoy_descriptors_carry_the_degrade_header(tmp_path: Path) -> None:
         return [(await svc.check_descriptors("ratewarden", descriptors)).headers for _ in range(3)]
 
     assert asyncio.run(main())[2] == {"X-RateLimit-Degraded": "0.25"}
+
+
+def test_the_rules_show_a_degrade_rule_s_own_rate(tmp_path: Path) -> None:
+    # it counts up to 3x (6/minute) to grow its level; the file says 2/minute
+    svc = service(tmp_path, FakeClock(START))
+    rates = {r["name"]: r["rates"] for r in svc.describe()["rules"]}
+    assert rates == {"video": ["2/minute"], "line": ["2/second"]}

@@ -188,14 +188,6 @@ def _rate(text: str) -> Rate:
         raise ConfigurationError(f"bad rate {text!r}: {exc}") from None
 
 
-def file_rate(spec: LimitSpec) -> Rate:
-    """The rate the rule file gives for ``spec``: a degrade rule with ``full_at``
-    counts up to a ceiling above it, and shows (and is overridden by) its own."""
-    if spec.degrade_from is None:
-        return spec.rate
-    return Rate(spec.degrade_from, spec.rate.period)
-
-
 def check_override(
     ruleset: RuleSet, rule_name: object, limits: object
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -217,7 +209,7 @@ def check_override(
             raise ConfigurationError(f"a rate is text such as '500/minute', got {text!r}")
         rates.append(_rate(text))
     _tiers(rule, rates)  # raises when they do not fit the rule
-    return tuple(str(r) for r in rates), tuple(str(file_rate(s)) for s in rule.limits)
+    return tuple(str(r) for r in rates), tuple(str(s.file_rate) for s in rule.limits)
 
 
 def _tiers(rule: CompiledRule, rates: Sequence[Rate]) -> dict[int, Rate]:
@@ -226,7 +218,7 @@ def _tiers(rule: CompiledRule, rates: Sequence[Rate]) -> dict[int, Rate]:
     if len(specs) == 1:
         if len(rates) != 1:
             raise ConfigurationError(
-                f"rule {rule.name!r} has one rate ({file_rate(specs[0])}):"
+                f"rule {rule.name!r} has one rate ({specs[0].file_rate}):"
                 f" give one rate, not {len(rates)}"
             )
         return {0: rates[0]}
@@ -235,13 +227,13 @@ def _tiers(rule: CompiledRule, rates: Sequence[Rate]) -> dict[int, Rate]:
     for rate in rates:
         tier = by_window.get(rate.period_ns)
         if tier is None:
-            have = ", ".join(str(file_rate(s)) for s in specs)
+            have = ", ".join(str(s.file_rate) for s in specs)
             raise ConfigurationError(
                 f"rule {rule.name!r} has rates {have}: {rate} has none of their windows"
                 " (an override replaces the rate with the same window)"
             )
         if tier in out:
-            raise ConfigurationError(f"two rates given for the window of {file_rate(specs[tier])}")
+            raise ConfigurationError(f"two rates given for the window of {specs[tier].file_rate}")
         out[tier] = rate
     return out
 

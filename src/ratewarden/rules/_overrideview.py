@@ -26,7 +26,6 @@ from ._overrides import (
     OverrideRecord,
     check_override,
     check_text,
-    file_rate,
     parse_duration,
     substitutions,
 )
@@ -63,7 +62,7 @@ def clear_record(ruleset: RuleSet, rule: object, reason: object, by: object) -> 
     if not isinstance(rule, str) or not rule:
         raise ConfigurationError("name the rule whose override ends")
     known = ruleset.by_name.get(rule)
-    file_rates = () if known is None else tuple(str(file_rate(s)) for s in known.limits)
+    file_rates = () if known is None else tuple(str(s.file_rate) for s in known.limits)
     why = check_text("reason", reason, MAX_REASON, required=False)
     who = check_text("by", by, MAX_BY, required=False)
     return OverrideRecord(rule, (), file_rates, why, who)

@@ -73,6 +73,14 @@ class LimitSpec:
     # adaptive: the limit follows a load signal (see ratewarden._adaptive)
     adaptive: AdaptiveLimit | None = None
 
+    @property
+    def file_rate(self) -> Rate:
+        """The rate the rule file gives, as people are shown it: a degrade rule
+        with ``full_at`` counts up to a ceiling above it."""
+        if self.degrade_from is None:
+            return self.rate
+        return Rate(self.degrade_from, self.rate.period)
+
 
 class CompiledRule:
     """A rule ready to match; ``rule`` is the `Rule` as the file said it."""

@@ -246,7 +246,7 @@ class Dashboard:
                 "name": rule.name,
                 "line": rule.line,
                 "action": rule.action,
-                "rates": [str(spec.rate) for spec in rule.limits],
+                "rates": [str(spec.file_rate) for spec in rule.limits],
                 "algorithm": rule.limits[0].algorithm,
                 "by": list(rule.by),
                 "group": rule.group,

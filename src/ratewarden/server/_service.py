@@ -371,7 +371,7 @@ class Service:
                 "priority": r.priority,
                 "action": r.action,
                 "by": list(r.by),
-                "rates": [str(s.rate) for s in r.limits],
+                "rates": [str(s.file_rate) for s in r.limits],
                 "algorithm": r.limits[0].algorithm,
                 "description": r.rule.description,
             }
