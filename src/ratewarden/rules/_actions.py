@@ -231,14 +231,13 @@ def classed(outcome: Outcome) -> bool:
 
 
 def wait_in_line(
-    engine: Any,
+    turns: Turns,
     outcome: Outcome,
     attributes: Mapping[str, object],
     check_again: Callable[[], Outcome],
 ) -> Outcome:
-    """Hold a delayed request in its class's place in line (blocking), in the
-    lines of ``engine`` (a `RuleEngine`)."""
-    turns: Turns = engine.__dict__.setdefault("_lines", Turns(engine.store.clock))
+    """Hold a delayed request in its class's place in line (blocking), among
+    ``turns``, the lines of its engine."""
     rule, clock = outcome.rule, turns.clock
     if rule is None:  # not classed(): nothing to wait for here
         return outcome
@@ -270,14 +269,12 @@ def wait_in_line(
 
 
 async def await_in_line(
-    engine: Any,
+    turns: AsyncTurns,
     outcome: Outcome,
     attributes: Mapping[str, object],
     check_again: Callable[[], Awaitable[Outcome]],
 ) -> Outcome:
-    """`wait_in_line` without blocking the event loop (``engine``: an
-    `AsyncRuleEngine`)."""
-    turns: AsyncTurns = engine.__dict__.setdefault("_lines", AsyncTurns(engine.store.clock))
+    """`wait_in_line` without blocking the event loop."""
     rule, clock = outcome.rule, turns.clock
     if rule is None:  # not classed(): nothing to wait for here
         return outcome

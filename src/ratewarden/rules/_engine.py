@@ -43,6 +43,7 @@ from .._decision import Decision
 from .._errors import ConfigurationError
 from .._hitmany import ahit_tiers, hit_tiers
 from .._limiter import AsyncLimiter, Limiter
+from .._waiting import AsyncTurns, Turns
 from ..stores import AsyncStore, Store
 from . import _actions as act
 from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
@@ -285,6 +286,7 @@ class RuleEngine(_Core[Limiter], Overridable):
         self.store = store
         super().__init__(source, store.clock)
         self._setup_overrides(store, overrides, overrides_namespace)
+        self._lines = Turns(store.clock)  # delayed requests of priority_from rules
 
     def _limiter(self, spec: LimitSpec) -> Limiter:
         return Limiter(
@@ -307,7 +309,7 @@ class RuleEngine(_Core[Limiter], Overridable):
             return outcome
         if act.classed(outcome):  # a delay in priority classes: its place in line
             return act.wait_in_line(
-                self, outcome, attributes, lambda: self._check_once(attributes, cost)
+                self._lines, outcome, attributes, lambda: self._check_once(attributes, cost)
             )
         return wait_out_sync(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
@@ -331,6 +333,7 @@ class AsyncRuleEngine(_Core[AsyncLimiter], AsyncOverridable):
         self.store = store
         super().__init__(source, store.clock)
         self._setup_overrides(store, overrides, overrides_namespace)
+        self._lines = AsyncTurns(store.clock)  # delayed requests of priority_from rules
 
     def _limiter(self, spec: LimitSpec) -> AsyncLimiter:
         return AsyncLimiter(
@@ -349,7 +352,7 @@ class AsyncRuleEngine(_Core[AsyncLimiter], AsyncOverridable):
             return outcome
         if act.classed(outcome):
             return await act.await_in_line(
-                self, outcome, attributes, lambda: self._check_once(attributes, cost)
+                self._lines, outcome, attributes, lambda: self._check_once(attributes, cost)
             )
         return await wait_out(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
