@@ -9,13 +9,14 @@ import gc
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from ratewarden import StoreUnavailable
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, loads
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
+from tests.engines import limit_of, within
 from tests.redis_server import RedisCluster, RedisServer, redis_server
 
 RULES = loads("""
@@ -30,22 +31,6 @@ rules:
 
 def attributes() -> dict[str, object]:
     return {"path": "/api/x", "user": uuid.uuid4().hex}  # a key of this test's own
-
-
-def within(seconds: float, condition: Callable[[], bool]) -> float:
-    """Seconds until ``condition`` held, checked every 5 ms; fails after ``seconds``."""
-    began = time.monotonic()
-    while not condition():
-        if time.monotonic() - began > seconds:
-            pytest.fail(f"not within {seconds} s")
-        time.sleep(0.005)
-    return time.monotonic() - began
-
-
-def limit_of(engine: RuleEngine, who: dict[str, object]) -> int:
-    decision = engine.check(who).decision
-    assert decision is not None
-    return decision.limit
 
 
 @pytest.fixture

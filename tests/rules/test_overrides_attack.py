@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,6 +23,7 @@ from ratewarden.rules._overrides import OverrideRecord, check_text
 from ratewarden.rules._overrideview import OverrideView
 from ratewarden.stores import MemoryStore
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
+from tests.engines import limit_of, within
 from tests.redis_server import RedisServer
 
 SHAPED = loads("""
@@ -61,21 +62,6 @@ def shaped() -> RuleEngine:
 
 def who() -> dict[str, object]:
     return {"path": "/api/x", "user": uuid.uuid4().hex}
-
-
-def limit_of(engine: RuleEngine, attributes: dict[str, object]) -> int:
-    decision = engine.check(attributes).decision
-    assert decision is not None
-    return decision.limit
-
-
-def within(seconds: float, condition: Callable[[], bool]) -> float:
-    began = time.monotonic()
-    while not condition():
-        if time.monotonic() - began > seconds:
-            pytest.fail(f"not within {seconds} s")
-        time.sleep(0.005)
-    return time.monotonic() - began
 
 
 # -- what an override replaces -------------------------------------------------
