@@ -41,12 +41,12 @@ from ._core import (
 from ._dashstats import DashboardStats
 from ._envoyenv import EnvoyOptions
 from ._metrics import Metrics
+from ._overrideapi import OverrideList
 from ._quotas import MAX_SCRAPED
 
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus
     from ._envoywatch import EnvoyWatcher
-    from ._overrideapi import OverrideList
     from ._quotaread import QuotaReader
 
 __all__ = ["InvalidRequest", "NotFound", "Service", "Unprocessable"]
@@ -425,8 +425,6 @@ class Service:
 
     async def override_list(self) -> OverrideList:
         """The overrides in force and the last 100 changes (`/v1/overrides`)."""
-        from ._overrideapi import OverrideList  # noqa: PLC0415
-
         engine = self.engine
         overrides = await engine.alist_overrides()
         audit = await engine.aoverride_audit(100)
