@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.redis_server import redis_server
 
 from ratewarden.fleet import RegionalLimiter, RegionRebalancer, RegionSplit
-from ratewarden.fleet._alloc import allocate
+from ratewarden.fleet.alloc import allocate
 from ratewarden.stores.redis import RedisStore
 
 REGIONS = ("us", "eu", "ap")

@@ -212,8 +212,8 @@ class _H2Connection(asyncio.Protocol):
     stream to end, as Envoy's and gRPC's clients queue them."""
 
     def __init__(self, path: bytes, authority: bytes) -> None:
-        from ratewarden.server._h2frames import PREFACE, frame  # noqa: PLC0415
-        from ratewarden.server._h2grpc import TRAILERS_OK  # noqa: PLC0415
+        from ratewarden.server.h2._frames import PREFACE, frame  # noqa: PLC0415
+        from ratewarden.server.h2._grpc import TRAILERS_OK  # noqa: PLC0415
 
         self.frame, self.ok = frame, TRAILERS_OK
         self.preface = PREFACE

@@ -16,10 +16,9 @@ from typing import ClassVar
 
 import pytest
 
-from ratewarden._clicommon import EXIT_CODES, CliError
-from ratewarden._cliprogress import Progress, spinning
-from ratewarden._cliservice import ServiceClient
 from ratewarden.cli import main
+from ratewarden.cli._common import EXIT_CODES, CliError, Progress, spinning
+from ratewarden.cli._service import ServiceClient
 from tests.redis_server import free_port
 from tests.server.process import RATEWARDEN
 
@@ -67,7 +66,7 @@ def test_the_exit_codes_are_in_the_help_and_the_docs() -> None:
 
 
 def test_a_missing_extra_is_exit_code_4(monkeypatch: pytest.MonkeyPatch, capsys: Capture) -> None:
-    monkeypatch.setitem(sys.modules, "ratewarden.stores._redisconn", None)  # import fails
+    monkeypatch.setitem(sys.modules, "ratewarden.stores.redis.connection", None)  # import fails
     assert main(["quota", "list"]) == 4
     assert one_line(capsys) == (
         "ratewarden quota: ratewarden quota needs: pip install 'ratewarden[redis]'"

@@ -21,7 +21,7 @@ from ratewarden import (
 )
 from ratewarden._hitmany import hit_tiers
 from ratewarden.algorithms import Params, State, Step, get_algorithm, peek
-from ratewarden.stores._base import pick
+from ratewarden.stores.base import pick
 from tests.strategies import TierSpec, TiersScenario, tier_scenarios
 
 

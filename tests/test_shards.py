@@ -24,8 +24,8 @@ from ratewarden import (
 from ratewarden._rate import Rate
 from ratewarden.algorithms import Algorithm
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleFileError, loads
-from ratewarden.stores._base import BindOptions, Bound
-from ratewarden.stores._shards import Shards, split
+from ratewarden.stores.base import BindOptions, Bound
+from ratewarden.stores.shards import Shards, split
 
 ALGORITHMS = [
     "fixed_window", "sliding_window_counter", "sliding_window_log",

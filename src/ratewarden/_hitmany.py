@@ -10,8 +10,8 @@ from ._adaptive import in_requests
 from ._decision import Decision
 from ._errors import ConfigurationError
 from ._limiter import AsyncLimiter, Limiter
-from .stores import _shards
-from .stores._base import Check
+from .stores import shards as _shards
+from .stores.base import Check
 
 __all__ = ["ahit_many", "ahit_tiers", "hit_many", "hit_tiers"]
 

@@ -29,8 +29,9 @@ from ._waiting import (
     timed_out,
 )
 from .algorithms import Algorithm, Refill, get_algorithm
-from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store, _shards
-from .stores._base import (
+from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
+from .stores import shards as _shards
+from .stores.base import (
     AsyncBound,
     AsyncHitFn,
     AsyncResetFn,
@@ -39,7 +40,7 @@ from .stores._base import (
     HitFn,
     ResetFn,
 )
-from .stores._failure import OnFailure, check_policy
+from .stores.failure import OnFailure, check_policy
 
 __all__ = [
     "AsyncLimiter",

@@ -36,7 +36,7 @@ from ._limiter import AsyncLimiter, Limiter
 from ._rate import Rate, parse_rate
 from ._waiting import asleep_precisely, check_max_wait, check_spin
 from .stores import AsyncStore, Store
-from .stores._failure import OnFailure
+from .stores.failure import OnFailure
 
 __all__ = ["AsyncPacedQueue", "PacedQueue", "QueueFull"]
 

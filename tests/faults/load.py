@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ratewarden import AsyncLimiter, Decision, Limiter
-from ratewarden.stores._failure import Breaker
+from ratewarden.stores.failure import Breaker
 
 TIMEOUT = 0.05  # the store's timeout in these tests: the production default
 # Slack on top of the timeout for one decision: on a shared machine a

@@ -19,8 +19,8 @@ from redis.crc import key_slot
 
 import redis
 from ratewarden import AsyncLimiter, Decision, Limiter
-from ratewarden.stores._redisconn import QUIET
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
+from ratewarden.stores.redis.connection import QUIET
 from tests.faults.load import (
     TASKS,
     THREADS,

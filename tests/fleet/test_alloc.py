@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratewarden.fleet._alloc import ALLOCATORS, allocate, grant
+from ratewarden.fleet.alloc import ALLOCATORS, allocate, grant
 
 wants_lists = st.lists(st.integers(0, 5_000_000), min_size=1, max_size=40)
 totals = st.integers(0, 10_000_000)

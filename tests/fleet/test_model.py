@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratewarden.fleet import QuotaConfig
-from ratewarden.fleet._alloc import ALLOCATORS
-from ratewarden.fleet._model import Model, _unpack
+from ratewarden.fleet.alloc import ALLOCATORS
+from ratewarden.fleet.model import Model, _unpack
 
 START_MS = 1_763_900_000_000
 

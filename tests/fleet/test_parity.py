@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 import redis
 from ratewarden.fleet import Coordinator, QuotaConfig
-from ratewarden.fleet._alloc import ALLOCATORS, MAX_PIECES
-from ratewarden.fleet._coord import keys
-from ratewarden.fleet._model import Model
+from ratewarden.fleet.alloc import ALLOCATORS, MAX_PIECES
+from ratewarden.fleet.coordinator import keys
+from ratewarden.fleet.model import Model
 from tests.redis_server import RedisServer
 
 START_MS = 1_763_900_000_000

@@ -15,10 +15,10 @@ import redis.asyncio as aioredis
 import redis
 from ratewarden import ConfigurationError, FakeClock, RateLimitTimeout
 from ratewarden.fleet import AsyncFleetQuota, FleetQuota, QuotaConfig, set_quota
-from ratewarden.fleet._coord import Reply
-from ratewarden.fleet._member import Member
+from ratewarden.fleet.coordinator import Reply
+from ratewarden.fleet.member import Member
 from ratewarden.integrations.httpx import RateLimitTransport
-from ratewarden.stores._redisconn import connect
+from ratewarden.stores.redis.connection import connect
 from tests.redis_server import RedisCluster, RedisServer, free_port
 
 START = 1_763_900_000.0

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from ratewarden import ConfigurationError
 from ratewarden.fleet import RegionSplit
-from ratewarden.fleet._coord import parse_refresh
-from ratewarden.fleet._model import Model
 from ratewarden.fleet._regions import Demand, Record, limit_at, next_limits
+from ratewarden.fleet.coordinator import parse_refresh
+from ratewarden.fleet.model import Model
 
 W = 1000  # ms: the window of "…/second"
 T0 = 1_763_900_000_000  # ms, a window edge

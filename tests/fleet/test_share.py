@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratewarden.fleet._alloc import allocate
 from ratewarden.fleet._share import Share
+from ratewarden.fleet.alloc import allocate
 
 S = 1_000_000_000
 W0 = 1_763_900_000  # a window index of today's magnitude (1 s windows)

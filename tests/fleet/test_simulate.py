@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from ratewarden.cli import main as ratewarden
-from ratewarden.fleet._scenarios import Result, Scenario, check, documented
-from ratewarden.fleet._simbackend import TrueClock
-from ratewarden.fleet._simulate import (
+from ratewarden.sim._backend import TrueClock
+from ratewarden.sim._command import (
     ModelBackend,
     RedisBackend,
     _Progress,
@@ -25,6 +24,7 @@ from ratewarden.fleet._simulate import (
     main,
     simulate,
 )
+from ratewarden.sim._scenarios import Result, Scenario, check, documented
 from tests.redis_server import RedisServer
 
 

@@ -17,7 +17,7 @@ from hypothesis import given
 
 import redis
 from ratewarden.algorithms import Algorithm, Params, State, peek
-from ratewarden.stores._scripts import Scripts, pack, script_args
+from ratewarden.stores.redis.scripts import Scripts, pack, script_args
 from tests.models import ALGOS
 from tests.redis_server import RedisCluster, RedisServer
 from tests.strategies import Scenario, scenarios

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from ratewarden._rate import parse_rate
 from ratewarden.algorithms import get_algorithm
-from ratewarden.stores._scripts import SYNC, Scripts
-from ratewarden.stores._twotier import LocalLimit, TwoTierSettings, decode, force
 from ratewarden.stores.redis import RedisStore
+from ratewarden.stores.redis._twotier import LocalLimit, TwoTierSettings, decode, force
+from ratewarden.stores.redis.scripts import SYNC, Scripts
 from tests.redis_server import RedisServer
 
 EPOCH_US = 1_763_700_000_000_000

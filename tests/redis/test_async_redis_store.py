@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, StoreUnavailable, ahit_many
-from ratewarden.stores._batcher import _Item
-from ratewarden.stores._failure import OnFailure
+from ratewarden.stores.failure import OnFailure
 from ratewarden.stores.redis import AsyncRedisStore
+from ratewarden.stores.redis._batcher import _Item
 from tests.redis_server import RedisCluster, RedisServer, free_port
 
 # Exactness tests on a live server: a loaded CI machine can stall a reply past the

@@ -22,9 +22,9 @@ from redis.asyncio.connection import Connection, ConnectionPool
 
 import redis
 from ratewarden import AsyncLimiter, Decision, Limiter, StoreUnavailable
-from ratewarden.stores._redisconn import QUIET
-from ratewarden.stores._wire import usable
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
+from ratewarden.stores.redis._wire import usable
+from ratewarden.stores.redis.connection import QUIET
 from tests.redis_server import RedisServer, free_port, redis_server
 
 LIVE = 5.0  # see test_async_redis_store.py

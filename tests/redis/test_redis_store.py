@@ -21,7 +21,7 @@ from ratewarden import (
     hit_many,
 )
 from ratewarden.rules import RuleEngine, loads
-from ratewarden.stores._failure import OnFailure
+from ratewarden.stores.failure import OnFailure
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisCluster, RedisServer, free_port, redis_sentinel
 

@@ -24,8 +24,8 @@ from redis.connection import Connection, ConnectionPool
 
 import redis
 from ratewarden import Decision, Limiter, StoreUnavailable
-from ratewarden.stores._syncwire import SyncWire, usable
 from ratewarden.stores.redis import RedisStore
+from ratewarden.stores.redis._syncwire import SyncWire, usable
 from tests.redis_server import RedisServer, free_port, redis_server
 
 LIVE = 5.0  # a timeout no healthy round trip reaches, even on a loaded machine

@@ -19,8 +19,8 @@ import pytest
 from ratewarden import AsyncLimiter, Limiter, hit_many
 from ratewarden._clock import FakeClock
 from ratewarden.rules import RuleEngine, RuleFileError
-from ratewarden.stores._twotier import LocalLimit
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore, TwoTierSettings
+from ratewarden.stores.redis._twotier import LocalLimit
 from tests.redis_server import RedisServer, redis_server
 
 QUIET = TwoTierSettings(sync_interval=60.0)  # syncs happen when a test says so

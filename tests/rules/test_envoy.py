@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ratewarden import AsyncMemoryStore, FakeClock, MemoryStore
+from ratewarden.envoy._files import parse_files
 from ratewarden.rules import AsyncEnvoyConfig, EnvoyConfig, RuleFileError
-from ratewarden.rules._envoyfile import parse_files
 
 Descriptors = list[list[tuple[str, str]]]
 A = "domain: d\ndescriptors:\n  - key: a\n"

@@ -11,7 +11,7 @@ import pytest
 from ratewarden import ConfigurationError
 from ratewarden._clock import FakeClock
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuntimeOverride, UnknownRule, loads
-from ratewarden.rules._overrides import AUDIT_KEPT, parse_duration
+from ratewarden.rules.overrides import AUDIT_KEPT, parse_duration
 from ratewarden.stores import AsyncMemoryStore, MemoryStore
 
 RULES = """

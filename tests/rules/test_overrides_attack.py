@@ -19,8 +19,8 @@ import pytest
 from ratewarden import ConfigurationError
 from ratewarden._clock import FakeClock
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, loads
-from ratewarden.rules._overrides import OverrideRecord, check_text
-from ratewarden.rules._overrideview import OverrideView
+from ratewarden.rules._override_view import OverrideView
+from ratewarden.rules.overrides import OverrideRecord, check_text
 from ratewarden.stores import MemoryStore
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.engines import limit_of, within

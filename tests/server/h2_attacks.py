@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ratewarden.server._h2frames import PREFACE, frame, header_int, literal
-from ratewarden.server._h2grpc import TRAILERS_OK
+from ratewarden.server.h2._frames import PREFACE, frame, header_int, literal
+from ratewarden.server.h2._grpc import TRAILERS_OK
 
 RLS = b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 WATCH = b"/grpc.health.v1.Health/Watch"

@@ -14,8 +14,8 @@ import pytest
 from ratewarden import AsyncMemoryStore
 from ratewarden.server import Service
 from ratewarden.server._grpc import GrpcServer
-from ratewarden.server._h2grpc import Status
 from ratewarden.server._openapi import openapi
+from ratewarden.server.h2._grpc import Status
 from tests.server.conftest import client_for, make_app
 from tests.server.h2_attacks import message
 from tests.server.test_h2 import client

@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 
 from ratewarden.server import App
 from ratewarden.server._dashboard import CSP, Dashboard
-from ratewarden.server._dashsketch import MAX_KEY, SpaceSaving, TopKeys
-from ratewarden.server._dashstats import DashboardStats
+from ratewarden.server._dashstats import MAX_KEY, DashboardStats, SpaceSaving, TopKeys
 from tests.server.conftest import client_for, make_app
 
 TOKEN = "dash-token-7"

@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from ratewarden import ConfigurationError
-from ratewarden.server._envoyenv import apply_environment
+from ratewarden.envoy._runtime import apply_environment
 from ratewarden.server._serve import ServeOptions, add_arguments, options_from
 
 

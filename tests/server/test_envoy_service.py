@@ -15,8 +15,8 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 
 from ratewarden import AsyncMemoryStore, FakeClock
+from ratewarden.envoy._runtime import EnvoyOptions
 from ratewarden.server import Service
-from ratewarden.server._envoyenv import EnvoyOptions
 from ratewarden.server._grpc import METHOD, GrpcServer, messages
 
 from .test_grpc import request

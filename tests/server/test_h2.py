@@ -1,4 +1,4 @@
-"""The HTTP/2 server under gRPC (`ratewarden.server._h2`), spoken to by h2's
+"""The HTTP/2 server under gRPC (`ratewarden.server.h2._connection`), spoken to by h2's
 client state machine (an independent implementation) and by raw frames for
 what a well-behaved client never sends."""
 
@@ -20,8 +20,9 @@ import h2.settings
 import hpack
 import pytest
 
-from ratewarden.server._h2frames import PREFACE, frame
-from ratewarden.server._h2grpc import (
+from ratewarden.server._connection_limits import ConnectionLimits
+from ratewarden.server.h2._frames import PREFACE, frame
+from ratewarden.server.h2._grpc import (
     MAX_MESSAGE,
     Call,
     GrpcError,
@@ -30,7 +31,6 @@ from ratewarden.server._h2grpc import (
     Method,
     Status,
 )
-from ratewarden.server._limits import ConnectionLimits
 
 
 def message(payload: bytes, compressed: bool = False) -> bytes:
@@ -720,7 +720,7 @@ def test_unfinished_requests_are_bounded_by_the_connection_window() -> None:
 
 
 def test_a_streaming_message_limit_is_per_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ratewarden.server import _h2grpc  # noqa: PLC0415
+    from ratewarden.server.h2 import _grpc as _h2grpc  # noqa: PLC0415
 
     monkeypatch.setattr(_h2grpc, "MAX_MESSAGE", 1000)
 

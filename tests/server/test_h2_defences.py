@@ -1,5 +1,5 @@
 """What a hostile client can make the HTTP/2 server spend: each defence of
-`ratewarden.server._h2` attacked on its own, in process, with small limits."""
+`ratewarden.server.h2._connection` attacked on its own, in process, with small limits."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from typing import Any
 import h2.settings
 import pytest
 
-from ratewarden.server import _h2out
-from ratewarden.server._h2frames import PREFACE, frame, literal
-from ratewarden.server._h2grpc import MAX_STREAMING, Call, H2Server, Metadata, Method, Status
-from ratewarden.server._limits import ConnectionLimits
+from ratewarden.server._connection_limits import ConnectionLimits
+from ratewarden.server.h2 import _send as _h2out
+from ratewarden.server.h2._frames import PREFACE, frame, literal
+from ratewarden.server.h2._grpc import MAX_STREAMING, Call, H2Server, Metadata, Method, Status
 from tests.server.h2_attacks import message, request_block
 from tests.server.test_h2 import client, frames_of, goaway_code
 

@@ -432,8 +432,8 @@ def test_a_request_in_flight_is_dropped_only_when_its_answer_stalls(stalled: boo
     import uvicorn  # noqa: PLC0415
     from uvicorn.server import ServerState  # noqa: PLC0415
 
+    from ratewarden.server._connection_limits import ConnectionLimits  # noqa: PLC0415
     from ratewarden.server._http import http_protocol  # noqa: PLC0415
-    from ratewarden.server._limits import ConnectionLimits  # noqa: PLC0415
 
     async def holding(scope: Any, receive: Any, send: Any) -> None:
         await asyncio.Event().wait()  # an answer that takes its time

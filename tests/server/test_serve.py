@@ -255,7 +255,7 @@ def test_debug_logs_never_hold_the_bearer_token(
 def test_setup_logging_keeps_libraries_that_log_headers_quiet(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from ratewarden.server._logsetup import setup_logging  # noqa: PLC0415
+    from ratewarden.server._logging import setup_logging  # noqa: PLC0415
 
     names = ("", "ratewarden", "hpack", "h2")
     saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in names]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ratewarden import ConfigurationError, Limiter, StoreError, StoreUnavailable
-from ratewarden.stores._failure import Breaker, fallback
+from ratewarden.stores.failure import Breaker, fallback
 
 
 class Ticks:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import threading
 
 from ratewarden import FakeClock, Limiter, MemoryStore
-from ratewarden.stores._tokenlock import TokenLock
+from ratewarden.stores.memory import TokenLock
 
 
 def test_a_hit_waits_while_another_thread_holds_the_store() -> None:

@@ -15,9 +15,7 @@ from .._decision import Decision
 from .._errors import ConfigurationError
 from ._params import Algorithm, Params, State, Step
 from .bucket import bucket, token_bucket_interval
-from .fixed_window import fixed_window
-from .sliding_window_counter import sliding_window_counter
-from .sliding_window_log import sliding_window_log
+from .windows import fixed_window, sliding_window_counter, sliding_window_log
 
 __all__ = ["ALGORITHMS", "Algorithm", "Params", "State", "Step", "get_algorithm", "peek"]
 

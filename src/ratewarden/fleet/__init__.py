@@ -20,13 +20,13 @@ Install with ``pip install ratewarden[redis]``.
 """
 
 from ._admin import alist_quotas, ashow_quota, list_quotas, set_quota, show_quota
-from ._alloc import ALLOCATORS, allocate
 from ._aquota import AsyncFleetQuota, AsyncQuotaSlot
-from ._config import QuotaConfig
-from ._coord import AsyncCoordinator, Coordinator, MemberStatus, QuotaStatus
 from ._quota import FleetQuota, QuotaSlot
 from ._regionio import RegionalLimiter, RegionRebalancer
 from ._regions import RegionSplit
+from .alloc import ALLOCATORS, allocate
+from .config import QuotaConfig
+from .coordinator import AsyncCoordinator, Coordinator, MemberStatus, QuotaStatus
 
 __all__ = [
     "ALLOCATORS",

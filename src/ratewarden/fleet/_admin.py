@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import StoreUnavailable
-from ._config import QuotaConfig
-from ._coord import AsyncCoordinator, Coordinator, QuotaStatus
+from .config import QuotaConfig
+from .coordinator import AsyncCoordinator, Coordinator, QuotaStatus
 
 __all__ = ["alist_quotas", "ashow_quota", "list_quotas", "set_quota", "show_quota"]
 

@@ -17,11 +17,10 @@ from typing import Any
 from .._clock import Clock
 from .._errors import ConfigurationError, StoreUnavailable
 from .._waiting import Turns, check_max_wait, check_priority
-from ..stores._redisconn import connect
-from ._config import QuotaConfig
-from ._coord import Coordinator, QuotaStatus
-from ._line import LINE, Line
-from ._shell import POLL, Shell, check_cost, log
+from ..stores.redis.connection import connect
+from ._shell import LINE, POLL, Line, Shell, check_cost, log
+from .config import QuotaConfig
+from .coordinator import Coordinator, QuotaStatus
 
 __all__ = ["FleetQuota", "QuotaSlot"]
 

@@ -24,14 +24,11 @@ from .._decision import Decision
 from .._errors import ConfigurationError, StoreUnavailable
 from .._rate import Rate
 from ..algorithms import get_algorithm
-from ..stores._base import Bound
-from ..stores._failure import OnFailure, check_policy
-from ..stores._redisconn import FAILURES, connect
-from ..stores._scripts import redis_params
+from ..stores.base import Bound
+from ..stores.failure import OnFailure, check_policy
 from ..stores.redis import RedisStore
-from ._alloc import MILLI, Piece
-from ._coord import Coordinator
-from ._member import _TRANSIENT
+from ..stores.redis.connection import FAILURES, connect
+from ..stores.redis.scripts import redis_params
 from ._regions import (
     Demand,
     Record,
@@ -43,6 +40,9 @@ from ._regions import (
     text,
 )
 from ._shell import log
+from .alloc import MILLI, Piece
+from .coordinator import Coordinator
+from .member import _TRANSIENT
 
 __all__ = ["RegionRebalancer", "RegionalLimiter"]
 

@@ -44,8 +44,8 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from .._rate import Rate, parse_rate
-from ._alloc import MILLI
-from ._config import QuotaConfig, check_name
+from .alloc import MILLI
+from .config import QuotaConfig, check_name
 
 __all__ = [
     "Demand",

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ._alloc import Piece, scaled, within
+from .alloc import Piece, scaled, within
 
 __all__ = ["Share"]
 

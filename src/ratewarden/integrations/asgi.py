@@ -1,8 +1,8 @@
 """Rate limiting for any ASGI application (Starlette, FastAPI, Quart, ...).
 
-    from ratewarden import AsyncMemoryStore
-    from ratewarden.integrations.asgi import RateLimitMiddleware
-    from ratewarden.rules import AsyncRuleEngine
+    from .. import AsyncMemoryStore
+    from .asgi import RateLimitMiddleware
+    from ..rules import AsyncRuleEngine
 
     engine = AsyncRuleEngine("rules.yaml", AsyncMemoryStore())
     app = RateLimitMiddleware(app, engine, identify=lambda scope: {"user": ...})
@@ -22,8 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from ..rules import AsyncRuleEngine, Outcome, RuleEngine
-from ..rules._hold import wait_out
+from ..rules import AsyncRuleEngine, Outcome, RuleEngine, wait_out
 from ..stores import MemoryStore
 from ._request import (
     DEGRADE,

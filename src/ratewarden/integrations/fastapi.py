@@ -1,7 +1,7 @@
 """Route-specific limits for FastAPI: a dependency (``pip install ratewarden[fastapi]``).
 
     from fastapi import Depends, FastAPI
-    from ratewarden.integrations.fastapi import RateLimit, install
+    from .fastapi import RateLimit, install
 
     search_limit = RateLimit(AsyncRuleEngine("search-rules.yaml", AsyncMemoryStore()))
     app = FastAPI()

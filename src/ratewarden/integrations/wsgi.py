@@ -1,8 +1,8 @@
 """Rate limiting for any WSGI application (Flask, Django, Pyramid, Bottle, ...).
 
-    from ratewarden import MemoryStore
-    from ratewarden.integrations.wsgi import RateLimitMiddleware
-    from ratewarden.rules import RuleEngine
+    from .. import MemoryStore
+    from .wsgi import RateLimitMiddleware
+    from ..rules import RuleEngine
 
     app = RateLimitMiddleware(app, RuleEngine("rules.yaml", MemoryStore()))
 

@@ -6,20 +6,41 @@
     engine = RuleEngine("rules.yaml", store)    # or AsyncRuleEngine with an async store
     outcome = engine.check(attributes)          # Outcome: allowed, action, status, ...
 
+envoyproxy/ratelimit's configuration format lives in `ratewarden.envoy`; its
+names are also offered here, imported on first use.
+
 This is the one part of ratewarden that imports PyYAML (``pip install
 ratewarden[rules]``); ``import ratewarden`` does not import this package.
 """
 
+from typing import TYPE_CHECKING, Any
+
+from ._actions import Outcome, wait_out
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
 from ._engine import AsyncRuleEngine, RuleEngine
-from ._envoy import AsyncEnvoyConfig, EnvoyConfig, EnvoyLimit, EnvoyResult, Override
-from ._envoystats import EnvoyStats
-from ._errors import Problem, RuleFileError
-from ._outcome import Outcome
-from ._overrides import AuditEntry, RuntimeOverride, UnknownRule
+from ._override_stores import LocalOverrides, RedisOverrides
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile, dump
-from ._source import MAX_BYTES
 from ._watcher import Watcher
+from .overrides import AuditEntry, RuntimeOverride, UnknownRule
+from .source import MAX_BYTES, Problem, RuleFileError
+
+if TYPE_CHECKING:
+    from ..envoy import AsyncEnvoyConfig, EnvoyConfig, EnvoyLimit, EnvoyResult, EnvoyStats, Override
+
+_ENVOY = frozenset(
+    ("AsyncEnvoyConfig", "EnvoyConfig", "EnvoyLimit", "EnvoyResult", "EnvoyStats", "Override")
+)
+
+
+def __getattr__(name: str) -> Any:
+    """The envoy names, from `ratewarden.envoy` on first use: that package builds on
+    this one, so importing it here at the start would be a cycle."""
+    if name in _ENVOY:
+        from .. import envoy  # noqa: PLC0415
+
+        return getattr(envoy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MAX_BYTES",
@@ -37,10 +58,12 @@ __all__ = [
     "EnvoyStats",
     "Explanation",
     "LimitSpec",
+    "LocalOverrides",
     "Match",
     "Outcome",
     "Override",
     "Problem",
+    "RedisOverrides",
     "Response",
     "Rule",
     "RuleEngine",
@@ -53,4 +76,5 @@ __all__ = [
     "dump",
     "load",
     "loads",
+    "wait_out",
 ]

@@ -1,4 +1,10 @@
-"""The actions that shape traffic instead of refusing it, for the rule engine:
+"""`Outcome`: what the rule engine says about one request, and the response
+headers it makes for the front end.
+
+How an engine holds a request its rules delay or queue: written once (a
+generator) for the blocking and the asyncio engine.
+
+The actions that shape traffic instead of refusing it, for the rule engine:
 ``queue`` (a paced line) and ``degrade`` (pass, but serve less). No I/O here: the
 store calls are yielded to the engine's sync or async shell (`run_sync`,
 `run_async`), so the logic is written once.
@@ -28,22 +34,28 @@ request is not refused, and a degraded one learns its level from its own header.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import msgspec
 
+from .._clock import Clock
 from .._decision import Decision
+from .._headers import Policy, rate_limit_headers
 from .._hitmany import ahit_many, ahit_tiers, hit_many, hit_tiers
 from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
 from ._compile import Applicable, CompiledRule, RuleSet, ceiling_start
+from ._schema import Response
 
 if TYPE_CHECKING:
-    from ._outcome import Outcome
+    pass  # RELAYOUT-SELF-IMPORT
+
 
 __all__ = [
     "Counted",
+    "Outcome",
     "Step",
+    "Verdict",
     "await_in_line",
     "classed",
     "degrade_level",
@@ -54,7 +66,140 @@ __all__ = [
     "shaped",
     "shaped_outcome",
     "wait_in_line",
+    "wait_out",
+    "wait_out_sync",
 ]
+
+Verdict = Literal["allow", "reject", "delay", "shadow_ban", "queue", "degrade"]
+_UNSHOWN = ("log_only", "degrade")  # limits the rate-limit headers leave out
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What the engine says about one request, for the front end to act on.
+
+    ``allowed``      proceed with the request;
+    ``action``       ``"allow"``, ``"reject"`` (answer ``status``), ``"delay"``
+                     (hold the request ``wait`` seconds, then check again; a front
+                     end that cannot wait rejects with ``status``) or
+                     ``"shadow_ban"`` (answer ``response`` without processing),
+                     ``"queue"`` (allowed: hold the request ``wait`` seconds, then
+                     let it through; its slot is taken) or ``"degrade"``
+                     (allowed: serve it, at the lower quality ``degrade`` asks);
+    ``decision``     the Decision of the enforced limits (None: none applied);
+    ``rule``         the rule that denied, when denied (allowed: the queue or
+                     degrade rule that shaped the request, if one did);
+    ``status``       the HTTP status to answer: 200 when allowed;
+    ``retry_after``  seconds until this request would pass (``decision``'s);
+    ``shadow``       the Decision of the ``log_only`` limits (None: none applied);
+                     ``shadow.allowed`` False means they would have denied, and
+                     ``shadow.rule`` names one that would have;
+    ``limits``       every limit that applied;
+    ``degrade``      how much to degrade the response, 0 (not at all) to 1, when a
+                     ``degrade`` rule's caller is over its limit.
+    """
+
+    allowed: bool
+    action: Verdict
+    decision: Decision | None
+    rule: CompiledRule | None = None
+    status: int = 200
+    retry_after: float = 0.0
+    wait: float = 0.0
+    response: Response | None = None
+    shadow: Decision | None = None
+    limits: tuple[Applicable, ...] = ()
+    degrade: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.allowed
+
+    def headers(self, *, legacy: bool = True, ietf: bool = True) -> list[tuple[str, str]]:
+        """The response headers for this outcome (see `ratewarden._headers`):
+        X-RateLimit-* (``legacy``) and RateLimit / RateLimit-Policy (``ietf``) for
+        the enforced limit closest to denying, and Retry-After when denied. An
+        empty list when no enforced limit applied; ``log_only`` and ``degrade``
+        limits never show. A degraded request gets its rule's degrade header, if
+        the rule names one (`degrade_headers`)."""
+        if self.decision is None:
+            return self.degrade_headers()
+        policies: dict[str, Policy] = {}
+        for applicable in self.limits:
+            if applicable.rule.action in _UNSHOWN:
+                continue
+            spec = applicable.limit
+            quota = spec.rate.limit if spec.burst is None else spec.burst
+            policies.setdefault(spec.name, Policy(spec.name, quota, spec.rate.period))
+        headers = rate_limit_headers(self.decision, policies.values(), legacy=legacy, ietf=ietf)
+        return headers + self.degrade_headers() if self.degrade else headers
+
+    def degrade_headers(self) -> list[tuple[str, str]]:
+        """The degrade rule's own header (``X-RateLimit-Degraded: 1``, or the
+        level) when the request is degraded and the rule asks for one."""
+        if not self.degrade or self.rule is None:
+            return []
+        header = level_header(self.rule, self.degrade)
+        return [] if header is None else [header]
+
+
+def _waits(outcome: Outcome, clock: Clock) -> Generator[float, Outcome, Outcome]:
+    """How a ``delay`` outcome is held, written once for both engines: yields the
+    seconds to sleep and is sent the outcome of checking again, until it passes,
+    is rejected, or would wait past the rule's ``max_wait`` counted from now. Any
+    other outcome is returned as it is."""
+    if outcome.action != "delay" or outcome.rule is None:
+        return outcome
+    deadline = clock.time_ns() + round((outcome.rule.max_wait or 0) * 1e9)
+    while True:
+        if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
+            return _too_long(outcome)
+        outcome = yield outcome.wait
+        if outcome.action != "delay":
+            return outcome
+
+
+def wait_out_sync(outcome: Outcome, check_again: Callable[[], Outcome], clock: Clock) -> Outcome:
+    """`_waits` on a blocking clock; a queued request sleeps until its slot."""
+    if outcome.action == "queue":  # its slot is taken: hold it until due, then go
+        clock.sleep(outcome.wait)
+        return _released(outcome)
+    waits = _waits(outcome, clock)
+    try:
+        seconds = next(waits)
+        while True:
+            clock.sleep(seconds)
+            seconds = waits.send(check_again())
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def wait_out(
+    outcome: Outcome, check_again: Callable[[], Awaitable[Outcome]], clock: Clock
+) -> Outcome:
+    """`_waits` without blocking the event loop; a queued request sleeps until
+    its slot (it is counted: no second check)."""
+    if outcome.action == "queue":
+        await clock.asleep(outcome.wait)
+        return _released(outcome)
+    waits = _waits(outcome, clock)
+    try:
+        seconds = next(waits)
+        while True:
+            await clock.asleep(seconds)
+            seconds = waits.send(await check_again())
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def _released(outcome: Outcome) -> Outcome:
+    """A queued request whose slot has come: it goes (degraded, if it was)."""
+    action: Verdict = "degrade" if outcome.degrade else "allow"
+    return msgspec.structs.replace(outcome, action=action, wait=0.0)
+
+
+def _too_long(outcome: Outcome) -> Outcome:
+    """A delay that would run past the rule's ``max_wait``: rejected after all."""
+    return msgspec.structs.replace(outcome, action="reject", wait=0.0, status=429)
+
 
 Tier: TypeAlias = "tuple[Any, str, int]"  # (limiter, key, cost), sync or async
 # ("peek", (tier,)) | ("tiers", (enforced, shadow)) | ("many", (tiers,))

@@ -1,4 +1,8 @@
-"""`RuleEngine` and `AsyncRuleEngine`: a `RuleSet` bound to a store, one
+"""The rule engine's side of adaptive limits (see `ratewarden._adaptive`): the
+`Adaptive` a rule's limit gets, reading a named signal of the engine, and the
+limit a request is shown (the effective one, in requests). No I/O.
+
+`RuleEngine` and `AsyncRuleEngine`: a `RuleSet` bound to a store, one
 ``hit_many`` per request, and reloads that never leave a bad rule set in force.
 
 Everything but the store calls and the sleeping lives once in `_Core`: planning
@@ -27,6 +31,8 @@ Per request:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -35,27 +41,74 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from .._adaptive import Load, LoadSignals
+from .._adaptive import UNITS, Adaptive, Load, LoadSignals
 from .._clock import Clock
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._hitmany import ahit_tiers, hit_tiers
 from .._limiter import AsyncLimiter, Limiter
+from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
 from ..stores import AsyncStore, Store
 from . import _actions as act
+from ._actions import Outcome, wait_out, wait_out_sync
 from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
-from ._engineadaptive import adaptive_of, in_force
-from ._engineoverrides import AsyncOverridable, Overridable
-from ._hold import wait_out, wait_out_sync
-from ._outcome import Outcome
-from ._overridesrc import Snapshot
-from ._overrideview import OverrideView
+from ._engine_overrides import AsyncOverridable, Overridable
+from ._override_stores import Snapshot
+from ._override_view import OverrideView
 from ._watcher import Watcher
 
-__all__ = ["AsyncRuleEngine", "RuleEngine"]
+__all__ = [
+    "AsyncRuleEngine",
+    "RuleEngine",
+    "adaptive_of",
+    "effective_spec",
+    "in_force",
+]
+
+
+def adaptive_of(spec: LimitSpec, signals: LoadSignals) -> Adaptive | None:
+    """The `Adaptive` of a rule's limit: its settings, reading the engine's signal."""
+    settings = spec.adaptive
+    if settings is None:
+        return None
+    return Adaptive(
+        signals.reader(settings.signal), good=settings.good, bad=settings.bad,
+        floor=settings.floor, interval=settings.interval, smoothing=settings.smoothing,
+        dead_band=settings.dead_band,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)  # a few limits, each at a few prices at a time
+def effective_spec(spec: LimitSpec, price: int) -> LimitSpec:
+    """``spec`` as a request sees it at ``price`` units a request: its rate's
+    limit and its burst in requests, as its Decisions tell them (never below 1)."""
+    if price == UNITS:
+        return spec
+    limit = max(1, spec.rate.limit * UNITS // price)
+    burst = None if spec.burst is None else max(1, spec.burst * UNITS // price)
+    return dataclasses.replace(spec, rate=Rate(limit, spec.rate.period), burst=burst)
+
+
+def in_force(applicable: Applicable, specs: tuple[LimitSpec, ...], limiters: Any) -> Applicable:
+    """The limit a request meets now: an override's rate, and an adaptive limit's
+    effective size (the price read here is the one the store call charges, unless
+    the signal's interval ends in between)."""
+    slot = applicable.slot
+    spec = specs[slot]
+    scale = limiters[slot].scale
+    if scale is not None:
+        price = scale.unit()
+        shown = scale.shown  # (price, spec, effective spec): hashing a spec costs more
+        if shown is None or shown[0] != price or shown[1] is not spec:
+            shown = scale.shown = (price, spec, effective_spec(spec, price))
+        spec = shown[2]
+    if spec is applicable.limit:  # the full limit, no override: as the rule set has it
+        return applicable
+    return Overridden(applicable.rule, slot, applicable.key, applicable.cost, spec)
+
 
 log = logging.getLogger("ratewarden.rules")
 

@@ -25,10 +25,9 @@ from .._adaptive import parse_floor
 from .._errors import ConfigurationError
 from .._rate import parse_rate
 from ..algorithms import get_algorithm
-from ..stores._shards import MAX_SHARDS
-from ._errors import Problem, RuleFileError
+from ..stores.shards import MAX_SHARDS
 from ._paths import parse_pattern
-from ._source import Document
+from .source import Document, Problem, RuleFileError
 
 __all__ = [
     "Action",

@@ -16,18 +16,28 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._app import App, auth_attributes, openapi
-    from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, DescriptorStatus
+    from ._quotas import MAX_LISTED, summary
     from ._serve import ServeOptions, add_arguments, options_from, run
-    from ._service import InvalidRequest, Service
+    from ._service import Service
+    from ._shapes import (
+        BatchRequest,
+        BatchResult,
+        CheckRequest,
+        CheckResult,
+        DescriptorStatus,
+        InvalidRequest,
+        outcome_result,
+    )
 
 # Imported on first use, so that `ratewarden serve --help` and `ratewarden demo`
 # do not pay for the rule engine, prometheus-client and uvicorn at start-up.
 _WHERE = {
-    "App": "_app", "auth_attributes": "_authattrs", "openapi": "_openapi",
-    "BatchRequest": "_core", "BatchResult": "_core", "CheckRequest": "_core",
-    "CheckResult": "_core", "DescriptorStatus": "_core",
+    "App": "_app", "auth_attributes": "_request", "openapi": "_openapi",
+    "BatchRequest": "_shapes", "BatchResult": "_shapes", "CheckRequest": "_shapes",
+    "CheckResult": "_shapes", "DescriptorStatus": "_shapes",
     "ServeOptions": "_serve", "add_arguments": "_serve", "options_from": "_serve", "run": "_serve",
-    "InvalidRequest": "_service", "Service": "_service",
+    "InvalidRequest": "_shapes", "Service": "_service",
+    "MAX_LISTED": "_quotas", "summary": "_quotas", "outcome_result": "_shapes",
 }  # fmt: skip
 
 
@@ -39,6 +49,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "MAX_LISTED",
     "App",
     "BatchRequest",
     "BatchResult",
@@ -52,5 +63,7 @@ __all__ = [
     "auth_attributes",
     "openapi",
     "options_from",
+    "outcome_result",
     "run",
+    "summary",
 ]

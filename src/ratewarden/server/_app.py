@@ -43,19 +43,33 @@ from urllib.parse import parse_qs
 import msgspec
 
 from .._errors import ConfigurationError, StoreError
-from . import _loadapi as loadapi
-from . import _overrideapi as overrideapi
-from ._authattrs import AUTH_METHODS, auth_attributes
-from ._body import HTTPError, least_members, parse, refuse_duplicates, tail
-from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
+from . import _admin_api as admin
 from ._dashboard import Dashboard
 from ._metrics import CONTENT_TYPE_LATEST
 from ._openapi import openapi
 from ._quotas import MAX_LISTED, summary
-from ._service import InvalidRequest, Service
+from ._request import (
+    AUTH_METHODS,
+    HTTPError,
+    auth_attributes,
+    least_members,
+    parse,
+    refuse_duplicates,
+    tail,
+)
+from ._service import Service
+from ._shapes import (
+    BatchRequest,
+    BatchResult,
+    CheckRequest,
+    CheckResult,
+    InvalidRequest,
+    Problem,
+    bearer_matches,
+)
 
 if TYPE_CHECKING:
-    from ._quotaread import QuotaReader
+    from ._quotas import QuotaReader
 
 __all__ = ["AUTH_METHODS", "App", "auth_attributes", "openapi"]
 
@@ -313,18 +327,18 @@ class App:
         return 200, _JSON, _encode(status.as_dict())
 
     async def _overrides(self, scope: Scope, receive: Receive) -> _Answer:
-        return 200, _JSON, await overrideapi.list_overrides(self.service)
+        return 200, _JSON, await admin.list_overrides(self.service)
 
     async def _set_override(self, scope: Scope, receive: Receive) -> _Answer:
         body = await self._body(scope, receive)
-        return 200, _JSON, await overrideapi.set_override(self.service, scope, body)
+        return 200, _JSON, await admin.set_override(self.service, scope, body)
 
     async def _clear_override(self, scope: Scope, receive: Receive) -> _Answer:
-        return 200, _JSON, await overrideapi.clear_override(self.service, scope)
+        return 200, _JSON, await admin.clear_override(self.service, scope)
 
     async def _set_load(self, scope: Scope, receive: Receive) -> _Answer:
         body = await self._body(scope, receive)
-        return 200, _JSON, await loadapi.set_load(self.service, scope, body)
+        return 200, _JSON, await admin.set_load(self.service, scope, body)
 
     async def _health(self, scope: Scope, receive: Receive) -> _Answer:
         if self.service.draining:

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._errors import RatewardenError
-from ._body import HTTPError
 from ._quotas import summary
+from ._request import HTTPError
 
 if TYPE_CHECKING:
     from ._dashstats import Point

@@ -28,14 +28,14 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from .._errors import ConfigurationError, StoreError
+from ..envoy import OVERRIDE_UNITS
+from ..envoy.service import dynamic_metadata
 from ..rules import Override
-from ..rules._envoyresult import OVERRIDE_UNITS
-from ._core import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult
-from ._envoymeta import dynamic_metadata
-from ._h2grpc import Call, GrpcError, H2Server, Metadata, Method, Status
-from ._limits import ConnectionLimits
+from ._connection_limits import ConnectionLimits
 from ._serve import parse_address
-from ._service import InvalidRequest, Service
+from ._service import Service
+from ._shapes import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult, InvalidRequest
+from .h2 import Call, GrpcError, H2Server, Metadata, Method, Status
 
 __all__ = ["SERVICE_NAME", "GrpcServer", "messages", "parse_tls"]
 

@@ -50,8 +50,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from ._core import Problem
-from ._limits import ConnectionLimits
+from ._connection_limits import ConnectionLimits
+from ._shapes import Problem
 
 __all__ = ["LINGER", "MAX_PIPELINED", "HttpListener", "LimitedHttpToolsProtocol", "http_protocol"]
 

@@ -139,7 +139,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         if envoy is not None:
-            from ._envoymetrics import EnvoyCollector  # noqa: PLC0415 - imports rules
+            from ..envoy.service import EnvoyCollector  # noqa: PLC0415 - imports rules
 
             r.register(EnvoyCollector(envoy))
         self._rules = _RuleCounters()

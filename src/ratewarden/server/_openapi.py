@@ -7,11 +7,11 @@ from typing import Any
 
 import msgspec
 
-from ._authattrs import AUTH_METHODS
-from ._core import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
-from ._loadapi import openapi_paths as load_paths
-from ._overrideapi import openapi_paths as override_paths
+from ._admin_api import load_openapi_paths as load_paths
+from ._admin_api import override_openapi_paths as override_paths
 from ._quotas import Quota, QuotaList
+from ._request import AUTH_METHODS
+from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
 
 __all__ = ["openapi"]
 

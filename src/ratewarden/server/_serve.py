@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError
+from ..envoy import EnvoyOptions, apply_environment, envoy_options
+from ..envoy import add_arguments as envoy_arguments
 from ..stores import AsyncMemoryStore, AsyncStore
-from ._envoyenv import EnvoyOptions, apply_environment, envoy_options
-from ._envoyenv import add_arguments as envoy_arguments
-from ._limits import ConnectionLimits
-from ._logsetup import setup_logging
+from ._connection_limits import ConnectionLimits
+from ._logging import setup_logging
 
 __all__ = ["ServeOptions", "add_arguments", "options_from", "run"]
 
@@ -246,7 +246,7 @@ def make_store(url: str, options: ServeOptions) -> AsyncStore:
 def check_store_url(url: str) -> None:
     """A Redis URL the stores' connection module accepts, and redis-py to open it."""
     try:
-        from ..stores._redisconn import SCHEMES  # noqa: PLC0415 - only with a Redis store
+        from ..stores.redis.connection import SCHEMES  # noqa: PLC0415 - only with a Redis store
     except ImportError as exc:
         raise ConfigurationError(
             f"--store takes 'memory' or a Redis URL, got {url!r}; a Redis store needs"

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, RatewardenError, StoreError
 from .._limiter import AsyncLimiter
+from ..envoy import EnvoyOptions
+from ..envoy import envoy_files as list_envoy_files
 from ..rules import (
     AsyncEnvoyConfig,
     AsyncRuleEngine,
@@ -24,11 +26,17 @@ from ..rules import (
     RuleSet,
     load,
 )
-from ..rules._envoydir import envoy_files as list_envoy_files
 from ..stores import AsyncStore
-from ._core import (
+from ._admin_api import OverrideList
+from ._dashstats import DashboardStats
+from ._metrics import Metrics
+from ._quotas import MAX_SCRAPED
+from ._shapes import (
     CheckRequest,
     CheckResult,
+    InvalidRequest,
+    NotFound,
+    Unprocessable,
     attribute_problem,
     descriptor_attributes,
     entries_of,
@@ -38,40 +46,15 @@ from ._core import (
     rule_statuses,
     whole_cost,
 )
-from ._dashstats import DashboardStats
-from ._envoyenv import EnvoyOptions
-from ._metrics import Metrics
-from ._overrideapi import OverrideList
-from ._quotas import MAX_SCRAPED
 
 if TYPE_CHECKING:
+    from ..envoy import EnvoyWatcher
     from ..fleet import QuotaStatus
-    from ._envoywatch import EnvoyWatcher
-    from ._quotaread import QuotaReader
+    from ._quotas import QuotaReader
 
-__all__ = ["InvalidRequest", "NotFound", "Service", "Unprocessable"]
+__all__ = ["InvalidRequest", "NotFound", "Service", "Unprocessable"]  # the errors: see _shapes
 
 log = logging.getLogger("ratewarden.server")
-
-
-class InvalidRequest(RatewardenError, ValueError):
-    """A request the service cannot check (no attributes, empty descriptors, ...):
-    HTTP answers ``status`` (400), gRPC INVALID_ARGUMENT, both with this message."""
-
-    status = 400
-
-
-class Unprocessable(InvalidRequest):
-    """Well-formed JSON whose values the service does not take (an attribute
-    that is not a string): HTTP 422, as for the decoder's own type errors."""
-
-    status = 422
-
-
-class NotFound(InvalidRequest):
-    """A domain or rule the service does not know: HTTP 404."""
-
-    status = 404
 
 
 class Service:
@@ -117,7 +100,7 @@ class Service:
         self.quotas: QuotaReader | None = None
         client = getattr(store, "client", None)  # a Redis store's (the memory store has none)
         if client is not None:
-            from ._quotaread import QuotaReader  # noqa: PLC0415 - the redis extra
+            from ._quotas import QuotaReader  # noqa: PLC0415 - the redis extra
 
             self.quotas = QuotaReader(client)
 
@@ -304,7 +287,7 @@ class Service:
 
     def envoy_watcher(self, interval: float) -> EnvoyWatcher:
         """A watcher reloading the envoy files when they change (`EnvoyWatcher`)."""
-        from ._envoywatch import EnvoyWatcher  # noqa: PLC0415 - only ratewarden serve polls
+        from ..envoy import EnvoyWatcher  # noqa: PLC0415 - only ratewarden serve polls
 
         return EnvoyWatcher(self, interval)
 

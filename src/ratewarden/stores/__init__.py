@@ -1,4 +1,4 @@
-from ._base import AsyncBound, AsyncStore, Bound, Store
+from .base import AsyncBound, AsyncStore, Bound, Store
 from .memory import AsyncMemoryStore, MemoryStore
 
 __all__ = ["AsyncBound", "AsyncMemoryStore", "AsyncStore", "Bound", "MemoryStore", "Store"]

@@ -1,0 +1,279 @@
+"""``ratewarden quota``: fleet quotas set, shown and listed, in Redis."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigurationError
+from ._common import MISSING, CliError, examples, print_json, table
+
+if TYPE_CHECKING:
+    from ..fleet import MemberStatus, QuotaConfig, QuotaStatus
+
+__all__ = ["add_quota", "quota"]
+
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+# Seconds a Redis command of `ratewarden quota` may take (connecting included).
+QUOTA_TIMEOUT = 5.0
+
+
+def _permits(value: float) -> str:
+    """A number of permits: whole ones as they are, parts of one to two decimals
+    (one from 10 up), no trailing zeros."""
+    if value == int(value):
+        return str(int(value))
+    text = f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
+    return text.rstrip("0").rstrip(".")
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def _settings(config: QuotaConfig) -> list[tuple[str, str]]:
+    """What ``quota set`` prints, field by field."""
+    safe = config.safe if config.safe == "equal" else f"{config.safe} permits"
+    return [
+        ("rate", str(config.rate)),
+        ("algorithm", config.algorithm),
+        ("refresh", f"{config.refresh:g}s"),
+        ("lease", f"{config.lease:g}s"),
+        ("safe", str(safe)),
+        ("cap", str(config.cap)),
+        ("adaptive", "yes" if config.adaptive else "no"),
+        ("floor", str(config.floor)),
+    ]
+
+
+def _safe(text: str) -> str | int:
+    if text == "equal":
+        return text
+    if text.isdigit():
+        return int(text)
+    raise ConfigurationError(f"--safe takes 'equal' or a number of permits, got {text!r}")
+
+
+def quota_set(client: Any, args: argparse.Namespace) -> int:
+    """Create the resource, or change the settings given and keep the others."""
+    from .._rate import parse_rate  # noqa: PLC0415
+    from ..fleet import QuotaConfig, set_quota, show_quota  # noqa: PLC0415
+
+    given: dict[str, Any] = {
+        "algorithm": args.algorithm, "refresh": args.refresh, "lease": args.lease,
+        "safe": None if args.safe is None else _safe(args.safe), "cap": args.cap,
+        "adaptive": args.adaptive, "floor": args.floor,
+    }  # fmt: skip
+    changes = {name: value for name, value in given.items() if value is not None}
+    if args.rate is not None:
+        changes["rate"] = parse_rate(args.rate)
+    current = show_quota(client, args.name)
+    if current is None:
+        if args.rate is None:
+            raise ConfigurationError(f"no quota named {args.name!r}: give a RATE to create it")
+        config = QuotaConfig(**changes)
+        version = set_quota(client, args.name, config)
+        if args.json:
+            return _set_json(client, args.name, "created")
+        print(f"created quota {args.name}, version {version}")
+        for name, text in _settings(config):
+            print(f"  {name:<10} {text}")
+        return 0
+    config = current.config.but(**changes)
+    if config == current.config:
+        if args.json:
+            return _set_json(client, args.name, "unchanged")
+        print(f"quota {args.name} unchanged, version {current.version}")
+        return 0
+    version = set_quota(client, args.name, config)
+    if args.json:
+        return _set_json(client, args.name, "changed")
+    print(f"changed quota {args.name}, version {current.version} -> {version}")
+    for (name, old), (_, new) in zip(_settings(current.config), _settings(config), strict=True):
+        if old != new:
+            print(f"  {name:<10} {old} -> {new}")
+    return 0
+
+
+def _set_json(client: Any, name: str, done: str) -> int:
+    """What ``quota set --json`` prints: what it did, and the quota as ``show`` has it."""
+    from ..fleet import show_quota  # noqa: PLC0415
+
+    status = show_quota(client, name)
+    print_json({"done": done, "quota": None if status is None else status.as_dict()})
+    return 0
+
+
+def _resource_line(status: QuotaStatus) -> str:
+    config = status.config
+    algorithm = config.algorithm
+    if algorithm == "static":
+        algorithm += f" (cap {config.cap})"
+    parts = [
+        f"quota {status.name}: {config.rate}",
+        f"effective total {_permits(status.effective_total)}",
+        algorithm,
+        f"refresh {config.refresh:g}s",
+        f"lease {config.lease:g}s",
+        f"safe {config.safe}",
+    ]
+    if config.adaptive:
+        parts.append(f"adaptive (floor {config.floor})")
+    parts.append(f"version {status.version}")
+    return ", ".join(parts)
+
+
+def _lease_left(member: MemberStatus) -> str:
+    return f"{member.expires_in:.1f}s" if member.expires_in > 0 else "expired"
+
+
+def quota_show(client: Any, args: argparse.Namespace) -> int:
+    from ..fleet import show_quota  # noqa: PLC0415
+
+    status = show_quota(client, args.name)
+    if status is None:
+        raise ConfigurationError(f"no quota named {args.name!r}")
+    if args.json:
+        print_json(status.as_dict())
+        return 0
+    print(_resource_line(status))
+    window = status.config.rate.period
+    print(f"permits per {window:g}s window; utilisation: used over the grant (members),"
+          " over min(effective total, wants) (total)")  # fmt: skip
+    if not status.members:
+        print("no live members")
+        return 0
+    if args.members_by_id:
+        members = sorted(status.members, key=lambda m: m.id)
+    else:  # the largest holders first
+        members = sorted(status.members, key=lambda m: (-m.has, m.id))
+    rows = [["member", "wants", "has", "used", "utilisation", "lease left"]]
+    rows.extend(
+        [m.id, _permits(m.wants), _permits(m.has), _permits(m.used), _percent(m.used, m.has),
+         _lease_left(m)]
+        for m in members
+    )  # fmt: skip
+    rows.append([f"total ({len(members)})", _permits(status.wants), _permits(status.granted),
+                 _permits(status.used), f"{100 * status.utilisation:.0f}%", ""])  # fmt: skip
+    print(table(rows))
+    return 0
+
+
+def quota_list(client: Any, args: argparse.Namespace) -> int:
+    from ..fleet import list_quotas, show_quota  # noqa: PLC0415
+    from ..server import MAX_LISTED, summary  # noqa: PLC0415 - msgspec only
+
+    names = list_quotas(client, MAX_LISTED + 1)
+    truncated = len(names) > MAX_LISTED
+    statuses = []
+    for name in names[:MAX_LISTED]:
+        try:
+            status = show_quota(client, name)
+        except ConfigurationError as exc:
+            print(f"warning: quota {name!r} left out: {exc}", file=sys.stderr)
+            continue
+        if status is not None:  # gone since it was listed
+            statuses.append(status)
+    if args.json:
+        listed = {"quotas": [summary(s) for s in statuses], "truncated": truncated}
+        print_json(listed)
+        return 0
+    if not statuses:
+        print("no quotas")
+        return 0
+    rows = [["name", "rate", "effective", "algorithm", "members", "wants", "granted", "used",
+             "utilisation", "version"]]  # fmt: skip
+    rows.extend(
+        [s.name, str(s.config.rate), _permits(s.effective_total), s.config.algorithm,
+         str(len(s.members)), _permits(s.wants), _permits(s.granted), _permits(s.used),
+         f"{100 * s.utilisation:.0f}%", str(s.version)]
+        for s in statuses
+    )  # fmt: skip
+    print(table(rows))
+    if truncated:
+        print(f"(the first {MAX_LISTED} quotas found only)")
+    return 0
+
+
+def quota(args: argparse.Namespace) -> int:
+    """``ratewarden quota set|show|list``. Errors are raised for the command line
+    to report: a bad setting or no such quota (2), Redis not answering (3)."""
+    try:
+        from ..stores.redis.connection import connect  # noqa: PLC0415 - the redis extra
+    except ImportError:
+        raise CliError("ratewarden quota needs: pip install 'ratewarden[redis]'", MISSING) from None
+    url = args.redis or os.environ.get("RATEWARDEN_REDIS") or DEFAULT_REDIS
+    commands = {"set": quota_set, "show": quota_show, "list": quota_list}
+    client = connect(url, QUOTA_TIMEOUT)
+    try:
+        return commands[args.quota_command](client, args)
+    finally:
+        client.close()
+
+
+SET_EXAMPLES = examples(
+    "ratewarden quota set partner-api 2000/second --store redis://127.0.0.1:6379/0",
+    "ratewarden quota set partner-api --algorithm equal --lease 10"
+    " --store redis://127.0.0.1:6379/0 --json",
+)
+SHOW_EXAMPLES = examples(
+    "ratewarden quota show partner-api --store redis://127.0.0.1:6379/0",
+    "ratewarden quota show no-such-quota --store redis://127.0.0.1:6379/0  # exits 2",
+)
+LIST_EXAMPLES = examples("ratewarden quota list --store redis://127.0.0.1:6379/0 --json")
+
+
+def add_quota(sub: Any) -> None:
+    quota = sub.add_parser(
+        "quota",
+        help="fleet quotas in Redis: set, show, list",
+        description="Fleet quotas (one provider's limit shared by many instances), in the "
+        "Redis their members coordinate through.",
+        epilog=examples(
+            "ratewarden quota set partner-api 2000/second --store redis://127.0.0.1:6379/0",
+            "ratewarden quota list --store redis://127.0.0.1:6379/0",
+        ),
+    )
+    verbs = quota.add_subparsers(dest="quota_command", required=True, metavar="VERB")
+    store_help = f"the Redis of the quotas (default $RATEWARDEN_REDIS or {DEFAULT_REDIS})"
+    change = verbs.add_parser(
+        "set",
+        help="create a quota, or change it (the settings not given stay as they are)",
+        description="Create a quota, or change the settings given and keep the others; "
+        "members hear of a change at once.",
+        epilog=SET_EXAMPLES,
+    )
+    change.add_argument("name")
+    change.add_argument("rate", nargs="?", help="the fleet's total, such as 2000/second "
+                        "(needed to create the quota)")  # fmt: skip
+    change.add_argument("--algorithm", metavar="A", help="equal, proportional_share, "
+                        "fair_share (the default) or static")  # fmt: skip
+    change.add_argument("--refresh", type=float, metavar="SECONDS",
+                        help="between a member's reports (default 1)")  # fmt: skip
+    change.add_argument("--lease", type=float, metavar="SECONDS",
+                        help="a silent member's share outlives its last report by this "
+                        "(default 5)")  # fmt: skip
+    change.add_argument("--safe", metavar="equal|N",
+                        help="a member cut off from Redis falls back to: the equal share, "
+                        "or N permits a window")  # fmt: skip
+    change.add_argument("--cap", type=int, metavar="N", help="static: permits per member")
+    change.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
+                        help="lower the total when the provider refuses members within "
+                        "their shares")  # fmt: skip
+    change.add_argument("--floor", type=int, metavar="N",
+                        help="adaptive: the total never goes below this")  # fmt: skip
+    change.add_argument("--json", action="store_true",
+                        help="print what was done and the quota as JSON")  # fmt: skip
+    show = verbs.add_parser("show", help="a quota, its members and their use",
+                            epilog=SHOW_EXAMPLES)  # fmt: skip
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true", help="print it as JSON")
+    show.add_argument("--members-by-id", action="store_true",
+                      help="members in order of id (default: the largest grant first)")  # fmt: skip
+    listing = verbs.add_parser("list", help="every quota, summed up", epilog=LIST_EXAMPLES)
+    listing.add_argument("--json", action="store_true", help="print them as JSON")
+    for verb in (change, show, listing):
+        # --store as every command names its Redis; --redis as it was first spelled
+        verb.add_argument("--store", "--redis", dest="redis", metavar="URL", help=store_help)

@@ -1,0 +1,178 @@
+"""What a member of a fleet quota decides, without doing any I/O.
+
+The sync and asyncio quotas (`FleetQuota`, `AsyncFleetQuota`) only send what this
+builds, sleep, and hand back what came: a refresh's reply, a failure, a message on
+the resource's channel. The cases:
+
+- a reply: the grant applies (a smaller one at once, a larger one from the next
+  window edge) and the lease runs from the moment the refresh was *sent*, so the
+  member's idea of its lease ends no later than the coordinator's;
+- a failure: the member keeps its grant until its lease ends, then falls back to
+  the resource's safe share (0, a number, or an equal split of the last
+  membership it saw);
+- the resource is gone from Redis (restarted empty): the next refresh carries
+  the configuration the member last knew, and the coordinator rebuilds from it,
+  granting nobody more than it says it holds until a lease has passed;
+- a message: the total was cut; the grant shrinks in proportion at once, and a
+  refresh follows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import uuid
+from typing import Any
+
+from .._clock import Clock
+from .._errors import ConfigurationError
+from ._share import Share
+from .alloc import MILLI, Piece
+from .config import QuotaConfig, check_name
+from .coordinator import Reply
+
+__all__ = ["Member", "default_member_id"]
+
+log = logging.getLogger("ratewarden.fleet")
+
+
+def default_member_id() -> str:
+    """host:pid:random, unique across restarts of a process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Member:
+    """One member's view of its resource (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        clock: Clock,
+        *,
+        member_id: str | None = None,
+        pace: bool = False,
+        config: QuotaConfig | None = None,
+    ) -> None:
+        self.name = check_name(name)
+        member: object = default_member_id() if member_id is None else member_id
+        if not isinstance(member, str) or not 0 < len(member) <= 200:
+            raise ConfigurationError(
+                f"member_id must be a string of 1-200 characters, got {member!r}"
+            )
+        self.id = member
+        self.clock = clock
+        self.pace = pace
+        self.config = config  # what to create the resource with, if it does not exist
+        self.known: dict[str, str] | None = None  # the coordinator's fields, last seen
+        window = config.window_ns if config is not None else 1_000_000_000
+        self.share = Share(window, pace=pace, now=clock.time_ns())
+        self.lease_until = 0  # ns of the member's clock; 0: no grant yet
+        self.members = 0
+        self.throttled = 0  # provider refusals since the last report
+        self.fallen_back = False
+        self.refreshes = 0
+        self.failures = 0
+
+    # -- refresh ----------------------------------------------------------------
+
+    def report(self) -> tuple[int, int, int, int, tuple[Piece, ...], dict[str, str] | None]:
+        """What the next refresh sends: wants, has, used, throttled, where its
+        grant lies, and the configuration to restore if the coordinator
+        lost it."""
+        least = 0
+        restore = None
+        if self.known is not None:
+            least = int(self.known.get("refresh_ms", "1000")) * 500_000  # half, in ns
+            restore = {k: v for k, v in self.known.items() if k not in _TRANSIENT}
+        wants, has, used = self.share.report(self.clock.time_ns(), least)
+        if self.refreshes == 1 and self.known is not None:
+            # just joined, demand not measured yet: ask for an equal share rather
+            # than nothing, so that the first callers need not wait a refresh
+            equal = int(self.known.get("eff_m", "0")) // max(1, self.members)
+            wants = max(wants, equal)
+        throttled, self.throttled = self.throttled, 0
+        return wants, has, used, throttled, self.share.position, restore
+
+    def on_reply(self, reply: Reply, sent_at: int) -> None:
+        now = self.clock.time_ns()
+        fields = reply.fields
+        config = QuotaConfig.from_fields(fields)
+        if config.window_ns != self.share.window_ns:
+            self.share = Share(config.window_ns, pace=self.pace, now=now)
+        elif reply.effective_total < self.share.line:  # a cut it did not hear of yet
+            self.share.scale(reply.effective_total, self.share.line)
+        self.known = fields
+        self.members = reply.members
+        freed = int(fields.get("freed_ms", "0"))
+        settled = reply.now_ms - freed >= 2 * config.window_ns // 1_000_000
+        self.share.apply(
+            reply.grant, reply.held, reply.pieces, now, settled=settled, line=reply.effective_total
+        )
+        self.lease_until = sent_at + round(config.lease * 1e9)
+        self.fallen_back = False
+        self.refreshes += 1
+
+    def on_failure(self, error: Exception) -> None:
+        """A refresh failed: keep the grant while the lease lasts, then the safe share."""
+        self.failures += 1
+        now = self.clock.time_ns()
+        if self.fallen_back or self.known is None or now < self.lease_until:
+            return
+        config = QuotaConfig.from_fields(self.known)
+        total = int(self.known.get("eff_m", "0"))
+        share = self.share
+        if config.safe == "equal":  # the slot of the line its pieces began in
+            count = max(1, self.members)
+            grant = total // count
+            first = share.position[0][0] if share.position else 0
+            place = min(count - 1, first * count // total) if total else 0
+            held, start = grant * count, grant * place
+        else:
+            grant = min(int(config.safe) * MILLI, total)
+            held, start = grant, 0
+        log.warning(
+            "quota %r: no word from the coordinator for a lease (%s); falling back to"
+            " the safe share (%s: %.6g permits a window)",
+            self.name,
+            error,
+            config.safe,
+            grant / MILLI,
+        )
+        share.apply(grant, held, ((start, grant),) if grant else (), now, line=total)
+        self.fallen_back = True
+
+    def on_message(self, data: Any) -> bool:
+        """A message on the resource's channel; True if it asks for a refresh."""
+        try:
+            _version, new, old = (int(part) for part in _text(data).split())
+        except ValueError:
+            return False
+        self.share.scale(new, old)
+        if self.known is not None:
+            self.known = {**self.known, "eff_m": str(new)}
+        return True
+
+    def next_delay(self) -> float:
+        """Seconds to the next refresh: the resource's interval, jittered by 10%
+        so that a fleet started together does not refresh in step."""
+        refresh = 1.0
+        if self.known is not None:
+            refresh = int(self.known.get("refresh_ms", "1000")) / 1000
+        return refresh * random.uniform(0.9, 1.1)
+
+    @property
+    def grant(self) -> float:
+        """Permits a window the coordinator granted this member last (a larger
+        grant is spent from the next window edge on)."""
+        pending = self.share.pending
+        return (self.share.grant if pending is None else pending) / MILLI
+
+
+# the coordinator's own bookkeeping: not restored after Redis lost the resource
+_TRANSIENT = frozenset({"seq", "rebuild_ms", "cut_ms", "raise_ms", "freed_ms"})
+
+
+def _text(data: Any) -> str:
+    return data.decode() if isinstance(data, bytes) else str(data)

@@ -1,0 +1,223 @@
+"""The coordinator in Python: what ``fleet.lua`` does, on a dict instead of Redis.
+
+It runs simulations without a Redis (``ratewarden simulate --model``), and the
+parity suite drives it and the Lua script with one clock and demands identical
+replies. It keeps the script's data layout (the configuration as the same
+strings, the member records as the same packed doubles) and its order of
+operations, so that the two read side by side; every call takes an explicit time
+in milliseconds.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .alloc import MAX_PIECES, Piece, allocate, grant, place, scaled, with_spare, within
+
+__all__ = ["Model"]
+
+
+@dataclass
+class _Member:
+    id: str
+    seq: int
+    expires: int = 0
+    wants: int = 0
+    has: int = 0
+    used: int = 0
+    pieces: list[Piece] = field(default_factory=list)
+
+
+# as fleet.lua packs a member: six big-endian doubles (the sixth: how many
+# pieces), then each piece's start and length
+_RECORD = struct.Struct(">6d")
+
+
+def _record(m: _Member) -> bytes:
+    flat = [x for piece in m.pieces for x in piece]
+    head = _RECORD.pack(m.seq, m.expires, m.wants, m.has, m.used, len(m.pieces))
+    return head + struct.pack(f">{len(flat)}d", *flat)
+
+
+def _unpack(record: bytes) -> tuple[list[int], list[Piece]]:
+    head = [int(x) for x in _RECORD.unpack_from(record)]
+    flat = [int(x) for x in struct.unpack_from(f">{2 * head[5]}d", record, _RECORD.size)]
+    return head[:5], list(zip(flat[::2], flat[1::2], strict=True))
+
+
+@dataclass
+class Model:
+    """One resource's coordination state, and what it published."""
+
+    cfg: dict[str, str] = field(default_factory=dict)
+    members: dict[str, bytes] = field(default_factory=dict)
+    published: list[str] = field(default_factory=list)
+
+    def _num(self, name: str) -> int:
+        try:
+            return int(self.cfg.get(name, "0"))
+        except ValueError:
+            return 0
+
+    def _live(self, now: int) -> list[_Member]:
+        live = []
+        freed = False
+        for member_id, record in list(self.members.items()):
+            try:
+                (seq, expires, wants, has, used), pieces = _unpack(record)
+            except struct.error:  # unreadable: dropped, as the script drops it
+                del self.members[member_id]
+                freed = True
+                continue
+            if expires > now:
+                live.append(_Member(member_id, seq, expires, wants, has, used, pieces))
+            else:
+                del self.members[member_id]
+                freed = freed or has > 0
+        if freed:
+            self._freed(now)
+        live.sort(key=lambda m: m.seq)
+        return live
+
+    def _freed(self, now: int) -> None:
+        """Space of the line was given up now (see fleet.lua)."""
+        self.cfg["freed_ms"] = str(now)
+
+    def _save(self, m: _Member) -> None:
+        self.members[m.id] = _record(m)
+
+    def _cut(self, now: int, new_eff: int, members: list[_Member]) -> None:
+        old = self._num("eff_m")
+        self.cfg["eff_m"] = str(new_eff)
+        if new_eff < old:
+            self._freed(now)
+            for m in members:
+                m.pieces = scaled(m.pieces, new_eff, old)
+                m.has = sum(length for _, length in m.pieces)
+                self._save(m)
+        self.published.append(f"{self.cfg.get('version', '0')} {new_eff} {old}")
+
+    def show(self, now: int) -> list[Any]:
+        if not self.cfg:
+            return [0]
+        out: list[Any] = [1, now, _flat(self.cfg)]
+        out.extend([m.id, m.seq, m.expires, m.wants, m.has, m.used] for m in self._live(now))
+        return out
+
+    def set(self, now: int, fields: dict[str, str]) -> list[int]:
+        found = bool(self.cfg)
+        members = self._live(now)
+        old_eff = self._num("eff_m")
+        self.cfg.update(fields)
+        version = self._num("version") + 1
+        self.cfg["version"] = str(version)
+        eff = self._num("total") * 1000
+        if found:
+            self.cfg["eff_m"] = str(old_eff)
+            self._cut(now, eff, members)
+        else:
+            self.cfg["eff_m"] = str(eff)
+            self.cfg["seq"] = "0"
+        return [1, version, eff, old_eff]
+
+    def leave(self, now: int, member_id: str) -> list[int]:
+        if self.members.pop(member_id, None) is not None and self.cfg:
+            self._freed(now)
+        return [1]
+
+    def refresh(
+        self,
+        now: int,
+        member_id: str,
+        *,
+        wants: int,
+        reported: int,
+        used: int,
+        throttled: int,
+        pieces: Sequence[Piece] = (),
+        restore: dict[str, str] | None = None,
+    ) -> list[Any]:
+        cfg = self.cfg
+        if not cfg:
+            if not restore:
+                return [0]
+            cfg.update(restore)
+            cfg["rebuild_ms"] = str(now + self._num("lease_ms"))
+            cfg["seq"] = "0"
+            self._freed(now)  # where the members spend is not known yet
+        members = self._live(now)
+        me = next((m for m in members if m.id == member_id), None)
+        if me is None:
+            seq = self._num("seq") + 1
+            cfg["seq"] = str(seq)
+            me = _Member(member_id, seq)
+            members.append(me)
+            members.sort(key=lambda m: m.seq)
+        me.expires = now + self._num("lease_ms")
+        me.wants, me.used = wants, used
+
+        refresh_ms = self._num("refresh_ms")
+        if cfg.get("adaptive") == "1":
+            ceiling = self._num("total") * 1000
+            eff = self._num("eff_m")
+            calm = now - self._num("cut_ms") >= 2 * refresh_ms
+            if throttled > 0 and calm:
+                cfg["cut_ms"] = cfg["raise_ms"] = str(now)
+                self._cut(now, max(self._num("floor_m"), eff * 3 // 4), members)
+            elif (
+                throttled == 0
+                and calm
+                and eff < ceiling
+                and now - self._num("raise_ms") >= refresh_ms
+            ):
+                cfg["eff_m"] = str(min(ceiling, eff + max(1000, ceiling // 50)))
+                cfg["raise_ms"] = str(now)
+
+        total = self._num("eff_m")
+        mine = members.index(me)
+        others = sum(m.has for m in members if m is not me)
+        algorithm, demands = cfg.get("algorithm", ""), [m.wants for m in members]
+        if algorithm == "static":
+            target = allocate(algorithm, total, demands, self._num("cap_m"))[mine]
+        else:
+            target = with_spare(algorithm, total, demands)[mine]
+        granted = grant(target, total, others)
+        taken = [piece for m in members if m is not me for piece in m.pieces]
+        if now < self._num("rebuild_ms"):
+            granted = min(granted, reported)
+            if not me.pieces and _sound(pieces, total) and not _overlaps(pieces, taken):
+                me.pieces = list(pieces)  # where it says it spends
+        had = me.pieces
+        me.pieces = place(total, had, granted, taken)
+        if not within(had, me.pieces):
+            self._freed(now)
+        me.has = sum(length for _, length in me.pieces)
+        self._save(me)
+        held = sum(m.has for m in members)
+        flat = [x for piece in me.pieces for x in piece]
+        return [1, me.has, held, flat, len(members), now, _flat(cfg)]
+
+
+def _sound(pieces: Sequence[Piece], total: int) -> bool:
+    """Pieces a member may claim: at most MAX_PIECES, none empty, all inside the
+    line, none overlapping another."""
+    if len(pieces) > MAX_PIECES:
+        return False
+    if any(start < 0 or length <= 0 or start + length > total for start, length in pieces):
+        return False
+    return not any(
+        i != j and s < start + length and start < s + n
+        for i, (start, length) in enumerate(pieces)
+        for j, (s, n) in enumerate(pieces)
+    )
+
+
+def _overlaps(pieces: Sequence[Piece], taken: list[Piece]) -> bool:
+    return any(s < start + length and start < s + n for start, length in pieces for s, n in taken)
+
+
+def _flat(cfg: dict[str, str]) -> list[str]:
+    return [part for pair in cfg.items() for part in pair]

@@ -1,0 +1,210 @@
+"""The simulation's clocks and the coordinators its members talk to: the
+coordinator's Python model, or the real ``fleet.lua`` in a Redis (see `_simulate`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from .._errors import StoreUnavailable
+from ..fleet.alloc import MILLI, Piece
+from ..fleet.config import QuotaConfig
+from ..fleet.coordinator import Coordinator, Reply, keys, parse_refresh
+from ..fleet.model import Model
+
+__all__ = ["Backend", "BackendFactory", "ModelBackend", "RedisBackend", "TrueClock"]
+
+# -- clocks ---------------------------------------------------------------------
+
+
+class TrueClock:
+    """The simulation's time: the provider's, and the coordinator's."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def time_ns(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        raise RuntimeError("nothing sleeps in a simulation")
+
+    async def asleep(self, seconds: float) -> None:
+        raise RuntimeError("nothing sleeps in a simulation")
+
+
+class _MemberClock(TrueClock):
+    """A member's clock: the true time plus its skew."""
+
+    def __init__(self, true: TrueClock, offset: int) -> None:
+        super().__init__(0)
+        self.true, self.offset = true, offset
+
+    def time_ns(self) -> int:
+        return self.true.now + self.offset
+
+
+# -- the coordinator --------------------------------------------------------------
+
+
+class Backend(Protocol):
+    """The coordinator the members talk to, at the simulation's true time."""
+
+    label: str
+
+    def set(self, config: QuotaConfig) -> list[Any]:
+        """Create or change the resource; the messages it published."""
+        ...
+
+    def refresh(
+        self,
+        member: str,
+        *,
+        wants: int,
+        has: int,
+        used: int,
+        throttled: int,
+        pieces: Sequence[Piece],
+        restore: dict[str, str] | None,
+    ) -> Reply | None: ...
+
+    def leave(self, member: str) -> None: ...
+
+    def holds(self, member: str) -> bool:
+        """Whether the coordinator still keeps the member's record (no side effect)."""
+        ...
+
+    def held(self) -> tuple[int, int]:
+        """What the live members hold, summed, and the effective total (millipermits)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ModelBackend:
+    """The coordinator's Python model (`Model`), called with the true time."""
+
+    label = "model"
+
+    def __init__(self, clock: TrueClock) -> None:
+        self.clock = clock
+        self.model = Model()
+        self._seen = 0
+
+    def _ms(self) -> int:
+        return self.clock.now // 1_000_000
+
+    def set(self, config: QuotaConfig) -> list[Any]:
+        self.model.set(self._ms(), config.fields())
+        published = self.model.published[self._seen :]
+        self._seen = len(self.model.published)
+        return list(published)
+
+    def refresh(
+        self,
+        member: str,
+        *,
+        wants: int,
+        has: int,
+        used: int,
+        throttled: int,
+        pieces: Sequence[Piece],
+        restore: dict[str, str] | None,
+    ) -> Reply | None:
+        raw = self.model.refresh(
+            self._ms(),
+            member,
+            wants=wants,
+            reported=has,
+            used=used,
+            throttled=throttled,
+            pieces=pieces,
+            restore=restore,
+        )
+        return parse_refresh(raw)
+
+    def leave(self, member: str) -> None:
+        self.model.leave(self._ms(), member)
+
+    def holds(self, member: str) -> bool:
+        return member in self.model.members
+
+    def held(self) -> tuple[int, int]:
+        raw = self.model.show(self._ms())
+        return sum(int(m[4]) for m in raw[3:]), int(self.model.cfg.get("eff_m", "0"))
+
+    def close(self) -> None:
+        return None
+
+
+class RedisBackend:
+    """``fleet.lua`` in a real Redis through `Coordinator`, on the true clock; the
+    change messages read from a real subscription to the resource's channel."""
+
+    label = "redis"
+
+    def __init__(self, client: Any, clock: TrueClock, name: str) -> None:
+        self.client = client
+        self.coordinator = Coordinator(client, name, clock=clock)
+        self._keys = keys(name)
+        self._exists = False
+        self.pubsub = client.pubsub()
+        self.pubsub.subscribe(self.coordinator.channel)
+        self._next("subscribe")
+
+    def _next(self, kind: str) -> Any:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=0.5)
+            if message is not None and message["type"] == kind:
+                return message["data"]
+        raise StoreUnavailable(f"redis: no {kind} on {self.coordinator.channel} within 5 s")
+
+    def set(self, config: QuotaConfig) -> list[Any]:
+        existed, self._exists = self._exists, True
+        self.coordinator.set(config)
+        return [self._next("message")] if existed else []  # a change is always published
+
+    def refresh(
+        self,
+        member: str,
+        *,
+        wants: int,
+        has: int,
+        used: int,
+        throttled: int,
+        pieces: Sequence[Piece],
+        restore: dict[str, str] | None,
+    ) -> Reply | None:
+        return self.coordinator.refresh(
+            member,
+            wants=wants,
+            has=has,
+            used=used,
+            throttled=throttled,
+            pieces=pieces,
+            restore=restore,
+        )
+
+    def leave(self, member: str) -> None:
+        self.coordinator.leave(member)
+
+    def holds(self, member: str) -> bool:
+        return bool(self.client.hexists(self._keys[1], member))
+
+    def held(self) -> tuple[int, int]:
+        status = self.coordinator.show()
+        if status is None:
+            return 0, 0
+        held = sum(round(m.has * MILLI) for m in status.members)
+        return held, round(status.effective_total * MILLI)
+
+    def close(self) -> None:
+        try:
+            self.pubsub.close()
+        finally:
+            self.client.delete(*self._keys)
+
+
+BackendFactory = Callable[[TrueClock], Backend]

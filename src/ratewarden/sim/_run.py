@@ -1,0 +1,625 @@
+"""The simulation's event loop: members, their callers, the coordinator's
+replies and messages, and what the provider counts (see `_simulate`)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections import deque
+from typing import Any, Protocol
+
+from ..fleet.alloc import MILLI, allocate, with_spare
+from ..fleet.member import Member
+from ._backend import BackendFactory, TrueClock, _MemberClock
+from ._scenarios import (
+    BINS,
+    BURST_OFF,
+    BURST_ON,
+    Plan,
+    Result,
+    Scenario,
+    make_plan,
+)
+
+__all__ = ["START_S", "Progress", "Run"]
+
+START_S = 1_763_900_000  # the virtual clock starts at this epoch second (rounded to a window)
+CONVERGED = 0.05  # a grant within 5% of its target
+
+
+# -- the simulation ---------------------------------------------------------------
+
+ARRIVE, SERVE, REFRESH, MESSAGE, ACTIVATE, JOIN, LEAVE, DIE, TOTAL, BURST, TICK, DUE = range(12)
+
+
+class _Node:
+    """One simulated member: its `Member`, its callers, its bookkeeping."""
+
+    __slots__ = (
+        "act_gen",
+        "admitted",
+        "arrive_gen",
+        "clock",
+        "due",
+        "id",
+        "index",
+        "joined_at",
+        "joined_refreshes",
+        "last_refresh",
+        "local",
+        "member",
+        "on",
+        "queue",
+        "rate",
+        "refresh_gen",
+        "refreshes",
+        "serve_gen",
+        "serving",
+        "skew",
+        "tracked",
+    )
+
+    def __init__(self, index: int, skew: int, clock: _MemberClock) -> None:
+        self.index = index
+        self.id = f"member-{index:03d}"
+        self.skew = skew
+        self.clock = clock
+        self.member: Member | None = None
+        self.rate = 0.0  # arrivals a second now
+        self.on = True
+        self.queue: deque[tuple[int, int]] = deque()  # waiting callers: deadline, since
+        self.serving = False
+        self.due = 0  # callers holding a reserved permit not yet due
+        self.arrive_gen = self.refresh_gen = self.serve_gen = self.act_gen = 0
+        self.local = 0  # the grant it spends now, millipermits
+        self.refreshes = self.joined_refreshes = 0
+        self.joined_at = self.last_refresh = 0
+        self.admitted = 0
+        self.tracked = False  # convergence measured for it
+
+    @property
+    def alive(self) -> bool:
+        return self.member is not None
+
+
+class Progress(Protocol):
+    """Told how much simulated time has passed, a window at a time."""
+
+    def advance(self, seconds: float) -> None: ...
+
+
+class Run:
+    """One scenario's run: `run` plays its events in order and returns its `Result`."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        backend: BackendFactory,
+        progress: Progress | None = None,
+    ) -> None:
+        self.s = scenario
+        self.rng = random.Random(scenario.seed)
+        self.plan: Plan = make_plan(scenario, self.rng)
+        self.window = scenario.window_ns
+        self.start = START_S * 10**9 // self.window * self.window
+        self.end = self.start + round(scenario.seconds * 1e9)
+        self.windows = -(-(self.end - self.start) // self.window)
+        self.clock = TrueClock(self.start)
+        self.backend = backend(self.clock)
+        self.progress = progress
+        self.max_wait = round(scenario.wait * 1e9)
+        self.nodes = [
+            _Node(i, skew, _MemberClock(self.clock, skew))
+            for i, skew in enumerate(self.plan.skews_ns)
+        ]
+        self.order: list[_Node] = []  # live members in join order, as the coordinator sorts
+        self.heap: list[tuple[int, int, int, int, Any]] = []
+        self.seq = 0
+        self.total = scenario.total
+        self.eff = self.total * MILLI
+        self.local_sum = 0
+        self.coord_held = 0
+        self.unheard: set[int] = set()  # live members that have not heard of the last cut
+        self.cut_at = 0
+        self.reach: dict[int, tuple[int, int]] | None = None  # member: refreshes when it changed
+        self.reach_at = 0
+        self.reach_seen: list[tuple[float, int]] = []
+        self.dead: dict[int, tuple[int, int]] = {}  # member: died at, last refresh
+        self.fleet_rate = 0.0
+        self.offer_t = self.start
+        self.r = Result(
+            scenario,
+            self.backend.label,
+            admitted=[0] * self.windows,
+            limits=[self.total] * self.windows,
+            offered=[0.0] * self.windows,
+            bins=[0] * (self.windows * BINS),
+            warmup=min(self.windows // 2, math.ceil(scenario.warmup * 1e9 / self.window)),
+            member_admitted=[0] * scenario.members,
+        )
+
+    # -- events --------------------------------------------------------------------
+
+    def push(self, at: int, kind: int, index: int, arg: Any = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, self.seq, kind, index, arg))
+
+    def _schedule_plan(self) -> None:
+        plan, start = self.plan, self.start
+        self.backend.set(self.s.config())  # the operator creates the resource
+        for i, at in enumerate(plan.joins):
+            self.push(start + round(at * 1e9), JOIN, i)
+        for i, at in plan.leaves.items():
+            self.push(start + round(at * 1e9), LEAVE, i)
+        for i, at in plan.deaths.items():
+            self.push(start + round(at * 1e9), DIE, i)
+        for at, total in plan.totals:
+            self.push(start + round(at * 1e9), TOTAL, 0, total)
+            k = round(at * 1e9) // self.window
+            for w in range(k, self.windows):
+                self.r.limits[w] = total
+        for k in range(1, self.windows):  # the last one is the end's (run)
+            self.push(start + k * self.window, TICK, 0, k)
+
+    def run(self) -> Result:
+        wall = time.perf_counter()
+        self._schedule_plan()
+        heap, nodes, end = self.heap, self.nodes, self.end
+        events = 0
+        try:
+            while heap:
+                at, _, kind, index, arg = heapq.heappop(heap)
+                if at >= end:
+                    break
+                self.clock.now = at
+                events += 1
+                node = nodes[index]
+                if kind == ARRIVE:
+                    if arg == node.arrive_gen:
+                        self._arrive(node)
+                elif kind == SERVE:
+                    if arg == node.serve_gen:
+                        self._serve(node)
+                elif kind == DUE:
+                    self._due(node, *arg)
+                elif kind == REFRESH:
+                    if arg == node.refresh_gen and node.alive:
+                        self._refresh(node)
+                        self._schedule_refresh(node)
+                elif kind == MESSAGE:
+                    self._message(node, arg)
+                elif kind == ACTIVATE:
+                    self._activate(node, arg)
+                elif kind == JOIN:
+                    self._join(node)
+                elif kind in (LEAVE, DIE):
+                    self._depart(node, clean=kind == LEAVE)
+                elif kind == TOTAL:
+                    self._change_total(arg)
+                elif kind == BURST:
+                    if arg == node.arrive_gen and node.alive:
+                        self._burst(node)
+                else:
+                    self._tick(arg)
+            self.clock.now = end
+            self._flush_offer()
+            self._tick(self.windows)
+        finally:
+            self.backend.close()
+        self.r.events = events
+        self.r.waiting_at_end = sum(len(n.queue) + n.due for n in nodes)
+        self.r.wall = time.perf_counter() - wall
+        self.r.roles = {n.id: self.plan.role(n.index) for n in nodes}
+        return self.r
+
+    # -- callers ---------------------------------------------------------------------
+
+    def _arrive(self, node: _Node) -> None:
+        member = node.member
+        assert member is not None
+        now = self.clock.now
+        t = now + node.skew
+        share = member.share
+        share.asked += 1
+        self.r.arrivals += 1
+        wait = share.take(t, 1)
+        if not wait:
+            self._admit(node)
+        elif wait > self.max_wait:
+            self.r.gave_up += 1
+        else:
+            self.r.waited += 1
+            share.begin_wait(t)
+            if node.queue:  # first come, first served: behind the others
+                node.queue.append((t + self.max_wait, t))
+            else:
+                held, wait = share.reserve(t, 1, self.max_wait)
+                if held:
+                    node.due += 1
+                    self.push(now + wait, DUE, node.index, (node.serve_gen, t))
+                elif wait > self.max_wait:
+                    share.end_wait(t)
+                    self.r.gave_up += 1
+                else:
+                    node.queue.append((t + self.max_wait, t))
+                    if not node.serving:
+                        node.serving = True
+                        self.push(now + wait, SERVE, node.index, node.serve_gen)
+        self._next_arrival(node)
+
+    def _next_arrival(self, node: _Node) -> None:
+        if self.s.arrivals == "even":
+            gap = 1e9 / node.rate
+        else:
+            gap = self.rng.expovariate(node.rate) * 1e9
+        self.push(self.clock.now + max(1, round(gap)), ARRIVE, node.index, node.arrive_gen)
+
+    def _serve(self, node: _Node) -> None:
+        """The waiting callers, oldest first, reserve their permits as
+        `FleetQuota.acquire` does (`Share.reserve`), each then admitted when its
+        permit falls due; the first that cannot reserve one waits for the time
+        it is told, or gives up if that falls after its deadline, and the ones
+        behind it wait with it."""
+        member = node.member
+        assert member is not None
+        node.serving = False
+        now = self.clock.now
+        t = now + node.skew
+        share = member.share
+        queue = node.queue
+        while queue:
+            deadline, since = queue[0]
+            held, wait = share.reserve(t, 1, deadline - t)
+            if held:
+                queue.popleft()
+                node.due += 1
+                if wait:
+                    self.push(now + wait, DUE, node.index, (node.serve_gen, since))
+                else:
+                    self._due(node, node.serve_gen, since)
+                continue
+            while queue and t + wait > queue[0][0]:
+                queue.popleft()
+                share.end_wait(t)
+                self.r.gave_up += 1
+            if queue:
+                node.serving = True
+                self.push(now + wait, SERVE, node.index, node.serve_gen)
+            break
+
+    def _activate(self, node: _Node, gen: int) -> None:
+        """A window edge where a member's pending grant applies."""
+        if gen == node.act_gen and node.member is not None:
+            node.member.share.window_state(node.clock.time_ns())
+            self._set_local(node, node.member.share.grant)
+
+    def _due(self, node: _Node, gen: int, since: int) -> None:
+        """A waiting caller's reserved permit is due: it goes to the provider."""
+        if gen != node.serve_gen or node.member is None:
+            return  # its member left or died meanwhile (counted as given up then)
+        node.due -= 1
+        t = self.clock.now + node.skew
+        node.member.share.end_wait(t)
+        self.r.wait_ns += t - since
+        self._admit(node)
+
+    def _admit(self, node: _Node) -> None:
+        offset = self.clock.now - self.start
+        k = offset // self.window
+        if k < self.windows:
+            self.r.admitted[k] += 1
+            self.r.bins[offset * BINS // self.window] += 1
+            if k >= self.r.warmup:
+                self.r.member_admitted[node.index] += 1
+
+    def _set_rate(self, node: _Node, rate: float) -> None:
+        self._flush_offer()
+        self.fleet_rate += rate - node.rate
+        node.rate = rate
+        node.arrive_gen += 1
+        if rate > 0 and node.alive:
+            if self.s.arrivals == "even":  # a random phase, then evenly spaced
+                gap = self.rng.uniform(0, 1e9 / rate)
+            else:
+                gap = self.rng.expovariate(rate) * 1e9
+            self.push(self.clock.now + round(gap), ARRIVE, node.index, node.arrive_gen)
+
+    def _flush_offer(self) -> None:
+        """Adds what the callers offered since the last change to the windows."""
+        t0, t1, rate = self.offer_t, self.clock.now, self.fleet_rate
+        self.offer_t = t1
+        while rate > 0 and t0 < t1:
+            k = (t0 - self.start) // self.window
+            edge = min(t1, self.start + (k + 1) * self.window)
+            if k < self.windows:
+                self.r.offered[k] += rate * (edge - t0) / 1e9
+            t0 = edge
+
+    def _burst(self, node: _Node) -> None:
+        """An on/off switch of a member's callers (the bursts pattern)."""
+        phase = self.plan.bursts
+        assert phase is not None
+        period = BURST_ON + BURST_OFF
+        elapsed = (self.clock.now - self.start) / 1e9 - phase[node.index]
+        into = elapsed % period
+        node.on = into < BURST_ON
+        self._set_rate(node, self.plan.rates[node.index] if node.on else 0.0)
+        left = (BURST_ON - into) if node.on else (period - into)
+        self.push(self.clock.now + max(1, round(left * 1e9)), BURST, node.index, node.arrive_gen)
+
+    # -- members ---------------------------------------------------------------------
+
+    def _join(self, node: _Node) -> None:
+        """`FleetQuota.start`: one refresh, then one more with an equal share's demand."""
+        node.member = member = Member(
+            "simulated", node.clock, member_id=node.id, pace=self.s.pace, config=self.s.config()
+        )
+        node.joined_at = self.clock.now
+        self.order.append(node)
+        self._refresh(node)
+        if member.known is not None:
+            self._refresh(node)
+        node.joined_refreshes = node.refreshes
+        node.tracked = node.index in self.plan.late
+        if node.tracked:
+            self._converged(node)
+        self._schedule_refresh(node)
+        if self.plan.bursts is not None:
+            self._burst(node)
+        else:
+            self._set_rate(node, self.plan.rates[node.index])
+
+    def _schedule_refresh(self, node: _Node) -> None:
+        node.refresh_gen += 1
+        delay = self.s.refresh * self.rng.uniform(0.9, 1.1)  # as Member.next_delay
+        self.push(self.clock.now + round(delay * 1e9), REFRESH, node.index, node.refresh_gen)
+
+    def _refresh(self, node: _Node) -> None:
+        member = node.member
+        assert member is not None
+        wants, has, used, throttled, pieces, restore = member.report()
+        sent_at = node.clock.time_ns()
+        reply = self.backend.refresh(
+            member.id,
+            wants=wants,
+            has=has,
+            used=used,
+            throttled=throttled,
+            pieces=pieces,
+            restore=restore,
+        )
+        if reply is None:
+            raise RuntimeError("the simulated resource vanished from the coordinator")
+        self.r.refreshes += 1
+        self.coord_held = reply.held
+        self._check_coordinator(reply.held, reply.effective_total)
+        member.on_reply(reply, sent_at)
+        node.refreshes += 1
+        node.last_refresh = self.clock.now
+        self._applied(node)
+        self._heard(node)
+        if node.tracked:
+            self._converged(node)
+        if self.dead:
+            self._reclaimed()
+
+    def _message(self, node: _Node, data: Any) -> None:
+        member = node.member
+        if member is None:
+            return
+        asked = member.on_message(data)
+        self._applied(node)
+        self._heard(node)
+        if asked:  # FleetQuota's loop refreshes at once, and counts its interval anew
+            self._refresh(node)
+            self._schedule_refresh(node)
+
+    def _depart(self, node: _Node, *, clean: bool) -> None:
+        member = node.member
+        if member is None:
+            return
+        self._set_rate(node, 0.0)
+        node.member = None
+        node.serve_gen += 1
+        node.refresh_gen += 1
+        node.act_gen += 1
+        node.serving = False
+        self.r.gave_up += len(node.queue) + node.due
+        node.queue.clear()
+        node.due = 0
+        self._set_local(node, 0)
+        self.order.remove(node)
+        self.unheard.discard(node.index)
+        if self.reach is not None:
+            self.reach.pop(node.index, None)
+            self._reach_done()
+        self.r.departed[node.id] = (self.clock.now - self.start) / 1e9
+        if clean:
+            self.backend.leave(member.id)
+        else:
+            self.dead[node.index] = (self.clock.now, node.last_refresh)
+
+    # -- the total -------------------------------------------------------------------
+
+    def _change_total(self, total: int) -> None:
+        old = self.eff
+        messages = self.backend.set(self.s.config(total=total))
+        self.total, self.eff = total, total * MILLI
+        held, eff = self.backend.held()
+        self.coord_held = held
+        self._check_coordinator(held, eff)
+        live = list(self.order)
+        if self.eff < old:
+            self.unheard = {n.index for n in live}
+            self.cut_at = self.clock.now
+            self._check_local()
+        self.reach = {n.index: (n.refreshes, 0) for n in live}
+        self.reach_at = self.clock.now
+        self.reach_seen = []
+        if self.s.pubsub:
+            delay = round(self.s.pubsub_ms * 1e6)
+            for message in messages:
+                for n in live:
+                    self.push(self.clock.now + delay, MESSAGE, n.index, message)
+        if self.dead:
+            self._reclaimed()
+
+    def _heard(self, node: _Node) -> None:
+        """Whether the member knows the current total now; the bookkeeping of cuts
+        and of a change's reach."""
+        member = node.member
+        assert member is not None
+        known = member.known or {}
+        if known.get("eff_m") != str(self.eff):
+            return
+        if node.index in self.unheard:
+            self.unheard.discard(node.index)
+            if not self.unheard:
+                self.r.cut_unheard_ms = max(
+                    self.r.cut_unheard_ms, (self.clock.now - self.cut_at) / 1e6
+                )
+        if self.reach is not None and node.index in self.reach:
+            refreshes, _ = self.reach.pop(node.index)
+            self.reach_seen.append(
+                ((self.clock.now - self.reach_at) / 1e9, node.refreshes - refreshes)
+            )
+            self._reach_done()
+
+    def _reach_done(self) -> None:
+        if self.reach is None or self.reach:
+            return
+        seen = self.reach_seen
+        self.r.reaches.append(
+            {
+                "at": (self.reach_at - self.start) / 1e9,
+                "total": self.total,
+                "seconds": max((s for s, _ in seen), default=0.0),
+                "refreshes": max((r for _, r in seen), default=0),
+                "members": len(seen),
+            }
+        )
+        self.reach = None
+
+    # -- the invariant -----------------------------------------------------------------
+
+    def _check_coordinator(self, held: int, eff: int) -> None:
+        if eff <= 0:
+            return
+        ratio = held / eff
+        self.r.coord_max = max(self.r.coord_max, ratio)
+        if held > eff:
+            self.r.coord_violations += 1
+
+    def _applied(self, node: _Node) -> None:
+        """The member's grant may have changed: a smaller one spends at once, a
+        larger one from its next window edge (an event then)."""
+        member = node.member
+        assert member is not None
+        share = member.share
+        node.act_gen += 1
+        if share.pending is not None:
+            t = node.clock.time_ns()
+            edge = (t // share.window_ns + 1) * share.window_ns
+            self.push(edge - node.skew, ACTIVATE, node.index, node.act_gen)
+        self._set_local(node, share.grant)
+        self._record_grant(node)
+
+    def _set_local(self, node: _Node, value: int) -> None:
+        if value == node.local:
+            return
+        self.local_sum += value - node.local
+        node.local = value
+        if value > 0:
+            self._check_local()
+
+    def _check_local(self) -> None:
+        if self.eff <= 0:
+            return
+        ratio = self.local_sum / self.eff
+        r = self.r
+        if self.unheard:
+            r.local_max_cut = max(r.local_max_cut, ratio)
+            if self.local_sum > self.eff:
+                r.local_violations_cut += 1
+        else:
+            r.local_max = max(r.local_max, ratio)
+            if self.local_sum > self.eff:
+                r.local_violations += 1
+
+    def _record_grant(self, node: _Node) -> None:
+        member = node.member
+        assert member is not None
+        points = self.r.grants.setdefault(node.id, [])
+        point = ((self.clock.now - self.start) / 1e9, member.grant)
+        if not points or points[-1][1] != point[1]:
+            points.append(point)
+
+    # -- convergence, reclaim ------------------------------------------------------------
+
+    def _target(self, node: _Node) -> int:
+        """The node's share of the total over the true demands of the live members."""
+        per_window = self.window / 1e9 * MILLI
+        if self.plan.bursts is None:
+            wants = [round(n.rate * per_window) for n in self.order]
+        else:  # its average
+            share = BURST_ON / (BURST_ON + BURST_OFF)
+            wants = [round(self.plan.rates[n.index] * share * per_window) for n in self.order]
+        mine = self.order.index(node)
+        if self.s.algorithm == "static":
+            cap = int(self.s.config().fields()["cap_m"])
+            return allocate(self.s.algorithm, self.eff, wants, cap)[mine]
+        return with_spare(self.s.algorithm, self.eff, wants)[mine]
+
+    def _converged(self, node: _Node) -> None:
+        member = node.member
+        assert member is not None
+        target = self._target(node)
+        grant = round(member.grant * MILLI)
+        if abs(grant - target) <= CONVERGED * target:
+            node.tracked = False
+            self.r.convergence.append(
+                {
+                    "member": node.id,
+                    "refreshes": node.refreshes - node.joined_refreshes,
+                    "seconds": (self.clock.now - node.joined_at) / 1e9,
+                    "target": target / MILLI,
+                }
+            )
+
+    def _reclaimed(self) -> None:
+        for index, (died, last) in list(self.dead.items()):
+            node = self.nodes[index]
+            if not self.backend.holds(node.id):
+                del self.dead[index]
+                now = self.clock.now
+                self.r.reclaims.append(
+                    {
+                        "member": node.id,
+                        "after_death": (now - died) / 1e9,
+                        "after_last_refresh": (now - last) / 1e9,
+                        "lease": self.s.lease,
+                    }
+                )
+
+    def _tick(self, k: int) -> None:
+        self.r.held.append((self.coord_held / MILLI, self.local_sum / MILLI))
+        if self.progress is not None:
+            self.progress.advance(self.window / 1e9)
+        if k == self.windows:  # the end: who never converged, who was never reclaimed
+            for node in self.nodes:
+                if node.tracked:
+                    self.r.convergence.append(
+                        {"member": node.id, "refreshes": None, "seconds": None, "target": None}
+                    )
+            for index in self.dead:
+                self.r.reclaims.append(
+                    {
+                        "member": self.nodes[index].id,
+                        "after_death": None,
+                        "after_last_refresh": None,
+                        "lease": self.s.lease,
+                    }
+                )
+            self.dead.clear()

@@ -1,0 +1,12 @@
+"""The Redis store (``pip install ratewarden[redis]``): every algorithm as a Lua
+script (``lua/``, package data), one round trip per check, on Redis, Redis
+Cluster, Sentinel or Valkey; two-tier counting for hot limits.
+
+Its neighbours may import `connection` (a Redis URL turned into a client) and
+`scripts` (the Lua scripts loaded by SHA); the rest of this package is its own.
+"""
+
+from ._store import AsyncRedisStore, RedisStore
+from ._twotier import TwoTierSettings
+
+__all__ = ["AsyncRedisStore", "RedisStore", "TwoTierSettings"]
