@@ -273,14 +273,22 @@ def _too_deep(text: str) -> int | None:
     depth = 0
     starts = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
     ends = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
-    for event in yaml.parse(text, Loader=_CLoader or yaml.SafeLoader):
-        if isinstance(event, starts):
-            depth += 1
-            if depth > _MAX_DEPTH:
-                mark = event.start_mark
-                return 1 if mark is None else int(mark.line) + 1
-        elif isinstance(event, ends):
-            depth -= 1
+    try:
+        for event in yaml.parse(text, Loader=_CLoader or yaml.SafeLoader):
+            if isinstance(event, starts):
+                depth += 1
+                if depth > _MAX_DEPTH:
+                    mark = event.start_mark
+                    return 1 if mark is None else int(mark.line) + 1
+            elif isinstance(event, ends):
+                depth -= 1
+    except yaml.MarkedYAMLError as exc:
+        # PyYAML >= 6.0.4 bounds nesting in its parser too (at 1,000 flow levels):
+        # the same refusal, said in the same words as below that bound
+        if "nesting depth" not in str(exc.problem):
+            raise
+        mark = exc.problem_mark
+        return 1 if mark is None else int(mark.line) + 1
     return None
 
 
