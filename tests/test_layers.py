@@ -84,13 +84,13 @@ def _resolve(importer: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _walk(tree: ast.AST, at_load: bool) -> Iterator[tuple[ast.stmt, bool]]:
+def _walk(tree: ast.AST, at_load: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node, at_load
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from _walk(node, False)  # runs when called, not when loaded
         elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from _walk(node, False)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             yield from _walk(node, False)
         elif isinstance(node, ast.stmt | ast.excepthandler):
             yield from _walk(node, at_load)
@@ -110,7 +110,9 @@ def imports() -> list[Import]:
             else:
                 targets = [alias.name for alias in node.names]
             found += [
-                Import(name, t, node.lineno, at_load) for t in targets if t.split(".")[0] == "ratewarden"
+                Import(name, t, node.lineno, at_load)
+                for t in targets
+                if t.split(".")[0] == "ratewarden"
             ]
     return found
 
@@ -174,10 +176,10 @@ def _components(graph: dict[str, set[str]]) -> list[set[str]]:
     stack: list[str] = []
     on_stack: set[str] = set()
     found: list[set[str]] = []
-    for root in graph:
+    for root, edges in graph.items():
         if root in index:
             continue
-        work = [(root, iter(sorted(graph[root])))]
+        work = [(root, iter(sorted(edges)))]
         index[root] = low[root] = len(index)
         stack.append(root)
         on_stack.add(root)

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from ..rules import AsyncRuleEngine, Outcome, RuleEngine, wait_out
+from ..rules import AsyncRuleEngine, Outcome, RuleEngine, await_out
 from ..stores import MemoryStore
 from ._request import (
     DEGRADE,
@@ -138,7 +138,7 @@ async def run_engine(
 
     # The checks may hop to a thread; the waiting happens here, on the loop, with
     # the deadline set now: a delay never queues for one of the executor's threads.
-    return await wait_out(await check(), check, engine.store.clock)
+    return await await_out(await check(), check, engine.store.clock)
 
 
 def tell_degrade(scope: Scope, level: float) -> None:

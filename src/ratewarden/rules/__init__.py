@@ -15,7 +15,7 @@ ratewarden[rules]``); ``import ratewarden`` does not import this package.
 
 from typing import TYPE_CHECKING, Any
 
-from ._actions import Outcome, wait_out
+from ._actions import Outcome, await_out
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
 from ._engine import AsyncRuleEngine, RuleEngine
 from ._override_stores import LocalOverrides, RedisOverrides
@@ -73,8 +73,8 @@ __all__ = [
     "RuntimeOverride",
     "UnknownRule",
     "Watcher",
+    "await_out",
     "dump",
     "load",
     "loads",
-    "wait_out",
 ]

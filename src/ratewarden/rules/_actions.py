@@ -6,8 +6,8 @@ generator) for the blocking and the asyncio engine.
 
 The actions that shape traffic instead of refusing it, for the rule engine:
 ``queue`` (a paced line) and ``degrade`` (pass, but serve less). No I/O here: the
-store calls are yielded to the engine's sync or async shell (`run_sync`,
-`run_async`), so the logic is written once.
+store calls are yielded to the engine's sync or async shell (`run`,
+`arun`), so the logic is written once.
 
 A request whose rules are all ``reject``/``delay``/``shadow_ban``/``log_only``
 never comes here (the engine's one ``hit_tiers`` call). With queue or degrade
@@ -56,18 +56,18 @@ __all__ = [
     "Outcome",
     "Step",
     "Verdict",
+    "arun",
     "await_in_line",
+    "await_out",
     "classed",
     "degrade_level",
     "level_header",
     "queue_wait",
-    "run_async",
-    "run_sync",
+    "run",
     "shaped",
     "shaped_outcome",
     "wait_in_line",
     "wait_out",
-    "wait_out_sync",
 ]
 
 Verdict = Literal["allow", "reject", "delay", "shadow_ban", "queue", "degrade"]
@@ -157,7 +157,7 @@ def _waits(outcome: Outcome, clock: Clock) -> Generator[float, Outcome, Outcome]
             return outcome
 
 
-def wait_out_sync(outcome: Outcome, check_again: Callable[[], Outcome], clock: Clock) -> Outcome:
+def wait_out(outcome: Outcome, check_again: Callable[[], Outcome], clock: Clock) -> Outcome:
     """`_waits` on a blocking clock; a queued request sleeps until its slot."""
     if outcome.action == "queue":  # its slot is taken: hold it until due, then go
         clock.sleep(outcome.wait)
@@ -172,7 +172,7 @@ def wait_out_sync(outcome: Outcome, check_again: Callable[[], Outcome], clock: C
         return done.value  # type: ignore[no-any-return]
 
 
-async def wait_out(
+async def await_out(
     outcome: Outcome, check_again: Callable[[], Awaitable[Outcome]], clock: Clock
 ) -> Outcome:
     """`_waits` without blocking the event loop; a queued request sleeps until
@@ -240,7 +240,7 @@ def shaped(
     return decision, report, queued, degraded, queue
 
 
-def run_sync(steps: Generator[Step, Any, Counted]) -> Counted:
+def run(steps: Generator[Step, Any, Counted]) -> Counted:
     """Drive `shaped` with blocking store calls."""
     try:
         kind, args = next(steps)
@@ -257,7 +257,7 @@ def run_sync(steps: Generator[Step, Any, Counted]) -> Counted:
         return done.value  # type: ignore[no-any-return]
 
 
-async def run_async(steps: Generator[Step, Any, Counted]) -> Counted:
+async def arun(steps: Generator[Step, Any, Counted]) -> Counted:
     """Drive `shaped` with awaited store calls."""
     try:
         kind, args = next(steps)

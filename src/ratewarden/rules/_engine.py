@@ -53,7 +53,7 @@ from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
 from ..stores import AsyncStore, Store
 from . import _actions as act
-from ._actions import Outcome, wait_out, wait_out_sync
+from ._actions import Outcome, await_out, wait_out
 from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
 from ._engine_overrides import AsyncOverridable, Overridable
 from ._override_stores import Snapshot
@@ -364,12 +364,12 @@ class RuleEngine(_Core[Limiter], Overridable):
             return act.wait_in_line(
                 self._lines, outcome, attributes, lambda: self._check_once(attributes, cost)
             )
-        return wait_out_sync(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
+        return wait_out(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
 
     def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
         if ruleset.shaping and applicable:
-            counted = act.run_sync(act.shaped(ruleset, enforced, shadow))
+            counted = act.run(act.shaped(ruleset, enforced, shadow))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = hit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
@@ -400,21 +400,23 @@ class AsyncRuleEngine(_Core[AsyncLimiter], AsyncOverridable):
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
     ) -> Outcome:
         """The twin of `RuleEngine.check`; waiting never blocks the event loop."""
-        outcome = await self._check_once(attributes, cost)
+        outcome = await self._acheck_once(attributes, cost)
         if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
         if act.classed(outcome):
             return await act.await_in_line(
-                self._lines, outcome, attributes, lambda: self._check_once(attributes, cost)
+                self._lines, outcome, attributes, lambda: self._acheck_once(attributes, cost)
             )
-        return await wait_out(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
+        return await await_out(
+            outcome, lambda: self._acheck_once(attributes, cost), self.store.clock
+        )
 
-    async def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
+    async def _acheck_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         if self._follow_pending:  # a Redis store's overrides: followed from the first check
             self._start_following()
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
         if ruleset.shaping and applicable:
-            counted = await act.run_async(act.shaped(ruleset, enforced, shadow))
+            counted = await act.arun(act.shaped(ruleset, enforced, shadow))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = await ahit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)

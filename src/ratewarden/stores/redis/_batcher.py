@@ -22,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._errors import StoreError, StoreUnavailable
-from ._wire import Unsupported, Wire
+from ._wire import AsyncWire, Unsupported
 from .connection import FAILURES
 from .scripts import BATCH, Scripts
 
@@ -82,7 +82,7 @@ class Batcher:
         client: Any,
         scripts: Scripts,
         max_batch: int,
-        wire: Wire | None,
+        wire: AsyncWire | None,
         timeout: float | None,
     ) -> None:
         self.client, self.scripts, self.max_batch = client, scripts, max_batch

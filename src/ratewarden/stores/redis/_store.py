@@ -23,11 +23,11 @@ from ..base import AsyncBound, BindOptions, Bound, Check
 from ..failure import Breaker, Instances, LocalFallback
 from ._batcher import Batcher
 from ._plan import Answers, Limit, Many, plan_calls
-from ._syncwire import SyncWire
+from ._syncwire import Wire
 from ._syncwire import usable as sync_usable
 from ._twotier import LocalLimit, TwoTierSettings
 from ._twotier_io import AsyncTwoTier, TwoTier
-from ._wire import Wire, usable
+from ._wire import AsyncWire, usable
 from .connection import FAILURES, check_raw_replies, connect, sentinels
 from .scripts import BATCH, Scripts
 
@@ -92,7 +92,7 @@ class RedisStore:
         # A client made here from a URL, on one plain server: the scripts go over
         # connections of the store's own (see _syncwire); a client passed in stays
         # untouched, every command through its own pool.
-        wire = SyncWire(client) if self._owns_client and sync_usable(client) else None
+        wire = Wire(client) if self._owns_client and sync_usable(client) else None
         self.scripts = Scripts(client, wire)
         self.breaker = Breaker()
         self._test_clock = clock
@@ -243,7 +243,7 @@ class AsyncRedisStore:
         # A client made here from a URL, on one plain server: the checks go over a
         # connection of the store's own (see _wire); a client passed in stays
         # untouched, every command through its own pool.
-        wire = Wire(client) if self._owns_client and usable(client) else None
+        wire = AsyncWire(client) if self._owns_client and usable(client) else None
         # the timeout bounds each check only on a client made here (one passed in
         # keeps its own settings)
         deadline = timeout if self._owns_client else None

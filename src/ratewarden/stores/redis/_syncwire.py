@@ -61,7 +61,7 @@ try:  # the redis extra brings it; a bare redis-py keeps redis-py's commands
 except ImportError:
     HIREDIS = False
 
-__all__ = ["SyncWire", "usable"]
+__all__ = ["Wire", "usable"]
 
 _PLAIN = (Connection, SSLConnection, UnixDomainSocketConnection)
 _CHUNK = 65536
@@ -69,7 +69,7 @@ _POLLIN = select.POLLIN
 
 
 def usable(client: Any) -> bool:
-    """Whether `SyncWire` can carry ``client``'s commands: a ``redis.Redis`` with
+    """Whether `Wire` can carry ``client``'s commands: a ``redis.Redis`` with
     a plain pool of plain connections, RESP2, UTF-8 (hiredis packs str as UTF-8)."""
     if not HIREDIS or type(client) is not redis.Redis:
         return False
@@ -108,7 +108,7 @@ class _Link:
             self.sock.close()
 
 
-class SyncWire:
+class Wire:
     """Connections of its own to ``client``'s server (see `usable`), each made on
     first need with redis-py's settings and kept while it works."""
 
@@ -204,10 +204,10 @@ class SyncWire:
         self._idle = []
 
     def __repr__(self) -> str:
-        return f"<SyncWire {len(self._idle)} idle {self.where}>"
+        return f"<Wire {len(self._idle)} idle {self.where}>"
 
 
-_WIRES: weakref.WeakSet[SyncWire] = weakref.WeakSet()
+_WIRES: weakref.WeakSet[Wire] = weakref.WeakSet()
 
 
 def _after_fork() -> None:

@@ -51,14 +51,14 @@ try:  # the redis extra brings it; a bare redis-py keeps the pipelines
 except ImportError:
     HIREDIS = False
 
-__all__ = ["Unsupported", "Wire", "plain_replies", "usable"]
+__all__ = ["AsyncWire", "Unsupported", "plain_replies", "usable"]
 
 Arg = bytes | str | int
 _PLAIN = (Connection, SSLConnection, UnixDomainSocketConnection)
 
 
 def usable(client: Any) -> bool:
-    """Whether `Wire` can carry ``client``'s commands: a ``redis.asyncio.Redis``
+    """Whether `AsyncWire` can carry ``client``'s commands: a ``redis.asyncio.Redis``
     with a plain pool of plain connections, RESP2, UTF-8 (hiredis packs str as
     UTF-8)."""
     if not HIREDIS or type(client) is not aioredis.Redis:
@@ -169,7 +169,7 @@ class _Link(asyncio.Protocol):
                 request.future.set_exception(error)
 
 
-class Wire:
+class AsyncWire:
     """A connection of its own to ``client``'s server (see `usable`), made on the
     first call and again after a failure. One caller at a time sends (the store's
     batcher); replies come back in order."""
@@ -236,4 +236,4 @@ class Wire:
 
     def __repr__(self) -> str:
         state = "idle" if self.link is None else "broken" if self.link.dead else "connected"
-        return f"<Wire {state} {self.pool!r}>"
+        return f"<AsyncWire {state} {self.pool!r}>"

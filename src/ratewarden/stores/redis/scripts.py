@@ -18,7 +18,7 @@ from redis.exceptions import NoScriptError
 from ..._errors import ConfigurationError, StoreUnavailable
 from ..._rate import Rate
 from ...algorithms import Params
-from ._syncwire import SyncWire
+from ._syncwire import Wire
 from ._wire import Unsupported
 from .connection import FAILURES
 
@@ -65,7 +65,7 @@ class Scripts:
     own connections (see ``_syncwire``), which carry the calls instead of the
     client while they can."""
 
-    def __init__(self, client: Any, wire: SyncWire | None = None) -> None:
+    def __init__(self, client: Any, wire: Wire | None = None) -> None:
         self.client = client
         self._sources: dict[str, str] = {}
         self._shas: dict[str, str] = {}
