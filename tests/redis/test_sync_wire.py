@@ -25,7 +25,7 @@ from redis.connection import Connection, ConnectionPool
 import redis
 from ratewarden import Decision, Limiter, StoreUnavailable
 from ratewarden.stores.redis import RedisStore
-from ratewarden.stores.redis._syncwire import SyncWire, usable
+from ratewarden.stores.redis._syncwire import Wire, usable
 from tests.redis_server import RedisServer, free_port, redis_server
 
 LIVE = 5.0  # a timeout no healthy round trip reaches, even on a loaded machine
@@ -45,7 +45,7 @@ def no_client(store: RedisStore) -> None:
     store.client.eval = refuse
 
 
-def wire_of(store: RedisStore) -> SyncWire:
+def wire_of(store: RedisStore) -> Wire:
     assert store.scripts.wire is not None
     return store.scripts.wire
 
