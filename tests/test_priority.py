@@ -184,3 +184,40 @@ def test_a_turn_that_comes_after_the_deadline_is_refused() -> None:
 def test_spin_is_checked() -> None:
     with pytest.raises(ConfigurationError, match="spin is"):
         AsyncLimiter("1/second", spin=-1)
+
+
+def test_a_caller_cancelled_while_stepping_aside_leaves_the_turn_to_its_holder() -> None:
+    clock = FakeClock()
+    wake = asyncio.Event()
+    asleep = clock.asleep
+
+    async def held_sleep(seconds: float) -> None:  # the head sleeps until told
+        await wake.wait()
+        await asleep(seconds)
+
+    clock.asleep = held_sleep  # type: ignore[method-assign]
+    limiter = alimiter(clock)
+
+    async def scenario() -> tuple[Decision | BaseException, ...]:
+        await limiter.acquire("k", max_wait=0)
+        free = asyncio.create_task(limiter.acquire("k", max_wait=10, priority="free"))
+        await asyncio.sleep(0)  # free holds the turn, asleep towards its permit
+        paid = asyncio.create_task(limiter.acquire("k", max_wait=10, priority="paid"))
+        await asyncio.sleep(0)  # paid stands in line behind it
+        wake.set()
+        while not free_waits_behind_paid():  # free has stepped aside for paid
+            await asyncio.sleep(0)
+        free.cancel()
+        later = asyncio.create_task(limiter.acquire("k", max_wait=10, priority="free"))
+        return await asyncio.gather(free, paid, later, return_exceptions=True)
+
+    def free_waits_behind_paid() -> bool:
+        line = limiter._turns._queues.get("k", [])
+        return [entry[0] for entry in line] == [-1, 0]
+
+    free, paid, later = asyncio.run(scenario())
+    assert isinstance(free, asyncio.CancelledError)
+    # the turn stays paid's until it leaves it: nobody else's line is torn down
+    assert isinstance(paid, Decision)
+    assert isinstance(later, Decision)
+    assert len(limiter._turns) == 0

@@ -1,9 +1,10 @@
 """`Limiter` and `AsyncLimiter`: twins without copies.
 
-Everything that does no I/O (validating options, naming keys, planning waits)
-lives once in `_Config` and `_waiting`; the two classes only call their store and
-sleep their own way. ``hit`` and ``peek`` are the store's bound functions
-themselves, so a hit costs one Python call into the store and no more.
+Everything that does no I/O (validating options, naming keys, pricing an
+adaptive limit, the steps of ``acquire``) lives once in `_Config`, `_Shell` and
+`_waiting.acquiring`; the two classes only call their store, wait for their
+turn and sleep their own way. ``hit`` and ``peek`` are the store's bound
+functions themselves, so a hit costs one Python call into the store and no more.
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
 from ._adaptive import UNITS, Adaptive, Scale, in_requests
+from ._clock import Clock
 from ._decision import Decision
 from ._errors import ConfigurationError
 from ._rate import Rate, parse_rate
 from ._waiting import (
+    Aside,
     AsyncTurns,
+    Sleep,
+    Turn,
     Turns,
+    acquiring,
     asleep_precisely,
     check_max_wait,
-    check_priority,
     check_spin,
-    deadline_ns,
-    next_wait,
-    timed_out,
 )
 from .algorithms import Algorithm, Refill, get_algorithm
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
@@ -162,6 +164,12 @@ class _Config:
         burst = self.options["burst"]
         return counted.limit if burst is None else burst
 
+    def scale(self, clock: Clock) -> Scale | None:
+        """An adaptive limit's price, read on ``clock``; None for a plain limit."""
+        if self.adaptive is None:
+            return None
+        return Scale(self.adaptive, clock, self.units)
+
     def bind(self, store: Store) -> Bound:
         rate = self.counted or self.rate
         if self.shards == 1:
@@ -276,31 +284,13 @@ class Limiter(_Shell):
     def __init__(
         self, rate: str | Rate, *, store: Store | None = None, **options: Unpack[LimiterOptions]
     ) -> None:
-        self._config = _Config.make(rate, **options)
+        self._config = config = _Config.make(rate, **options)
         self.store = MemoryStore() if store is None else store
-        self.hit, self.peek, self.reset, self._tier = self._config.bind(self.store)
-        self._scale = self._adapt()
+        self.hit, self.peek, self.reset, self._tier = config.bind(self.store)
+        self._scale = scale = config.scale(self.store.clock)
+        if scale is not None:
+            self.hit, self.peek = _priced(self.hit, scale), _priced(self.peek, scale)
         self._turns = Turns(self.store.clock)
-
-    def _adapt(self) -> Scale | None:
-        """For an adaptive limit: ``hit`` and ``peek`` that charge the price of the
-        moment and answer in requests."""
-        adaptive = self._config.adaptive
-        if adaptive is None:
-            return None
-        scale = Scale(adaptive, self.store.clock, self._config.units)
-        hit, peek, unit = self.hit, self.peek, scale.unit
-
-        def adaptive_hit(key: str, cost: int = 1) -> Decision:
-            price = unit()
-            return in_requests(hit(key, cost * price), price)
-
-        def adaptive_peek(key: str, cost: int = 1) -> Decision:
-            price = unit()
-            return in_requests(peek(key, cost * price), price)
-
-        self.hit, self.peek = adaptive_hit, adaptive_peek
-        return scale
 
     def acquire(
         self, key: str, max_wait: float, cost: int = 1, *, priority: int | str = 0
@@ -309,32 +299,25 @@ class Limiter(_Shell):
         Decision. ``priority``: the caller's class (an int, higher first, or a
         name of the limiter's ``classes``): a waiting caller of a higher class is
         served before lower ones that arrived earlier (see `_waiting`)."""
-        check_max_wait(max_wait)
-        rank = check_priority(priority, self._config.classes)
-        clock, turns = self.store.clock, self._turns
-        deadline = deadline_ns(clock.time_ns(), max_wait)
-        if not turns.wait_turn(key, deadline, rank):
-            raise timed_out(key, max_wait)
-        holding = True
+        turns = self._turns
+        flow = acquiring(turns, key, max_wait, priority, self._config.classes)
         try:
+            step = next(flow)
             while True:
-                # its turn came, but late (a slow wake); max_wait=0 tries once, never late
-                if max_wait and clock.time_ns() > deadline:
-                    raise timed_out(key, max_wait)
-                decision = self.hit(key, cost)
-                if decision.allowed:
-                    return decision
-                now = clock.time_ns()
-                wait = next_wait(decision, key, now, deadline, max_wait)
-                turns.expire_before(key, now + round(wait * 1e9))
-                clock.sleep(wait)
-                if turns.outranked(key):
-                    holding = turns.step_aside(key, deadline)
-                    if not holding:
-                        raise timed_out(key, max_wait)
+                if isinstance(step, Turn):
+                    step = flow.send(turns.wait_turn(key, step.deadline, step.rank))
+                elif isinstance(step, Sleep):
+                    self.store.clock.sleep(step.seconds)
+                    step = flow.send(None)
+                elif isinstance(step, Aside):
+                    step = flow.send(turns.step_aside(key, step.deadline))
+                else:
+                    step = flow.send(self.hit(key, cost))
+        except StopIteration as done:
+            decision: Decision = done.value
+            return decision
         finally:
-            if holding:
-                turns.leave(key)
+            flow.close()  # a step that raised: the flow hands the turn on
 
     def slot(self, key: str, max_wait: float, cost: int = 1) -> Slot:
         """`acquire` as a context manager or decorator: ``with limiter.slot(key,
@@ -365,67 +348,67 @@ class AsyncLimiter(_Shell):
         **options: Unpack[LimiterOptions],
     ) -> None:
         self.spin = check_spin(spin)
-        self._config = _Config.make(rate, **options)
+        self._config = config = _Config.make(rate, **options)
         self.store = AsyncMemoryStore() if store is None else store
-        self.hit, self.peek, self.reset, self._tier = self._config.abind(self.store)
-        self._scale = self._adapt()
+        self.hit, self.peek, self.reset, self._tier = config.abind(self.store)
+        self._scale = scale = config.scale(self.store.clock)
+        if scale is not None:
+            self.hit, self.peek = _apriced(self.hit, scale), _apriced(self.peek, scale)
         self._turns = AsyncTurns(self.store.clock)
-
-    def _adapt(self) -> Scale | None:
-        """`Limiter._adapt`, awaited."""
-        adaptive = self._config.adaptive
-        if adaptive is None:
-            return None
-        scale = Scale(adaptive, self.store.clock, self._config.units)
-        hit, peek, unit = self.hit, self.peek, scale.unit
-
-        async def adaptive_hit(key: str, cost: int = 1) -> Decision:
-            price = unit()
-            return in_requests(await hit(key, cost * price), price)
-
-        async def adaptive_peek(key: str, cost: int = 1) -> Decision:
-            price = unit()
-            return in_requests(await peek(key, cost * price), price)
-
-        self.hit, self.peek = adaptive_hit, adaptive_peek
-        return scale
 
     async def acquire(
         self, key: str, max_wait: float, cost: int = 1, *, priority: int | str = 0
     ) -> Decision:
         """Wait up to ``max_wait`` seconds for a permit; return its (allowed)
         Decision. ``priority`` as for `Limiter.acquire`."""
-        check_max_wait(max_wait)
-        rank = check_priority(priority, self._config.classes)
-        clock, turns = self.store.clock, self._turns
-        deadline = deadline_ns(clock.time_ns(), max_wait)
-        if not await turns.wait_turn(key, deadline, rank):
-            raise timed_out(key, max_wait)
-        holding = True
+        turns = self._turns
+        flow = acquiring(turns, key, max_wait, priority, self._config.classes)
         try:
+            step = next(flow)
             while True:
-                if max_wait and clock.time_ns() > deadline:  # as in Limiter.acquire
-                    raise timed_out(key, max_wait)
-                decision = await self.hit(key, cost)
-                if decision.allowed:
-                    return decision
-                now = clock.time_ns()
-                wait = next_wait(decision, key, now, deadline, max_wait)
-                turns.expire_before(key, now + round(wait * 1e9))
-                await asleep_precisely(clock, wait, self.spin)
-                if turns.outranked(key):
-                    holding = await turns.step_aside(key, deadline)
-                    if not holding:
-                        raise timed_out(key, max_wait)
+                if isinstance(step, Turn):
+                    step = flow.send(await turns.wait_turn(key, step.deadline, step.rank))
+                elif isinstance(step, Sleep):
+                    await asleep_precisely(self.store.clock, step.seconds, self.spin)
+                    step = flow.send(None)
+                elif isinstance(step, Aside):
+                    step = flow.send(await turns.step_aside(key, step.deadline))
+                else:
+                    step = flow.send(await self.hit(key, cost))
+        except StopIteration as done:
+            decision: Decision = done.value
+            return decision
         finally:
-            if holding:
-                turns.leave(key)
+            flow.close()  # a step that raised or was cancelled: the flow hands the turn on
 
     def slot(self, key: str, max_wait: float, cost: int = 1) -> AsyncSlot:
         """`acquire` as an async context manager or a decorator of coroutine
         functions: ``async with limiter.slot(key, max_wait=1.0): await call()``."""
         check_max_wait(max_wait)
         return AsyncSlot(self, key, max_wait, cost)
+
+
+def _priced(check: HitFn, scale: Scale) -> HitFn:
+    """``check`` (an adaptive limit's hit or peek) charging the price of the
+    moment and answering in requests."""
+    unit = scale.unit
+
+    def in_units(key: str, cost: int = 1) -> Decision:
+        price = unit()
+        return in_requests(check(key, cost * price), price)
+
+    return in_units
+
+
+def _apriced(check: AsyncHitFn, scale: Scale) -> AsyncHitFn:
+    """`_priced`, awaited."""
+    unit = scale.unit
+
+    async def in_units(key: str, cost: int = 1) -> Decision:
+        price = unit()
+        return in_requests(await check(key, cost * price), price)
+
+    return in_units
 
 
 class Slot(ContextDecorator):

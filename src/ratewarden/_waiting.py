@@ -25,15 +25,23 @@ import bisect
 import itertools
 import math
 import threading
-from typing import Any, Generic, TypeVar
+from collections.abc import Generator
+from typing import Any, Generic, NamedTuple, TypeAlias, TypeVar
 
 from ._clock import Clock, SystemClock
 from ._decision import Decision
 from ._errors import ConfigurationError, RateLimitTimeout
 
 __all__ = [
+    "HIT",
+    "Aside",
     "AsyncTurns",
+    "Hit",
+    "Sleep",
+    "Step",
+    "Turn",
     "Turns",
+    "acquiring",
     "asleep_precisely",
     "check_max_wait",
     "check_priority",
@@ -223,6 +231,18 @@ class _Queues(Generic[W]):
                 return True
             return False
 
+    def _wake(self, waiter: W | None, expired: list[W]) -> None:  # the shells override
+        raise NotImplementedError
+
+    def leave(self, key: str) -> None:
+        """Hand ``key``'s turn to the next caller in line."""
+        self._wake(*self._pass_on(key))
+
+    def expire_before(self, key: str, until: float) -> None:
+        """The head sleeps until ``until`` (ns): tell every waiter whose
+        deadline comes first that it cannot be served in time."""
+        self._wake(None, self._doomed(key, until))
+
     def __len__(self) -> int:
         return len(self._queues)
 
@@ -280,14 +300,6 @@ class Turns(_Queues[threading.Event]):
         if waiter is not None:
             waiter.set()
 
-    def leave(self, key: str) -> None:
-        self._wake(*self._pass_on(key))
-
-    def expire_before(self, key: str, until: float) -> None:
-        """The head sleeps until ``until`` (ns): tell every waiter whose
-        deadline comes first that it cannot be served in time."""
-        self._wake(None, self._doomed(key, until))
-
 
 class AsyncTurns(_Queues["asyncio.Future[None]"]):
     async def wait_turn(self, key: str, deadline: float, priority: int = 0) -> bool:
@@ -328,9 +340,72 @@ class AsyncTurns(_Queues["asyncio.Future[None]"]):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def leave(self, key: str) -> None:
-        self._wake(*self._pass_on(key))
 
-    def expire_before(self, key: str, until: float) -> None:
-        """`Turns.expire_before`."""
-        self._wake(None, self._doomed(key, until))
+# The steps of an ``acquire`` that its shell does its own way (see `acquiring`).
+
+
+class Turn(NamedTuple):
+    """Wait for the key's turn, in class ``rank``, until ``deadline`` (the clock's
+    ns); answer whether it came."""
+
+    deadline: float
+    rank: int
+
+
+class Hit(NamedTuple):
+    """Try the store for the permit; answer its Decision."""
+
+
+class Sleep(NamedTuple):
+    """Sleep ``seconds`` towards the next permit, holding the turn; answer None."""
+
+    seconds: float
+
+
+class Aside(NamedTuple):
+    """Let the higher class behind go first, then wait for the turn again until
+    ``deadline``; answer whether it came back (if not, it is not held)."""
+
+    deadline: float
+
+
+HIT = Hit()
+Step: TypeAlias = Turn | Hit | Sleep | Aside
+
+
+def acquiring(
+    turns: _Queues[Any], key: str, max_wait: float, priority: int | str, classes: tuple[str, ...]
+) -> Generator[Step, Any, Decision]:
+    """One ``acquire`` of ``key``, written once for `Limiter` and `AsyncLimiter`:
+    it yields each step that waits or calls the store, is sent that step's
+    answer, and returns the permit's Decision or raises `RateLimitTimeout`.
+    Closed while it holds the turn (its shell's step raised, or was cancelled),
+    it hands the turn on; while stepping aside it holds none, so it leaves
+    nobody else's."""
+    check_max_wait(max_wait)
+    rank = check_priority(priority, classes)
+    clock = turns.clock
+    deadline = deadline_ns(clock.time_ns(), max_wait)
+    if not (yield Turn(deadline, rank)):
+        raise timed_out(key, max_wait)
+    holding = True
+    try:
+        while True:
+            # its turn came, but late (a slow wake); max_wait=0 tries once, never late
+            if max_wait and clock.time_ns() > deadline:
+                raise timed_out(key, max_wait)
+            decision: Decision = yield HIT
+            if decision.allowed:
+                return decision
+            now = clock.time_ns()
+            wait = next_wait(decision, key, now, deadline, max_wait)
+            turns.expire_before(key, now + round(wait * 1e9))
+            yield Sleep(wait)
+            if turns.outranked(key):
+                holding = False  # a step aside that raises has given the turn up already
+                holding = yield Aside(deadline)
+                if not holding:
+                    raise timed_out(key, max_wait)
+    finally:
+        if holding:
+            turns.leave(key)
