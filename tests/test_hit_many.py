@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 
 from ratewarden import (
+    Adaptive,
     AsyncLimiter,
     AsyncMemoryStore,
     ConfigurationError,
@@ -193,3 +194,20 @@ def test_shadow_tiers_count_only_behind_an_admitted_request() -> None:
     assert alone[1].remaining == 9
     with pytest.raises(ConfigurationError, match="at least one"):
         hit_tiers([], [])
+
+
+def test_a_limiter_tells_what_a_multi_limit_check_needs_of_it() -> None:
+    store = MemoryStore(clock=FakeClock())
+    plain = Limiter("10/second", store=store, name="plain")
+    tier = plain.tier("k", 3)
+    assert tier[1:] == (False, None, (10, 10))
+    assert tier.check[1:] == ("k", 3)
+    assert store.hit_many([tier.check]).remaining == 7  # the store's own check
+    sharded = Limiter("10/second", store=store, shards=2).tier("k")
+    assert (sharded.sharded, sharded.limits) == (True, (10, 5))
+    # an adaptive limit counts in units (1000 a request at the full limit)
+    busy = Limiter("10/second", store=store, algorithm="fixed_window",
+                   adaptive=Adaptive(lambda: 0.0, good=200, bad=1000))  # fmt: skip
+    priced = busy.tier("k", 2)
+    assert (priced.price, priced.check[2], priced.limits) == (1000, 2000, (10_000, 10_000))
+    assert AsyncLimiter("10/second").tier("k")[1:] == (False, None, (10, 10))

@@ -46,18 +46,12 @@ def _checks(
             raise ConfigurationError(
                 "hit_many needs every limiter on one store: it counts all tiers atomically"
             )
-        cost = check[2] if len(check) == 3 else 1
-        scale = limiter._scale
-        if scale is not None:
-            price = scale.unit()
-            if prices is None:
-                prices = {}
-            units = limiter._config.units
-            prices[limiter.name, units // limiter._config.shards] = price
-            prices[limiter.name, units] = price
-            cost *= price
-        tiers.append((limiter._tier, key, cost))
-        sharded = sharded or limiter._config.shards > 1
+        tier = limiter.tier(key, check[2] if len(check) == 3 else 1)
+        if tier.price is not None:
+            prices = {} if prices is None else prices
+            prices.update(((limiter.name, limit), tier.price) for limit in tier.limits)
+        tiers.append(tier.check)
+        sharded = sharded or tier.sharded
     if store is None:
         raise ConfigurationError("hit_many needs at least one (limiter, key) to check")
     return store, tiers, sharded, prices

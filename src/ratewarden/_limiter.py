@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AsyncContextDecorator, ContextDecorator
 from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from ._adaptive import UNITS, Adaptive, Scale, in_requests
 from ._clock import Clock
@@ -39,6 +39,7 @@ from .stores.base import (
     AsyncResetFn,
     BindOptions,
     Bound,
+    Check,
     HitFn,
     ResetFn,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "Limiter",
     "LimiterOptions",
     "Slot",
+    "Tier",
 ]
 
 DEFAULT_ALGORITHM = "sliding_window_counter"
@@ -185,11 +187,22 @@ class _Config:
                              shards=self.shards, promote_at=self.promote_at)  # fmt: skip
 
 
+class Tier(NamedTuple):
+    """A limiter's part in a check of several limits in one store call (see
+    `Limiter.tier`)."""
+
+    check: Check  # (the store's handle for the limit, key, cost as the store counts it)
+    sharded: bool  # True: the limit is split over shards, and `stores.shards` drives its store
+    price: int | None  # what a request costs now in units, if adaptive; None for a plain limit
+    limits: tuple[int, ...]  # the limits its Decisions carry, in units: whole and per shard
+
+
 class _Shell:
-    """What the twins share: configuration, names and repr. No I/O here."""
+    """What the twins share: configuration, names, repr, what a multi-limit
+    check needs. No I/O here."""
 
     _config: _Config
-    _tier: Any  # the store's handle for this limit, for hit_many
+    _tier: Any  # the store's handle for this limit, in its checks of several limits
     _scale: Scale | None  # an adaptive limit's price; None for a plain one
     store: Store | AsyncStore
 
@@ -227,6 +240,17 @@ class _Shell:
         ``key_prefix + key``)."""
         return self._config.options["prefix"]
 
+    def tier(self, key: str, cost: int = 1) -> Tier:
+        """``(key, cost)`` as one tier of a check of several limits in one call to
+        `store` (`hit_many`, `hit_tiers`): the store's check, at the price of
+        the moment for an adaptive limit (then its Decision, in units, is told in
+        requests by dividing by ``price``)."""
+        config, scale = self._config, self._scale
+        price = None if scale is None else scale.unit()
+        check = (self._tier, key, cost if price is None else cost * price)
+        whole = config.units
+        return Tier(check, config.shards > 1, price, (whole, whole // config.shards))
+
     def __repr__(self) -> str:
         options = self._config.options
         burst_units = options["burst"]
@@ -250,7 +274,9 @@ class Limiter(_Shell):
     - ``peek(key, cost=1)`` what such a hit would be told, counting nothing;
     - ``reset(key)`` forgets the key;
     - ``acquire(key, max_wait, cost=1)`` waits up to ``max_wait`` seconds for a
-      permit, then raises `RateLimitTimeout`; ``max_wait=0`` tries once.
+      permit, then raises `RateLimitTimeout`; ``max_wait=0`` tries once;
+    - ``tier(key, cost=1)`` what a check of several limits in one store call
+      (`hit_many`) needs of this one.
 
     ``burst`` sets the bucket capacity of token_bucket, leaky_bucket and gcra (default:
     the rate's limit); ``refill="interval"`` makes token_bucket refill once per period.
