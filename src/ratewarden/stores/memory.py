@@ -304,6 +304,9 @@ class MemoryStore:
                 data.clear()
             self._size = 0
 
+    def close(self) -> None:
+        """Nothing to let go of: no connection, no thread. The store stays usable."""
+
     def __len__(self) -> int:
         return self._size
 
@@ -344,6 +347,10 @@ class AsyncMemoryStore:
 
     async def sweep(self) -> int:
         return self.sync.sweep()
+
+    async def aclose(self) -> None:
+        """Nothing to let go of (see `MemoryStore.close`)."""
+        self.sync.close()
 
     def __len__(self) -> int:
         return len(self.sync)
