@@ -12,13 +12,16 @@ from ratewarden import (
     AsyncLimiter,
     AsyncMemoryStore,
     Decision,
+    FakeClock,
     Limiter,
     MemoryStore,
     ahit_many,
     hit_many,
 )
 from ratewarden.rules import AsyncRuleEngine, Outcome, RuleEngine
+from ratewarden.stores import Answers, AsyncStore, Store
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
+from tests.stores.test_custom_store import AsyncDictStore, DictStore
 
 
 def sync_api() -> None:
@@ -57,9 +60,25 @@ async def rule_engines() -> None:
     assert_type(await engine.acheck({"user": "u"}), Outcome)
 
 
+async def custom_stores() -> None:
+    """Stores written from the public API alone (tests/stores/test_custom_store.py)
+    are a `Store` and an `AsyncStore`, and every front takes them."""
+    clock = FakeClock()
+    store: Store = DictStore(clock)
+    astore: AsyncStore = AsyncDictStore(clock)
+    assert_type(store.hit_tiers([], []), Answers)
+    assert_type(Limiter("10/second", store=DictStore(clock)).hit("k"), Decision)
+    assert_type(AsyncLimiter("10/second", store=astore).hit("k"), Awaitable[Decision])
+    assert_type(RuleEngine("rules.yaml", store).check({"user": "u"}), Outcome)
+    assert_type(await AsyncRuleEngine("rules.yaml", astore).acheck({"user": "u"}), Outcome)
+
+
 def a_limiter_and_a_store_of_the_other_kind() -> None:
     """A sync limiter cannot take an async store, nor the reverse."""
     Limiter("10/second", store=AsyncMemoryStore())  # type: ignore[arg-type]
     AsyncLimiter("10/second", store=MemoryStore())  # type: ignore[arg-type]
     Limiter("10/second", store=AsyncRedisStore("redis://localhost"))  # type: ignore[arg-type]
     AsyncLimiter("10/second", store=RedisStore("redis://localhost"))  # type: ignore[arg-type]
+    Limiter("10/second", store=AsyncDictStore(FakeClock()))  # type: ignore[arg-type]
+    AsyncLimiter("10/second", store=DictStore(FakeClock()))  # type: ignore[arg-type]
+    RuleEngine("rules.yaml", AsyncDictStore(FakeClock()))  # type: ignore[arg-type]
