@@ -43,9 +43,9 @@ from __future__ import annotations
 import itertools
 import random
 from binascii import crc_hqx
-from collections.abc import Generator, Sequence
-from functools import cache
-from typing import Any, TypeAlias
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from functools import cache, partial
+from typing import Any, TypeAlias, TypeVar
 
 from .._clock import Clock
 from .._decision import Decision
@@ -75,6 +75,8 @@ _SAMPLE_NS = 1_000_000_000  # promotion measures a key's rate over a second
 _WHOLE = -1  # the "shard" that is the key's own, unsharded counter
 
 Flow: TypeAlias = Generator[tuple[int, str], Decision, Decision]
+_Step = TypeVar("_Step")
+_Done = TypeVar("_Done")
 
 
 @cache
@@ -186,6 +188,15 @@ class Shards:
     def forget(self, key: str) -> None:
         self._full.pop(key, None)
 
+    def resets(self, key: str) -> Generator[tuple[int, str], Any, None]:
+        """Forgets what is known of ``key``, then yields each shard to reset and its
+        key there (and the key's own counter, if keys are promoted)."""
+        self.forget(key)
+        for shard in range(self.n):
+            yield shard, self.key(key, shard)
+        if self.whole is not None:
+            yield _WHOLE, key
+
     def _promoted(self, key: str, now: int) -> bool:
         """Count this check; whether the key goes to its shards."""
         seen = self._seen.get(key)
@@ -243,21 +254,25 @@ def _parts(
 def _bind_all(
     store: Any, algorithm: Algorithm, rate: Rate, options: BindOptions, *,
     shards: int, promote_at: float | None,
-) -> tuple[Shards, list[Any], Any]:  # fmt: skip
+) -> tuple[Shards, dict[int, Any]]:  # fmt: skip
+    """Binds the shards, and the key's own limit if keys are promoted, in ``store``:
+    the `Shards`, and each one's `Bound` (or `AsyncBound`) by shard number."""
     rates, bursts, sizes = _parts(algorithm, rate, options, shards)
-    bounds = []
+    bounds = {}
     for i, (part, burst) in enumerate(zip(rates, bursts, strict=True)):
         shard_options = BindOptions(**options)
         shard_options["burst"] = burst
         shard_options["prefix"] = f"{options['prefix']}shard{i}/{shards}:"
-        bounds.append(store.bind(algorithm, part, **shard_options))
-    whole = store.bind(algorithm, rate, **options) if promote_at is not None else None
+        bounds[i] = store.bind(algorithm, part, **shard_options)
+    if promote_at is not None:
+        bounds[_WHOLE] = store.bind(algorithm, rate, **options)
     size = options["burst"] if options["burst"] is not None and algorithm.uses_burst else rate.limit
+    whole = bounds[_WHOLE].tier if promote_at is not None else None
     limit = Shards(
-        [b.tier for b in bounds], sizes, None if whole is None else whole.tier, size,
+        [bounds[i].tier for i in range(shards)], sizes, whole, size,
         rule=options["rule"], clock=store.clock, promote_at=promote_at,
     )  # fmt: skip
-    return limit, bounds, whole
+    return limit, bounds
 
 
 def bind(
@@ -265,35 +280,16 @@ def bind(
     shards: int, promote_at: float | None = None,
 ) -> Bound:  # fmt: skip
     """``store.bind`` of the limit split into ``shards`` (see the module docstring)."""
-    limit, bounds, whole = _bind_all(
-        store, algorithm, rate, options, shards=shards, promote_at=promote_at
-    )
-    hits = {i: b.hit for i, b in enumerate(bounds)}
-    peeks = {i: b.peek for i, b in enumerate(bounds)}
-    resets = [b.reset for b in bounds]
-    if whole is not None:
-        hits[_WHOLE], peeks[_WHOLE] = whole.hit, whole.peek
-        resets.append(whole.reset)
-
-    def run(fns: dict[int, Any], key: str, cost: int) -> Decision:
-        flow = limit.flow(key, cost)
-        try:
-            shard, shard_key = next(flow)
-            while True:
-                shard, shard_key = flow.send(fns[shard](shard_key, cost))
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    limit, bounds = _bind_all(store, algorithm, rate, options, shards=shards, promote_at=promote_at)
 
     def hit(key: str, cost: int = 1) -> Decision:
-        return run(hits, key, cost)
+        return _drive(limit.flow(key, cost), lambda at: bounds[at[0]].hit(at[1], cost))
 
     def peek(key: str, cost: int = 1) -> Decision:
-        return run(peeks, key, cost)
+        return _drive(limit.flow(key, cost), lambda at: bounds[at[0]].peek(at[1], cost))
 
     def reset(key: str) -> None:
-        limit.forget(key)
-        for i, reset_one in enumerate(resets):
-            reset_one(limit.key(key, i if i < shards else _WHOLE))
+        _drive(limit.resets(key), lambda at: bounds[at[0]].reset(at[1]))
 
     return Bound(hit, peek, reset, limit)
 
@@ -303,35 +299,16 @@ def abind(
     shards: int, promote_at: float | None = None,
 ) -> AsyncBound:  # fmt: skip
     """The asyncio twin of `bind`."""
-    limit, bounds, whole = _bind_all(
-        store, algorithm, rate, options, shards=shards, promote_at=promote_at
-    )
-    hits = {i: b.hit for i, b in enumerate(bounds)}
-    peeks = {i: b.peek for i, b in enumerate(bounds)}
-    resets = [b.reset for b in bounds]
-    if whole is not None:
-        hits[_WHOLE], peeks[_WHOLE] = whole.hit, whole.peek
-        resets.append(whole.reset)
-
-    async def run(fns: dict[int, Any], key: str, cost: int) -> Decision:
-        flow = limit.flow(key, cost)
-        try:
-            shard, shard_key = next(flow)
-            while True:
-                shard, shard_key = flow.send(await fns[shard](shard_key, cost))
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    limit, bounds = _bind_all(store, algorithm, rate, options, shards=shards, promote_at=promote_at)
 
     async def hit(key: str, cost: int = 1) -> Decision:
-        return await run(hits, key, cost)
+        return await _adrive(limit.flow(key, cost), lambda at: bounds[at[0]].hit(at[1], cost))
 
     async def peek(key: str, cost: int = 1) -> Decision:
-        return await run(peeks, key, cost)
+        return await _adrive(limit.flow(key, cost), lambda at: bounds[at[0]].peek(at[1], cost))
 
     async def reset(key: str) -> None:
-        limit.forget(key)
-        for i, reset_one in enumerate(resets):
-            await reset_one(limit.key(key, i if i < shards else _WHOLE))
+        await _adrive(limit.resets(key), lambda at: bounds[at[0]].reset(at[1]))
 
     return AsyncBound(hit, peek, reset, limit)
 
@@ -416,43 +393,52 @@ def _settle(side: _Side) -> Generator[Request, Any, Decision]:
     return side.done
 
 
-def _drive(store: Any, flow: Generator[Request, Any, Any]) -> Any:
+def _drive(flow: Generator[_Step, Any, _Done], ask: Callable[[_Step], Any]) -> _Done:
+    """Runs ``flow``: each step it yields is asked of the store, the answer sent
+    back in, until it returns. Its asyncio twin is `_adrive`; what to ask is
+    written once, in ``ask`` (which returns an awaitable on an async store)."""
     try:
-        checks, shadow = next(flow)
+        step = next(flow)
         while True:
-            answer = store.hit_many(checks) if shadow is None else store.hit_tiers(checks, shadow)
-            checks, shadow = flow.send(answer)
+            step = flow.send(ask(step))
     except StopIteration as done:
-        return done.value
+        result: _Done = done.value
+        return result
 
 
-async def _adrive(store: Any, flow: Generator[Request, Any, Any]) -> Any:
+async def _adrive(
+    flow: Generator[_Step, Any, _Done], ask: Callable[[_Step], Awaitable[Any]]
+) -> _Done:
     try:
-        checks, shadow = next(flow)
+        step = next(flow)
         while True:
-            answer = await (
-                store.hit_many(checks) if shadow is None else store.hit_tiers(checks, shadow)
-            )
-            checks, shadow = flow.send(answer)
+            step = flow.send(await ask(step))
     except StopIteration as done:
-        return done.value
+        result: _Done = done.value
+        return result
+
+
+def _call(store: Any, request: Request) -> Any:
+    """A `Request` as ``store`` takes it: ``hit_many``, or ``hit_tiers``."""
+    checks, shadow = request
+    return store.hit_many(checks) if shadow is None else store.hit_tiers(checks, shadow)
 
 
 def hit_many(store: Store, checks: Sequence[Check]) -> Decision:
     """``store.hit_many`` with sharded tiers among ``checks``."""
-    return _drive(store, _many(checks))  # type: ignore[no-any-return]
+    return _drive(_many(checks), partial(_call, store))
 
 
 async def ahit_many(store: AsyncStore, checks: Sequence[Check]) -> Decision:
-    return await _adrive(store, _many(checks))  # type: ignore[no-any-return]
+    return await _adrive(_many(checks), partial(_call, store))
 
 
 def hit_tiers(store: Store, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
     """``store.hit_tiers`` with sharded tiers among ``checks`` or ``shadow``."""
-    return _drive(store, _tiers(checks, shadow))  # type: ignore[no-any-return]
+    return _drive(_tiers(checks, shadow), partial(_call, store))
 
 
 async def ahit_tiers(
     store: AsyncStore, checks: Sequence[Check], shadow: Sequence[Check]
 ) -> Answers:
-    return await _adrive(store, _tiers(checks, shadow))  # type: ignore[no-any-return]
+    return await _adrive(_tiers(checks, shadow), partial(_call, store))
