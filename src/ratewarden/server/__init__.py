@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._app import App, auth_attributes, openapi
+    from ._process import run
     from ._quotas import MAX_LISTED, summary
-    from ._serve import ServeOptions, add_arguments, options_from, run
+    from ._serve import ServeOptions, add_arguments, options_from
     from ._service import Service
     from ._shapes import (
         BatchRequest,
@@ -35,8 +36,8 @@ _WHERE = {
     "App": "_app", "auth_attributes": "_request", "openapi": "_openapi",
     "BatchRequest": "_shapes", "BatchResult": "_shapes", "CheckRequest": "_shapes",
     "CheckResult": "_shapes", "DescriptorStatus": "_shapes",
-    "ServeOptions": "_serve", "add_arguments": "_serve", "options_from": "_serve", "run": "_serve",
-    "InvalidRequest": "_shapes", "Service": "_service",
+    "ServeOptions": "_serve", "add_arguments": "_serve", "options_from": "_serve",
+    "run": "_process", "InvalidRequest": "_shapes", "Service": "_service",
     "MAX_LISTED": "_quotas", "summary": "_quotas", "outcome_result": "_shapes",
 }  # fmt: skip
 
