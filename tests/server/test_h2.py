@@ -720,9 +720,9 @@ def test_unfinished_requests_are_bounded_by_the_connection_window() -> None:
 
 
 def test_a_streaming_message_limit_is_per_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ratewarden.server.h2 import _grpc as _h2grpc  # noqa: PLC0415
+    from ratewarden.server.h2 import _grpc  # noqa: PLC0415
 
-    monkeypatch.setattr(_h2grpc, "MAX_MESSAGE", 1000)
+    monkeypatch.setattr(_grpc, "MAX_MESSAGE", 1000)
 
     async def main() -> None:
         async with serving() as (_, port), client(port) as c:

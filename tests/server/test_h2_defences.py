@@ -1,5 +1,6 @@
 """What a hostile client can make the HTTP/2 server spend: each defence of
-`ratewarden.server.h2._connection` attacked on its own, in process, with small limits."""
+`ratewarden.server.h2` (`_connection` and the layers it is built on) attacked on
+its own, in process, with small limits."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import h2.settings
 import pytest
 
 from ratewarden.server._connection_limits import ConnectionLimits
-from ratewarden.server.h2 import _send as _h2out
+from ratewarden.server.h2 import _send
 from ratewarden.server.h2._frames import PREFACE, frame, literal
 from ratewarden.server.h2._grpc import MAX_STREAMING, Call, H2Server, Metadata, Method, Status
 from tests.server.h2_attacks import message, request_block
@@ -184,7 +185,7 @@ def test_answers_wait_for_a_client_that_does_not_read() -> None:
             (connection,) = server.connections
             # the handler stopped at the queue's bound instead of answering all 2,000
             assert STATE["sent"] < 40
-            assert connection.queued <= _h2out.STREAM_QUEUE + 1005
+            assert connection.queued <= _send.STREAM_QUEUE + 1005
 
     run(main)
 

@@ -76,7 +76,8 @@ class H2Stream:
 
 
 class H2Output(asyncio.Protocol):
-    """The sending half of a connection; `H2Connection` is the rest."""
+    """The sending half of a connection; `H2Control`, `H2Streams` and
+    `H2Connection` build the rest on it."""
 
     limits: ConnectionLimits
     streams: dict[int, H2Stream]
