@@ -128,6 +128,37 @@ def test_errors_are_store_unavailable_by_default() -> None:
         limiter.reset("k")
 
 
+@pytest.mark.parametrize("two_tier", [False, True], ids=["exact", "two_tier"])
+def test_a_reset_the_socket_fails_is_store_unavailable_in_both_twins(two_tier: bool) -> None:
+    """A reset's DEL goes through the client, not the scripts: a socket's own
+    error (an OSError; asyncio's timeout is one too) is wrapped as every store
+    error is, by the sync store as by the async one."""
+
+    def refuse(*keys: Any) -> Any:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    async def arefuse(*keys: Any) -> Any:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # the DEL never gets that far
+    with RedisStore(url) as store:
+        store.client.delete = refuse
+        limiter = Limiter("5/hour", store=store, name=name(), two_tier=two_tier)
+        with pytest.raises(StoreUnavailable, match="reset by peer") as info:
+            limiter.reset("k")
+        assert isinstance(info.value.__cause__, ConnectionResetError)
+
+    async def main() -> None:
+        async with AsyncRedisStore(url) as store:
+            store.client.delete = arefuse
+            limiter = AsyncLimiter("5/hour", store=store, name=name(), two_tier=two_tier)
+            with pytest.raises(StoreUnavailable, match="reset by peer") as info:
+                await limiter.reset("k")
+            assert isinstance(info.value.__cause__, ConnectionResetError)
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize(("policy", "allowed"), [("fail_open", True), ("fail_closed", False)])
 def test_policies_answer_degraded(policy: OnFailure, allowed: bool) -> None:
     store = dead_store()

@@ -133,7 +133,7 @@ class RedisStore:
         def reset(key: str) -> None:
             try:
                 self.client.delete(limit.prefix + key)
-            except FAILURES as exc:
+            except (*FAILURES, OSError) as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
 
         limit.hit = hit
@@ -178,7 +178,7 @@ class RedisStore:
     def _delete(self, key: str) -> None:
         try:
             self.client.delete(key)
-        except FAILURES as exc:
+        except (*FAILURES, OSError) as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
 
     def close(self) -> None:
