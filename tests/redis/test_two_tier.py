@@ -279,3 +279,52 @@ def test_a_store_dropped_without_close_ends_its_thread(redis_single: RedisServer
     thread.join(timeout=2)
     assert not thread.is_alive()
     assert all(t.name != "ratewarden-two-tier" or t is not thread for t in threading.enumerate())
+
+
+def test_a_sync_call_that_fails_unforeseen_keeps_its_hits(
+    redis_single: RedisServer, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sync call that raises what no store raises (a bug) gives its hits back to
+    be sent again, and says so: the twins alike, the sync one calling one chunk
+    after another, the async one gathering them."""
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("unforeseen")
+
+    async def abroken(*args: Any) -> Any:
+        raise RuntimeError("unforeseen")
+
+    sync_name, async_name = f"n{uuid.uuid4().hex}", f"n{uuid.uuid4().hex}"
+    store = RedisStore(redis_single.url, clock=clock, two_tier=QUIET)
+    limiter = Limiter("100000/hour", store=store, name=sync_name, algorithm="fixed_window",
+                      two_tier=True)  # fmt: skip
+    sync_admitted = sum(limiter.hit("k").allowed for _ in range(100))
+    engine = store._local
+    assert engine is not None
+    real, engine.call = engine.call, broken
+    engine.sync()
+    engine.call = real
+    engine.sync()
+    store.close()
+
+    async def main() -> int:
+        store = AsyncRedisStore(redis_single.url, clock=clock, two_tier=QUIET)
+        limiter = AsyncLimiter("100000/hour", store=store, name=async_name,
+                               algorithm="fixed_window", two_tier=True)  # fmt: skip
+        admitted = sum([(await limiter.hit("k")).allowed for _ in range(100)])
+        engine = store._local
+        assert engine is not None
+        real, engine.submit = engine.submit, abroken
+        await engine.sync()
+        engine.submit = real
+        await engine.sync()
+        await store.aclose()
+        return admitted
+
+    async_admitted = asyncio.run(main())
+    observer = RedisStore(redis_single.url, clock=clock)
+    assert used(observer, sync_name, "100000/hour", "k", "fixed_window") == sync_admitted == 100
+    assert used(observer, async_name, "100000/hour", "k", "fixed_window") == async_admitted == 100
+    observer.close()
+    failures = [r for r in caplog.records if r.getMessage() == "two-tier sync call failed"]
+    assert len(failures) == 2

@@ -154,7 +154,7 @@ class TwoTier(Engine):
             sent_at = time.time_ns()
             try:
                 reply = self.call(*call)
-            except StoreError as exc:
+            except Exception as exc:  # its hits go back, to be sent again
                 reply = exc
             self.synced(chunk, reply, self.lock, sent_at)
         self.trim(self.lock)

@@ -287,7 +287,9 @@ class Engine:
         self, chunk: list[tuple[LocalLimit, Entry, Sent]], reply: Any, lock: Any, sent_at: int
     ) -> None:
         """Takes in one sync call's reply (or, if it is an exception, gives the hits
-        back to be sent again)."""
+        back to be sent again: a failure of any kind loses none)."""
+        if isinstance(reply, Exception) and not isinstance(reply, StoreError):
+            log.error("two-tier sync call failed", exc_info=reply)
         with lock:
             if isinstance(reply, BaseException):
                 for limit, entry, sent in chunk:
