@@ -16,6 +16,7 @@ import pytest
 
 from ratewarden.cli import main as ratewarden
 from ratewarden.sim._backend import TrueClock
+from ratewarden.sim._checks import check
 from ratewarden.sim._command import (
     ModelBackend,
     RedisBackend,
@@ -24,7 +25,8 @@ from ratewarden.sim._command import (
     main,
     simulate,
 )
-from ratewarden.sim._scenarios import Result, Scenario, check, documented
+from ratewarden.sim._result import Result
+from ratewarden.sim._scenarios import Scenario, documented
 from tests.redis_server import RedisServer
 
 

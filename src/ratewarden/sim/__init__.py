@@ -3,8 +3,10 @@ against the coordinator's Python model or the real ``fleet.lua`` in a Redis,
 and what the provider at the other end would see (``pip install
 ratewarden[simulate]`` for the plots).
 
-``_scenarios`` says what runs and what it measures, ``_run`` runs it, ``_backend``
-holds the clocks and coordinators, ``_plots`` draws, ``_command`` is the command.
+``_scenarios`` says what runs, ``_plans`` what a scenario's pattern makes
+happen, ``_run`` runs it, ``_result`` holds what a run measured, ``_checks``
+holds the documented figures to their targets, ``_backend`` holds the clocks and
+coordinators, ``_plots`` draws, ``_command`` is the command.
 It builds on `ratewarden.fleet`'s pure parts (`ratewarden.fleet.model`,
 `ratewarden.fleet.member`); nothing in the library imports it.
 """

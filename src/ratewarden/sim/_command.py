@@ -58,14 +58,10 @@ from redis.exceptions import RedisError
 from .._errors import ConfigurationError, RatewardenError, StoreUnavailable
 from ..fleet.alloc import ALLOCATORS
 from ._backend import Backend, BackendFactory, ModelBackend, RedisBackend, TrueClock
+from ._checks import check
+from ._result import Result
 from ._run import Run
-from ._scenarios import (
-    PATTERNS,
-    Result,
-    Scenario,
-    check,
-    documented,
-)
+from ._scenarios import PATTERNS, Scenario, documented
 
 __all__ = [
     "Backend",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..fleet.alloc import ALLOCATORS
 
 if TYPE_CHECKING:
-    from ._scenarios import Result
+    from ._result import Result
 
 __all__ = ["admitted", "documented", "grants", "pacing", "plots", "utilisation"]
 

@@ -13,15 +13,9 @@ from typing import Any, Protocol
 from ..fleet.alloc import MILLI, allocate, with_spare
 from ..fleet.member import Member
 from ._backend import BackendFactory, TrueClock, _MemberClock
-from ._scenarios import (
-    BINS,
-    BURST_OFF,
-    BURST_ON,
-    Plan,
-    Result,
-    Scenario,
-    make_plan,
-)
+from ._plans import BURST_OFF, BURST_ON, Plan, make_plan
+from ._result import BINS, Result
+from ._scenarios import Scenario
 
 __all__ = ["START_S", "Progress", "Run"]
 
