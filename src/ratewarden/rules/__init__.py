@@ -15,14 +15,23 @@ ratewarden[rules]``); ``import ratewarden`` does not import this package.
 
 from typing import TYPE_CHECKING, Any
 
-from ._actions import Outcome, await_out
+# The ``x as x`` imports serve the neighbours, not users: importable here (``as``
+# re-exports them to type checkers), kept out of __all__. The ASGI middleware waits
+# out a delay with await_out; `ratewarden override` writes to RedisOverrides;
+# LocalOverrides is the other kind of an engine's overrides_source; the tests cap
+# rule files at MAX_BYTES and write them back as text with dump.
+from ._actions import Outcome
+from ._actions import await_out as await_out
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
 from ._engine import AsyncRuleEngine, RuleEngine
-from ._override_stores import LocalOverrides, RedisOverrides
-from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile, dump
+from ._override_stores import LocalOverrides as LocalOverrides
+from ._override_stores import RedisOverrides as RedisOverrides
+from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile
+from ._schema import dump as dump
 from ._watcher import Watcher
 from .overrides import AuditEntry, RuntimeOverride, UnknownRule
-from .source import MAX_BYTES, Problem, RuleFileError
+from .source import MAX_BYTES as MAX_BYTES
+from .source import Problem, RuleFileError
 
 if TYPE_CHECKING:
     from ..envoy import AsyncEnvoyConfig, EnvoyConfig, EnvoyLimit, EnvoyResult, EnvoyStats, Override
@@ -43,7 +52,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "MAX_BYTES",
     "Applicable",
     "AsyncEnvoyConfig",
     "AsyncRuleEngine",
@@ -58,12 +66,10 @@ __all__ = [
     "EnvoyStats",
     "Explanation",
     "LimitSpec",
-    "LocalOverrides",
     "Match",
     "Outcome",
     "Override",
     "Problem",
-    "RedisOverrides",
     "Response",
     "Rule",
     "RuleEngine",
@@ -73,8 +79,6 @@ __all__ = [
     "RuntimeOverride",
     "UnknownRule",
     "Watcher",
-    "await_out",
-    "dump",
     "load",
     "loads",
 ]
