@@ -314,9 +314,9 @@ def test_a_sync_call_that_fails_unforeseen_keeps_its_hits(
         admitted = sum([(await limiter.hit("k")).allowed for _ in range(100)])
         engine = store._local
         assert engine is not None
-        real, engine.submit = engine.submit, abroken
+        real, engine.call = engine.call, abroken
         await engine.sync()
-        engine.submit = real
+        engine.call = real
         await engine.sync()
         await store.aclose()
         return admitted

@@ -21,12 +21,13 @@ from ..._rate import Rate
 from ...algorithms import Algorithm
 from ..base import AsyncBound, BindOptions, Bound, Check
 from ..failure import Breaker, Instances, LocalFallback
+from ._atwotier_io import AsyncTwoTier
 from ._batcher import Batcher
 from ._plan import Answers, Limit, Many, plan_calls
 from ._syncwire import Wire
 from ._syncwire import usable as sync_usable
 from ._twotier import LocalLimit, TwoTierSettings
-from ._twotier_io import AsyncTwoTier, TwoTier
+from ._twotier_io import TwoTier
 from ._wire import AsyncWire, usable
 from .connection import FAILURES, check_raw_replies, connect, sentinels
 from .scripts import BATCH, Scripts

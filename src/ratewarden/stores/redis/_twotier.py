@@ -1,6 +1,7 @@
 """Two-tier counting: each process admits from a local estimate, and syncs.
 
-Logic only, no I/O: `_twotierio` runs it around the Redis calls, sync and async.
+Logic only, no I/O: `_atwotier_io` and `_twotier_io` run it around the Redis
+calls, async and sync.
 
 Each process keeps, per key, the state Redis last returned (the exact global
 count as it stood then), the hits it admitted on its own since (its delta), and

@@ -1,14 +1,17 @@
-"""The two-tier store's I/O: the sync and async engines a Redis store keeps for its
-limits bound with ``two_tier=True`` (the logic is in `_twotier` and
-`_twotierplan`). The sync engine syncs from a daemon thread, the async one from a
-task; both sync every ``sync_interval``, and at once when a key's unsent hits
-pass ``flush_at``.
+# Generated from src/ratewarden/stores/redis/_atwotier_io.py by scripts/unasync.py:
+# edit that file, then run the script.
+"""The two-tier store's I/O: the engine a Redis store keeps for its limits bound
+with ``two_tier=True`` (the logic is in `_twotier` and `_twotier_plan`). It syncs
+every ``sync_interval``, and at once when a key's unsent hits pass ``flush_at``.
+
+The asyncio engine (`_atwotier_io`, written by hand) syncs from a task, started
+by the first check in a running loop, and runs on that loop's thread alone: it
+takes no lock. Its sync twin (`_twotier_io`, written from it by
+scripts/unasync.py) syncs from a daemon thread, and its checks take a lock.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -21,12 +24,12 @@ from ..._decision import Decision
 from ..._errors import StoreError
 from ..._rate import Rate
 from ...algorithms import Algorithm
-from ..base import AsyncBound, BindOptions, Bound, Check, check_cost
+from ..base import BindOptions, Bound, Check, check_cost
 from ..failure import Breaker, LocalFallback
 from ._twotier import TwoTierSettings
 from ._twotier_plan import EXACT_TIERS, Engine, Step, peeked
 
-__all__ = ["AsyncTwoTier", "TwoTier"]
+__all__ = ["TwoTier"]
 
 log = logging.getLogger("ratewarden.stores")
 _ONE = 1
@@ -34,16 +37,8 @@ CLOSE_WAIT = 5.0  # seconds a closing store tries to send its last hits
 CLOSE_RETRY = 0.05  # seconds between its tries
 
 
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-
 class TwoTier(Engine):
-    """The sync engine of a `RedisStore`: a daemon thread syncs."""
+    """The two-tier engine that `RedisStore` keeps (see the module docstring)."""
 
     def __init__(
         self,
@@ -56,7 +51,7 @@ class TwoTier(Engine):
         fallback: LocalFallback,
     ) -> None:
         super().__init__(settings, breaker, test_clock, keyslot, fallback=fallback)
-        self.call = call
+        self.call = call  # a script call: name, numkeys, keys + arguments
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
@@ -71,8 +66,9 @@ class TwoTier(Engine):
     ) -> Bound:
         limit = self.make(algorithm, rate, options)
         entries, lock, tick_us, now_us = limit.entries, self.lock, limit.tick_us, self.now_us
-        decide, fast, wake, flush_at = limit.decide, limit.fast(), self.wake, limit.flush_at
+        decide, fast, flush_at = limit.decide, limit.fast(), limit.flush_at
         clock_ns = time.time_ns if self.test_clock is None else self.test_clock.time_ns
+        wake = self.wake
         self.start()
 
         def hit(key: str, cost: int = 1) -> Decision:
@@ -143,24 +139,28 @@ class TwoTier(Engine):
     def start(self) -> None:
         if self.thread is None:
             self.thread = threading.Thread(
-                target=_run, args=(weakref.ref(self), self.wake, self.settings.sync_interval),
-                name="ratewarden-two-tier", daemon=True,
-            )  # fmt: skip
+                target=_run,
+                args=(weakref.ref(self), self.wake, self.settings.sync_interval),
+                name="ratewarden-two-tier",
+                daemon=True,
+            )
             self.thread.start()
 
     def sync(self) -> None:
-        """Sends every key's unsent hits now."""
+        """Sends every key's unsent hits now; a call that fails, in any way, gives
+        its hits back to be sent again."""
         for call, chunk in self.batches(self.lock):
             sent_at = time.time_ns()
             try:
                 reply = self.call(*call)
-            except Exception as exc:  # its hits go back, to be sent again
+            except Exception as exc:
                 reply = exc
             self.synced(chunk, reply, self.lock, sent_at)
         self.trim(self.lock)
 
     def close(self) -> None:
-        """Stops the thread after a last sync."""
+        """Stops the syncing after a last sync. A sync under way is let finish (cut
+        short, the hits it carries would be in flight for good), within a bound."""
         self.closed = True
         self.wake.set()
         if self.thread is not None:
@@ -187,156 +187,3 @@ def _run(engine_ref: weakref.ref[TwoTier], wake: threading.Event, interval: floa
         except Exception:  # the thread must live on; the next sync tries again
             log.exception("two-tier sync failed")
         del engine
-
-
-class AsyncTwoTier(Engine):
-    """The asyncio engine of an `AsyncRedisStore`: a task syncs, started by the first
-    check in a running loop."""
-
-    def __init__(
-        self,
-        submit: Callable[[str, int, list[Any]], Any],
-        settings: TwoTierSettings,
-        breaker: Breaker,
-        test_clock: Clock | None,
-        keyslot: Callable[[str], int] | None,
-        *,
-        fallback: LocalFallback,
-    ) -> None:
-        super().__init__(settings, breaker, test_clock, keyslot, fallback=fallback)
-        self.submit = submit
-        self.lock = _NoLock()
-        self.task: asyncio.Task[None] | None = None
-        self.wake: asyncio.Event | None = None
-
-    def bind(
-        self,
-        algorithm: Algorithm,
-        rate: Rate,
-        options: BindOptions,
-        exact_many: Callable[[Sequence[Check]], Any],
-        delete: Callable[[str], Any],
-    ) -> AsyncBound:
-        limit = self.make(algorithm, rate, options)
-        entries, lock, tick_us, now_us = limit.entries, self.lock, limit.tick_us, self.now_us
-        decide, fast, flush_at = limit.decide, limit.fast(), limit.flush_at
-        clock_ns = time.time_ns if self.test_clock is None else self.test_clock.time_ns
-
-        async def hit(key: str, cost: int = 1) -> Decision:
-            if cost is not _ONE:
-                check_cost(cost)
-            now = (clock_ns() // 1000 + self.offset_us) // tick_us
-            entry = entries.get(key)
-            if entry is not None:
-                decision = fast(entry, now, cost)
-                if decision is not None:
-                    if entry.delta >= flush_at and self.wake is not None:
-                        self.wake.set()
-                    return decision
-            else:
-                entry = self.entry(limit, key)
-            self.running()
-            decision = decide(entry, now, cost)
-            if decision is not None:
-                return decision
-            return await self.drive(self.one(limit, entry, cost, lock), exact_many)
-
-        async def peek(key: str, cost: int = 1) -> Decision:
-            check_cost(cost)
-            self.running()
-            now = now_us() // tick_us
-            entry = self.entry(limit, key)
-            if entry.synced < 0 or now - entry.synced > limit.stale:
-                await self.sync()
-                if entry.synced < 0:  # nothing unsent to sync it with: ask for it
-                    await self.drive(self.fetch(limit, entry, lock), exact_many)
-                now = now_us() // tick_us
-            return peeked(limit, entry, now, cost)
-
-        async def reset(key: str) -> None:
-            await delete(limit.prefix + key)
-            limit.entries.pop(key, None)
-
-        limit.hit = hit
-        return AsyncBound(hit, peek, reset, limit)
-
-    async def hit_many(
-        self, checks: Sequence[Check], exact_many: Callable[[Sequence[Check]], Any]
-    ) -> Decision:
-        self.running()
-        return await self.drive(self.plan(checks, self.lock), exact_many)
-
-    async def drive(
-        self,
-        plan: Generator[Step, Any, Decision],
-        exact_many: Callable[[Sequence[Check]], Any],
-    ) -> Decision:
-        try:
-            step = next(plan)
-            while True:
-                if step[0] == EXACT_TIERS:
-                    step = plan.send(await exact_many(step[1]))  # type: ignore[arg-type]
-                    continue
-                try:
-                    result = await self.submit(*step)
-                except StoreError as exc:
-                    step = plan.throw(exc)
-                else:
-                    step = plan.send(result)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-
-    def running(self) -> None:
-        """Starts the sync task in this loop, unless it runs there already (a check
-        of another loop, or one after the last task ended, starts a new one)."""
-        task = self.task
-        if self.closed or (
-            task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop()
-        ):
-            return
-        self.wake = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self.run())
-
-    async def run(self) -> None:
-        interval = self.settings.sync_interval
-        assert self.wake is not None
-        while not self.closed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), interval)
-            self.wake.clear()
-            try:
-                await self.sync()
-            except Exception:  # the task must live on; the next sync tries again
-                log.exception("two-tier sync failed")
-
-    async def sync(self) -> None:
-        """Sends every key's unsent hits now, every call in one pipeline."""
-        batches = self.batches(self.lock)
-        if batches:
-            sent_at = time.time_ns()
-            replies = await asyncio.gather(
-                *(self.submit(*call) for call, _ in batches), return_exceptions=True
-            )
-            for (_, chunk), reply in zip(batches, replies, strict=True):
-                self.synced(chunk, reply, self.lock, sent_at)
-        self.trim(self.lock)
-
-    async def aclose(self) -> None:
-        """Stops the task after a last sync. A sync under way is let finish (cut
-        short, the hits it carries would be in flight for good), within a bound."""
-        self.closed = True
-        task = self.task
-        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
-            if self.wake is not None:
-                self.wake.set()
-            await asyncio.wait({task}, timeout=CLOSE_WAIT)
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        deadline = time.monotonic() + CLOSE_WAIT
-        await self.sync()
-        while self.unsent()[0] and time.monotonic() < deadline:  # Redis slow, or down
-            await asyncio.sleep(CLOSE_RETRY)
-            await self.sync()
-        self.unsent_at_close()

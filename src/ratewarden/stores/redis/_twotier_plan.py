@@ -1,5 +1,6 @@
 """The two-tier engines' shared part, no I/O: the limits, the clock, and the plans
-of the checks and syncs that need Redis (`_twotierio` runs them, sync and async).
+of the checks and syncs that need Redis (the engines of `_atwotier_io` and
+`_twotier_io` run them, async and sync).
 
 A check that needs Redis is planned as a generator that yields the script calls
 and is sent their replies, which each twin drives its own way (as the exact
