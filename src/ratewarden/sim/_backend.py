@@ -1,5 +1,5 @@
 """The simulation's clocks and the coordinators its members talk to: the
-coordinator's Python model, or the real ``fleet.lua`` in a Redis (see `_simulate`)."""
+coordinator's Python model, or the real ``fleet.lua`` in a Redis (see `_command`)."""
 
 from __future__ import annotations
 

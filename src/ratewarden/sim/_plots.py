@@ -159,7 +159,7 @@ def plots(results: list[Result], pair: tuple[Result, Result], directory: Path) -
 
 
 def documented(results: dict[str, Result], directory: Path) -> list[Path]:
-    """The plots of docs/fleet-simulation.md from `_simulate.documented`'s runs."""
+    """The plots of docs/fleet-simulation.md from `_scenarios.documented`'s runs."""
     labels = {
         "a/": "(a) 10/s, 96 members,\n5 with demand",
         "a-poisson/": "(a) callers at random\n(static: a fixed split)",

@@ -1,7 +1,7 @@
 """The `Result` a run of `ratewarden simulate` fills in: what the provider
 counted, window by window and per hundredth of a window, the largest ratios of
 the grants' sum to the total, convergence, reclaims and reach, and the figures
-drawn from them (`_run` fills it in as the run goes)."""
+drawn from them (`_measure` fills it in as a run goes)."""
 
 from __future__ import annotations
 

@@ -1,90 +1,34 @@
-"""The simulation's event loop: members, their callers, the coordinator's
-replies and messages, and what the provider counts (see `_simulate`)."""
+"""The simulation's event loop: a heap of integer-nanosecond events, played in
+order on the true clock; the members joining, refreshing, hearing the
+coordinator's messages and departing; their callers arriving, waiting and
+giving up; the operator changing the total (see `_command` for what each does
+as the real thing would). What the provider and the invariant see is recorded
+by `Measures` (`_measure`), a base of `Run`."""
 
 from __future__ import annotations
 
 import heapq
-import math
 import random
 import time
-from collections import deque
-from typing import Any, Protocol
+from typing import Any
 
-from ..fleet.alloc import MILLI, allocate, with_spare
+from ..fleet.alloc import MILLI
 from ..fleet.member import Member
 from ._backend import BackendFactory, TrueClock, _MemberClock
+from ._measure import Measures, Progress
+from ._node import Node
 from ._plans import BURST_OFF, BURST_ON, Plan, make_plan
-from ._result import BINS, Result
+from ._result import Result
 from ._scenarios import Scenario
 
 __all__ = ["START_S", "Progress", "Run"]
 
 START_S = 1_763_900_000  # the virtual clock starts at this epoch second (rounded to a window)
-CONVERGED = 0.05  # a grant within 5% of its target
-
-
-# -- the simulation ---------------------------------------------------------------
 
 ARRIVE, SERVE, REFRESH, MESSAGE, ACTIVATE, JOIN, LEAVE, DIE, TOTAL, BURST, TICK, DUE = range(12)
 
 
-class _Node:
-    """One simulated member: its `Member`, its callers, its bookkeeping."""
-
-    __slots__ = (
-        "act_gen",
-        "admitted",
-        "arrive_gen",
-        "clock",
-        "due",
-        "id",
-        "index",
-        "joined_at",
-        "joined_refreshes",
-        "last_refresh",
-        "local",
-        "member",
-        "on",
-        "queue",
-        "rate",
-        "refresh_gen",
-        "refreshes",
-        "serve_gen",
-        "serving",
-        "skew",
-        "tracked",
-    )
-
-    def __init__(self, index: int, skew: int, clock: _MemberClock) -> None:
-        self.index = index
-        self.id = f"member-{index:03d}"
-        self.skew = skew
-        self.clock = clock
-        self.member: Member | None = None
-        self.rate = 0.0  # arrivals a second now
-        self.on = True
-        self.queue: deque[tuple[int, int]] = deque()  # waiting callers: deadline, since
-        self.serving = False
-        self.due = 0  # callers holding a reserved permit not yet due
-        self.arrive_gen = self.refresh_gen = self.serve_gen = self.act_gen = 0
-        self.local = 0  # the grant it spends now, millipermits
-        self.refreshes = self.joined_refreshes = 0
-        self.joined_at = self.last_refresh = 0
-        self.admitted = 0
-        self.tracked = False  # convergence measured for it
-
-    @property
-    def alive(self) -> bool:
-        return self.member is not None
-
-
-class Progress(Protocol):
-    """Told how much simulated time has passed, a window at a time."""
-
-    def advance(self, seconds: float) -> None: ...
-
-
-class Run:
+class Run(Measures):
     """One scenario's run: `run` plays its events in order and returns its `Result`."""
 
     def __init__(
@@ -105,36 +49,17 @@ class Run:
         self.progress = progress
         self.max_wait = round(scenario.wait * 1e9)
         self.nodes = [
-            _Node(i, skew, _MemberClock(self.clock, skew))
+            Node(i, skew, _MemberClock(self.clock, skew))
             for i, skew in enumerate(self.plan.skews_ns)
         ]
-        self.order: list[_Node] = []  # live members in join order, as the coordinator sorts
+        self.order: list[Node] = []  # live members in join order, as the coordinator sorts
         self.heap: list[tuple[int, int, int, int, Any]] = []
         self.seq = 0
         self.total = scenario.total
         self.eff = self.total * MILLI
-        self.local_sum = 0
-        self.coord_held = 0
-        self.unheard: set[int] = set()  # live members that have not heard of the last cut
-        self.cut_at = 0
-        self.reach: dict[int, tuple[int, int]] | None = None  # member: refreshes when it changed
-        self.reach_at = 0
-        self.reach_seen: list[tuple[float, int]] = []
-        self.dead: dict[int, tuple[int, int]] = {}  # member: died at, last refresh
-        self.fleet_rate = 0.0
-        self.offer_t = self.start
-        self.r = Result(
-            scenario,
-            self.backend.label,
-            admitted=[0] * self.windows,
-            limits=[self.total] * self.windows,
-            offered=[0.0] * self.windows,
-            bins=[0] * (self.windows * BINS),
-            warmup=min(self.windows // 2, math.ceil(scenario.warmup * 1e9 / self.window)),
-            member_admitted=[0] * scenario.members,
-        )
+        super().__init__()  # last: what is measured is sized by the windows
 
-    # -- events --------------------------------------------------------------------
+    # -- events ----------------------------------------------------------------------
 
     def push(self, at: int, kind: int, index: int, arg: Any = 0) -> None:
         self.seq += 1
@@ -210,7 +135,7 @@ class Run:
 
     # -- callers ---------------------------------------------------------------------
 
-    def _arrive(self, node: _Node) -> None:
+    def _arrive(self, node: Node) -> None:
         member = node.member
         assert member is not None
         now = self.clock.now
@@ -243,14 +168,14 @@ class Run:
                         self.push(now + wait, SERVE, node.index, node.serve_gen)
         self._next_arrival(node)
 
-    def _next_arrival(self, node: _Node) -> None:
+    def _next_arrival(self, node: Node) -> None:
         if self.s.arrivals == "even":
             gap = 1e9 / node.rate
         else:
             gap = self.rng.expovariate(node.rate) * 1e9
         self.push(self.clock.now + max(1, round(gap)), ARRIVE, node.index, node.arrive_gen)
 
-    def _serve(self, node: _Node) -> None:
+    def _serve(self, node: Node) -> None:
         """The waiting callers, oldest first, reserve their permits as
         `FleetQuota.acquire` does (`Share.reserve`), each then admitted when its
         permit falls due; the first that cannot reserve one waits for the time
@@ -283,13 +208,13 @@ class Run:
                 self.push(now + wait, SERVE, node.index, node.serve_gen)
             break
 
-    def _activate(self, node: _Node, gen: int) -> None:
+    def _activate(self, node: Node, gen: int) -> None:
         """A window edge where a member's pending grant applies."""
         if gen == node.act_gen and node.member is not None:
             node.member.share.window_state(node.clock.time_ns())
             self._set_local(node, node.member.share.grant)
 
-    def _due(self, node: _Node, gen: int, since: int) -> None:
+    def _due(self, node: Node, gen: int, since: int) -> None:
         """A waiting caller's reserved permit is due: it goes to the provider."""
         if gen != node.serve_gen or node.member is None:
             return  # its member left or died meanwhile (counted as given up then)
@@ -299,16 +224,7 @@ class Run:
         self.r.wait_ns += t - since
         self._admit(node)
 
-    def _admit(self, node: _Node) -> None:
-        offset = self.clock.now - self.start
-        k = offset // self.window
-        if k < self.windows:
-            self.r.admitted[k] += 1
-            self.r.bins[offset * BINS // self.window] += 1
-            if k >= self.r.warmup:
-                self.r.member_admitted[node.index] += 1
-
-    def _set_rate(self, node: _Node, rate: float) -> None:
+    def _set_rate(self, node: Node, rate: float) -> None:
         self._flush_offer()
         self.fleet_rate += rate - node.rate
         node.rate = rate
@@ -320,18 +236,7 @@ class Run:
                 gap = self.rng.expovariate(rate) * 1e9
             self.push(self.clock.now + round(gap), ARRIVE, node.index, node.arrive_gen)
 
-    def _flush_offer(self) -> None:
-        """Adds what the callers offered since the last change to the windows."""
-        t0, t1, rate = self.offer_t, self.clock.now, self.fleet_rate
-        self.offer_t = t1
-        while rate > 0 and t0 < t1:
-            k = (t0 - self.start) // self.window
-            edge = min(t1, self.start + (k + 1) * self.window)
-            if k < self.windows:
-                self.r.offered[k] += rate * (edge - t0) / 1e9
-            t0 = edge
-
-    def _burst(self, node: _Node) -> None:
+    def _burst(self, node: Node) -> None:
         """An on/off switch of a member's callers (the bursts pattern)."""
         phase = self.plan.bursts
         assert phase is not None
@@ -345,7 +250,7 @@ class Run:
 
     # -- members ---------------------------------------------------------------------
 
-    def _join(self, node: _Node) -> None:
+    def _join(self, node: Node) -> None:
         """`FleetQuota.start`: one refresh, then one more with an equal share's demand."""
         node.member = member = Member(
             "simulated", node.clock, member_id=node.id, pace=self.s.pace, config=self.s.config()
@@ -365,12 +270,12 @@ class Run:
         else:
             self._set_rate(node, self.plan.rates[node.index])
 
-    def _schedule_refresh(self, node: _Node) -> None:
+    def _schedule_refresh(self, node: Node) -> None:
         node.refresh_gen += 1
         delay = self.s.refresh * self.rng.uniform(0.9, 1.1)  # as Member.next_delay
         self.push(self.clock.now + round(delay * 1e9), REFRESH, node.index, node.refresh_gen)
 
-    def _refresh(self, node: _Node) -> None:
+    def _refresh(self, node: Node) -> None:
         member = node.member
         assert member is not None
         wants, has, used, throttled, pieces, restore = member.report()
@@ -399,7 +304,7 @@ class Run:
         if self.dead:
             self._reclaimed()
 
-    def _message(self, node: _Node, data: Any) -> None:
+    def _message(self, node: Node, data: Any) -> None:
         member = node.member
         if member is None:
             return
@@ -410,7 +315,21 @@ class Run:
             self._refresh(node)
             self._schedule_refresh(node)
 
-    def _depart(self, node: _Node, *, clean: bool) -> None:
+    def _applied(self, node: Node) -> None:
+        """The member's grant may have changed: a smaller one spends at once, a
+        larger one from its next window edge (an event then)."""
+        member = node.member
+        assert member is not None
+        share = member.share
+        node.act_gen += 1
+        if share.pending is not None:
+            t = node.clock.time_ns()
+            edge = (t // share.window_ns + 1) * share.window_ns
+            self.push(edge - node.skew, ACTIVATE, node.index, node.act_gen)
+        self._set_local(node, share.grant)
+        self._record_grant(node)
+
+    def _depart(self, node: Node, *, clean: bool) -> None:
         member = node.member
         if member is None:
             return
@@ -459,161 +378,3 @@ class Run:
                     self.push(self.clock.now + delay, MESSAGE, n.index, message)
         if self.dead:
             self._reclaimed()
-
-    def _heard(self, node: _Node) -> None:
-        """Whether the member knows the current total now; the bookkeeping of cuts
-        and of a change's reach."""
-        member = node.member
-        assert member is not None
-        known = member.known or {}
-        if known.get("eff_m") != str(self.eff):
-            return
-        if node.index in self.unheard:
-            self.unheard.discard(node.index)
-            if not self.unheard:
-                self.r.cut_unheard_ms = max(
-                    self.r.cut_unheard_ms, (self.clock.now - self.cut_at) / 1e6
-                )
-        if self.reach is not None and node.index in self.reach:
-            refreshes, _ = self.reach.pop(node.index)
-            self.reach_seen.append(
-                ((self.clock.now - self.reach_at) / 1e9, node.refreshes - refreshes)
-            )
-            self._reach_done()
-
-    def _reach_done(self) -> None:
-        if self.reach is None or self.reach:
-            return
-        seen = self.reach_seen
-        self.r.reaches.append(
-            {
-                "at": (self.reach_at - self.start) / 1e9,
-                "total": self.total,
-                "seconds": max((s for s, _ in seen), default=0.0),
-                "refreshes": max((r for _, r in seen), default=0),
-                "members": len(seen),
-            }
-        )
-        self.reach = None
-
-    # -- the invariant -----------------------------------------------------------------
-
-    def _check_coordinator(self, held: int, eff: int) -> None:
-        if eff <= 0:
-            return
-        ratio = held / eff
-        self.r.coord_max = max(self.r.coord_max, ratio)
-        if held > eff:
-            self.r.coord_violations += 1
-
-    def _applied(self, node: _Node) -> None:
-        """The member's grant may have changed: a smaller one spends at once, a
-        larger one from its next window edge (an event then)."""
-        member = node.member
-        assert member is not None
-        share = member.share
-        node.act_gen += 1
-        if share.pending is not None:
-            t = node.clock.time_ns()
-            edge = (t // share.window_ns + 1) * share.window_ns
-            self.push(edge - node.skew, ACTIVATE, node.index, node.act_gen)
-        self._set_local(node, share.grant)
-        self._record_grant(node)
-
-    def _set_local(self, node: _Node, value: int) -> None:
-        if value == node.local:
-            return
-        self.local_sum += value - node.local
-        node.local = value
-        if value > 0:
-            self._check_local()
-
-    def _check_local(self) -> None:
-        if self.eff <= 0:
-            return
-        ratio = self.local_sum / self.eff
-        r = self.r
-        if self.unheard:
-            r.local_max_cut = max(r.local_max_cut, ratio)
-            if self.local_sum > self.eff:
-                r.local_violations_cut += 1
-        else:
-            r.local_max = max(r.local_max, ratio)
-            if self.local_sum > self.eff:
-                r.local_violations += 1
-
-    def _record_grant(self, node: _Node) -> None:
-        member = node.member
-        assert member is not None
-        points = self.r.grants.setdefault(node.id, [])
-        point = ((self.clock.now - self.start) / 1e9, member.grant)
-        if not points or points[-1][1] != point[1]:
-            points.append(point)
-
-    # -- convergence, reclaim ------------------------------------------------------------
-
-    def _target(self, node: _Node) -> int:
-        """The node's share of the total over the true demands of the live members."""
-        per_window = self.window / 1e9 * MILLI
-        if self.plan.bursts is None:
-            wants = [round(n.rate * per_window) for n in self.order]
-        else:  # its average
-            share = BURST_ON / (BURST_ON + BURST_OFF)
-            wants = [round(self.plan.rates[n.index] * share * per_window) for n in self.order]
-        mine = self.order.index(node)
-        if self.s.algorithm == "static":
-            cap = int(self.s.config().fields()["cap_m"])
-            return allocate(self.s.algorithm, self.eff, wants, cap)[mine]
-        return with_spare(self.s.algorithm, self.eff, wants)[mine]
-
-    def _converged(self, node: _Node) -> None:
-        member = node.member
-        assert member is not None
-        target = self._target(node)
-        grant = round(member.grant * MILLI)
-        if abs(grant - target) <= CONVERGED * target:
-            node.tracked = False
-            self.r.convergence.append(
-                {
-                    "member": node.id,
-                    "refreshes": node.refreshes - node.joined_refreshes,
-                    "seconds": (self.clock.now - node.joined_at) / 1e9,
-                    "target": target / MILLI,
-                }
-            )
-
-    def _reclaimed(self) -> None:
-        for index, (died, last) in list(self.dead.items()):
-            node = self.nodes[index]
-            if not self.backend.holds(node.id):
-                del self.dead[index]
-                now = self.clock.now
-                self.r.reclaims.append(
-                    {
-                        "member": node.id,
-                        "after_death": (now - died) / 1e9,
-                        "after_last_refresh": (now - last) / 1e9,
-                        "lease": self.s.lease,
-                    }
-                )
-
-    def _tick(self, k: int) -> None:
-        self.r.held.append((self.coord_held / MILLI, self.local_sum / MILLI))
-        if self.progress is not None:
-            self.progress.advance(self.window / 1e9)
-        if k == self.windows:  # the end: who never converged, who was never reclaimed
-            for node in self.nodes:
-                if node.tracked:
-                    self.r.convergence.append(
-                        {"member": node.id, "refreshes": None, "seconds": None, "target": None}
-                    )
-            for index in self.dead:
-                self.r.reclaims.append(
-                    {
-                        "member": self.nodes[index].id,
-                        "after_death": None,
-                        "after_last_refresh": None,
-                        "lease": self.s.lease,
-                    }
-                )
-            self.dead.clear()
