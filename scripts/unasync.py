@@ -64,7 +64,10 @@ class Twin:
     renames: tuple[tuple[str, str], ...] = field(default=())  # this pair's own, first
 
 
-HEADER = "# Generated from {source} by scripts/unasync.py: edit that file, then run the script.\n"
+# two lines, so that a generated file keeps within the line length
+HEADER = (
+    "# Generated from {source} by scripts/unasync.py:\n# edit that file, then run the script.\n"
+)
 _TWIN = re.compile(r"^# unasync: twin (\S+)$", re.M)
 _RENAME = re.compile(r"^# unasync: rename (\S+) -> (\S*)$", re.M)
 

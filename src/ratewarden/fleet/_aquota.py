@@ -1,9 +1,30 @@
-"""`AsyncFleetQuota`: the asyncio twin of `FleetQuota` (a task instead of a
-thread; waiting never blocks the event loop)."""
+"""`AsyncFleetQuota`: a share of one provider's limit, spent locally.
+
+The shell only does I/O: a refresh every interval on a task of its own, the
+resource's channel for changes of the total, and sleeping while a caller waits.
+What to send and what a reply means is `_member.Member`'s; spending permits is
+`_share.Share`'s; the rest the twins share is `_shell.Shell`. ``acquire`` never
+touches the network.
+"""
+
+# unasync: twin _quota.py
+# unasync: rename asyncio.Event -> threading.Event
+# unasync: rename asyncio.Task[None] -> threading.Thread
+# unasync: rename self._task -> self._thread
+# unasync: rename self.clock.asleep -> self.clock.sleep
+# unasync: rename asynchronous=True -> asynchronous=False
+# unasync: rename redis.asyncio.Redis -> redis.Redis
+# unasync: rename task -> thread
 
 from __future__ import annotations
 
+# unasync: async
 import asyncio
+
+# unasync: sync
+# import threading
+# unasync: end
+import time
 from contextlib import AsyncContextDecorator, closing, suppress
 from typing import Any
 
@@ -19,9 +40,19 @@ __all__ = ["AsyncFleetQuota", "AsyncQuotaSlot"]
 
 
 class AsyncFleetQuota(Line, Shell):
-    """The asyncio twin of `FleetQuota`: the same options, a task instead of a
-    thread, ``await quota.start()`` or ``async with``; ``acquire`` waits without
-    blocking the event loop. ``redis``: a URL or a ``redis.asyncio`` client."""
+    """This process's share of resource ``name``, coordinated in Redis.
+
+    ``redis``: a URL (``redis://``, ``redis+cluster://``...) or a ``redis.asyncio.Redis``
+    client (``decode_responses=False``). ``config``: the resource's configuration
+    (a `QuotaConfig` or a rate such as ``"2000/second"``), used only if the
+    resource does not exist yet; otherwise it must have been created with
+    ``ratewarden quota set``. ``pace``: spread the permits of each window evenly
+    across it. ``clock``: the member's clock (tests and simulations).
+
+    Joining makes a first refresh at once (`start`, or entering ``async with``), then a
+    task refreshes every interval and listens for changes of the total.
+    ``acquire`` and ``try_acquire`` decide locally, with no network call.
+    """
 
     def __init__(
         self,
@@ -49,11 +80,17 @@ class AsyncFleetQuota(Line, Shell):
             connect(redis, timeout, asynchronous=True) if isinstance(redis, str) else redis
         )
         self.coordinator = AsyncCoordinator(self.client, name, clock=coordinator_clock)
-        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._line = AsyncTurns(self.clock)
+        self._task: asyncio.Task[None] | None = None
+
+    # -- membership -------------------------------------------------------------
 
     async def start(self) -> AsyncFleetQuota:
+        """Join: one refresh now (creating the resource from ``config`` if it does
+        not exist), then the refresh task. ConfigurationError if the resource
+        does not exist and no ``config`` was given."""
         if self._started:
             return self
         self._started = True
@@ -62,8 +99,8 @@ class AsyncFleetQuota(Line, Shell):
                 await self.coordinator.set(self._member.config)
                 await self.refresh()
             if self._member.known is not None:
-                await self.refresh()
-        except StoreUnavailable as exc:
+                await self.refresh()  # with an equal share's demand, until it is measured
+        except StoreUnavailable as exc:  # keep trying in the background
             log.warning("quota %r: cannot reach the coordinator yet: %s", self.name, exc)
         else:
             if self._member.known is None:
@@ -72,10 +109,19 @@ class AsyncFleetQuota(Line, Shell):
                     f" `ratewarden quota set {self.name} RATE` or pass config="
                 )
         if self.background:
+            # unasync: async
             self._task = asyncio.create_task(self._run(), name=f"ratewarden-quota-{self.name}")
+            # unasync: sync
+            # self._thread = threading.Thread(
+            #     target=self._run, name=f"ratewarden-quota-{self.name}", daemon=True
+            # )
+            # self._thread.start()
+            # unasync: end
         return self
 
     async def refresh(self) -> bool:
+        """Report and take the coordinator's grant now; False if the resource does
+        not exist. Raises `StoreUnavailable` when Redis cannot be reached."""
         member = self._member
         with self._lock:
             wants, has, used, throttled, pieces, restore = member.report()
@@ -102,42 +148,42 @@ class AsyncFleetQuota(Line, Shell):
 
     async def _run(self) -> None:
         pubsub = None
-        loop = asyncio.get_running_loop()
-        due = loop.time() + self._member.next_delay()
-        while True:
-            if pubsub is None:
-                pubsub = await self._subscribe()
-            wait = max(0.0, due - loop.time())
-            asked = False
-            try:
-                if pubsub is not None:
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=min(wait, POLL)
-                    )
-                    if message is not None and message.get("type") == "message":
-                        with self._lock:
-                            asked = self._member.on_message(message["data"])
-                else:
-                    await asyncio.sleep(min(wait, POLL))
-            except asyncio.CancelledError:
-                if pubsub is not None:
-                    with suppress(Exception):
-                        await pubsub.aclose()
-                raise
-            except Exception as exc:
-                log.debug("quota %r: channel lost: %s", self.name, exc)
-                with suppress(Exception):
-                    await pubsub.aclose()
-                pubsub = None
-            if asked or loop.time() >= due or self._wake.is_set():
-                self._wake.clear()
+        due = time.monotonic() + self._member.next_delay()  # start() refreshed already
+        try:
+            while not self._stop.is_set():
+                if pubsub is None:
+                    pubsub = await self._subscribe()
+                wait = min(max(0.0, due - time.monotonic()), POLL)
+                asked = False
                 try:
-                    await self.refresh()
-                except StoreUnavailable as exc:
-                    log.debug("quota %r: refresh failed: %s", self.name, exc)
-                except Exception:
-                    log.exception("quota %r: refresh failed", self.name)
-                due = loop.time() + self._member.next_delay()
+                    if pubsub is not None:
+                        message = await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=wait
+                        )
+                        asked = self._heard(message)
+                    else:
+                        # unasync: async
+                        await asyncio.sleep(wait)
+                        # unasync: sync
+                        # self._stop.wait(wait)
+                        # unasync: end
+                except Exception as exc:  # a lost subscription: the next turn subscribes again
+                    log.debug("quota %r: channel lost: %s", self.name, exc)
+                    await self._unsubscribe(pubsub)
+                    pubsub = None
+                if self._stop.is_set():
+                    break
+                if asked or time.monotonic() >= due or self._wake.is_set():
+                    self._wake.clear()
+                    try:
+                        await self.refresh()
+                    except StoreUnavailable as exc:
+                        log.debug("quota %r: refresh failed: %s", self.name, exc)
+                    except Exception:  # never let the task die: the share would freeze
+                        log.exception("quota %r: refresh failed", self.name)
+                    due = time.monotonic() + self._member.next_delay()
+        finally:
+            await self._unsubscribe(pubsub)
 
     async def _subscribe(self) -> Any:
         try:
@@ -148,12 +194,22 @@ class AsyncFleetQuota(Line, Shell):
             log.debug("quota %r: cannot subscribe: %s", self.name, exc)
             return None
 
+    async def _unsubscribe(self, pubsub: Any) -> None:
+        if pubsub is not None:
+            with suppress(Exception):
+                await pubsub.aclose()
+
     async def aclose(self) -> None:
         """Leave the resource (its share is free at once) and stop refreshing."""
+        self._stop.set()
         if self._task is not None:
+            # unasync: async
             self._task.cancel()
             with suppress(asyncio.CancelledError):
                 await self._task
+            # unasync: sync
+            # self._thread.join(timeout=5)
+            # unasync: end
             self._task = None
         with suppress(StoreUnavailable):
             await self.coordinator.leave(self._member.id)
@@ -166,11 +222,16 @@ class AsyncFleetQuota(Line, Shell):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    # -- permits ----------------------------------------------------------------
+
     async def acquire(self, max_wait: float, cost: int = 1, *, priority: int | str = 0) -> None:
-        """`FleetQuota.acquire` without blocking the event loop."""
+        """A permit (``cost`` permits), waiting up to ``max_wait`` seconds, else
+        `RateLimitTimeout`; ``max_wait=0`` tries once. ``priority``: the
+        caller's class (an int, higher first): waiting callers stand in one line
+        in class order, and only its head waits for the share (see `_line`)."""
         rank = check_priority(priority)
         line = self._line
-        if line.busy(LINE):
+        if line.busy(LINE):  # others wait already: join them in class order, never barge
             wait = self._asked(max_wait, cost)
         else:
             wait = self._first(max_wait, cost)
@@ -190,16 +251,18 @@ class AsyncFleetQuota(Line, Shell):
             line.leave(LINE)
 
     def slot(self, max_wait: float, cost: int = 1) -> AsyncQuotaSlot:
+        """`acquire` as a context manager or decorator."""
         check_max_wait(max_wait)
         check_cost(cost)
         return AsyncQuotaSlot(self, max_wait, cost)
 
     async def status(self) -> QuotaStatus | None:
+        """The whole resource as the coordinator sees it (one round trip)."""
         return await self.coordinator.show()
 
 
 class AsyncQuotaSlot(AsyncContextDecorator):
-    """The asyncio twin of `QuotaSlot`."""
+    """A permit from the quota on entering (see `AsyncFleetQuota.slot`)."""
 
     def __init__(self, quota: AsyncFleetQuota, max_wait: float, cost: int) -> None:
         self.quota, self.max_wait, self.cost = quota, max_wait, cost

@@ -1,4 +1,6 @@
-"""`FleetQuota`: a share of one provider's limit, spent locally (threads).
+# Generated from src/ratewarden/fleet/_aquota.py by scripts/unasync.py:
+# edit that file, then run the script.
+"""`FleetQuota`: a share of one provider's limit, spent locally.
 
 The shell only does I/O: a refresh every interval on a thread of its own, the
 resource's channel for changes of the total, and sleeping while a caller waits.
@@ -62,7 +64,9 @@ class FleetQuota(Line, Shell):
             clock=clock,
             background=background,
         )
-        self.client = connect(redis, timeout) if isinstance(redis, str) else redis
+        self.client = (
+            connect(redis, timeout, asynchronous=False) if isinstance(redis, str) else redis
+        )
         self.coordinator = Coordinator(self.client, name, clock=coordinator_clock)
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -129,40 +133,35 @@ class FleetQuota(Line, Shell):
     def _run(self) -> None:
         pubsub = None
         due = time.monotonic() + self._member.next_delay()  # start() refreshed already
-        while not self._stop.is_set():
-            if pubsub is None:
-                pubsub = self._subscribe()
-            wait = max(0.0, due - time.monotonic())
-            asked = False
-            try:
-                if pubsub is not None:
-                    message = pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=min(wait, POLL)
-                    )
-                    if message is not None and message.get("type") == "message":
-                        with self._lock:
-                            asked = self._member.on_message(message["data"])
-                else:
-                    self._stop.wait(min(wait, POLL))
-            except Exception as exc:  # a lost subscription: the next turn subscribes again
-                log.debug("quota %r: channel lost: %s", self.name, exc)
-                with suppress(Exception):
-                    pubsub.close()
-                pubsub = None
-            if self._stop.is_set():
-                break
-            if asked or time.monotonic() >= due or self._wake.is_set():
-                self._wake.clear()
+        try:
+            while not self._stop.is_set():
+                if pubsub is None:
+                    pubsub = self._subscribe()
+                wait = min(max(0.0, due - time.monotonic()), POLL)
+                asked = False
                 try:
-                    self.refresh()
-                except StoreUnavailable as exc:
-                    log.debug("quota %r: refresh failed: %s", self.name, exc)
-                except Exception:  # never let the thread die: the share would freeze
-                    log.exception("quota %r: refresh failed", self.name)
-                due = time.monotonic() + self._member.next_delay()
-        if pubsub is not None:
-            with suppress(Exception):
-                pubsub.close()
+                    if pubsub is not None:
+                        message = pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
+                        asked = self._heard(message)
+                    else:
+                        self._stop.wait(wait)
+                except Exception as exc:  # a lost subscription: the next turn subscribes again
+                    log.debug("quota %r: channel lost: %s", self.name, exc)
+                    self._unsubscribe(pubsub)
+                    pubsub = None
+                if self._stop.is_set():
+                    break
+                if asked or time.monotonic() >= due or self._wake.is_set():
+                    self._wake.clear()
+                    try:
+                        self.refresh()
+                    except StoreUnavailable as exc:
+                        log.debug("quota %r: refresh failed: %s", self.name, exc)
+                    except Exception:  # never let the thread die: the share would freeze
+                        log.exception("quota %r: refresh failed", self.name)
+                    due = time.monotonic() + self._member.next_delay()
+        finally:
+            self._unsubscribe(pubsub)
 
     def _subscribe(self) -> Any:
         try:
@@ -172,6 +171,11 @@ class FleetQuota(Line, Shell):
         except Exception as exc:
             log.debug("quota %r: cannot subscribe: %s", self.name, exc)
             return None
+
+    def _unsubscribe(self, pubsub: Any) -> None:
+        if pubsub is not None:
+            with suppress(Exception):
+                pubsub.close()
 
     def close(self) -> None:
         """Leave the resource (its share is free at once) and stop refreshing."""
@@ -230,7 +234,7 @@ class FleetQuota(Line, Shell):
 
 
 class QuotaSlot(ContextDecorator):
-    """A permit from a `FleetQuota` on entering (see `FleetQuota.slot`)."""
+    """A permit from the quota on entering (see `FleetQuota.slot`)."""
 
     def __init__(self, quota: FleetQuota, max_wait: float, cost: int) -> None:
         self.quota, self.max_wait, self.cost = quota, max_wait, cost

@@ -10,7 +10,8 @@ every lower class), and every caller keeps its own deadline: one that cannot be
 served in time is told as soon as the head's wait shows it (`_waiting`).
 
 What `FleetQuota` and `AsyncFleetQuota` share: the member, its lock, acquire's
-logic (a generator of the sleeps the twins take their own way), and their reprs.
+logic (a generator of the sleeps the twins take their own way), what a message
+on the resource's channel means, and their reprs.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def _timeout(name: str, max_wait: float, wait_ns: int) -> RateLimitTimeout:
 
 
 class Shell:
-    """What the twins share: the member, its lock, acquire's logic, their reprs."""
+    """What the twins share: the member, its lock, acquire's logic, the channel's
+    messages, their reprs."""
 
     _member: Member
     _lock: threading.Lock
@@ -177,6 +179,14 @@ class Shell:
         finally:
             with lock:
                 waiting.end_wait(clock.time_ns())
+
+    def _heard(self, message: Any) -> bool:
+        """Read what the resource's channel brought (None: nothing in time);
+        True if it asks for a refresh now."""
+        if message is None or message.get("type") != "message":
+            return False
+        with self._lock:
+            return self._member.on_message(message["data"])
 
     def try_acquire(self, cost: int = 1) -> bool:
         """One permit (or ``cost``) now, or False: never waits, never raises."""

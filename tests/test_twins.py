@@ -1,0 +1,83 @@
+"""The sync twins that scripts/unasync.py writes from their async modules."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "unasync.py"
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("unasync", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # its dataclasses look their module up in sys.modules while they are made
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_generated_twin_is_what_the_script_writes() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_twin_is_renamed_and_marked_blocks_take_their_sync_side(tmp_path: Path) -> None:
+    unasync = _script()
+    source = tmp_path / "_athing.py"
+    source.write_text(
+        '"""`AsyncThing`: waits."""\n'
+        "\n"
+        "# unasync: twin _thing.py\n"
+        "# unasync: rename asyncio.sleep -> time.sleep\n"
+        "import asyncio\n"
+        "\n"
+        "\n"
+        "class AsyncThing:\n"
+        "    async def await_it(self) -> None:\n"
+        "        await asyncio.sleep(1)\n"
+        "        async with self.lock:\n"
+        "            pass\n"
+        "        # unasync: async\n"
+        "        self.task = asyncio.create_task(self.aclose())\n"
+        "        # unasync: sync\n"
+        "        # self.thread = start(self.close)\n"
+        "        # unasync: end\n"
+        "\n"
+        "    async def aclose(self) -> None:\n"
+        "        pass\n"
+    )
+    twin = unasync.Twin(
+        source, tmp_path / "_thing.py", ((r"(?<![\w.])asyncio\.sleep(?!\w)", "time.sleep"),)
+    )
+    text = unasync.generate(twin)
+    assert text.startswith("# Generated from _athing.py by scripts/unasync.py")
+    body = text.removeprefix(unasync.HEADER.format(source="_athing.py"))
+    assert "class Thing:" in body
+    assert "    def await_it(self) -> None:\n        time.sleep(1)\n        with self.lock:" in body
+    assert "self.thread = start(self.close)" in body
+    assert "create_task" not in body
+    assert "unasync:" not in body
+    assert "async" not in body.replace("asyncio", "")
+
+
+def test_a_generated_file_edited_by_hand_fails_the_check(tmp_path: Path) -> None:
+    unasync = _script()
+    made = unasync.twins()
+    assert made, "no module asks for a sync twin"
+    target: Path = made[0].target
+    kept = target.read_text()
+    try:
+        target.write_text(kept + "# an edit by hand\n")
+        assert unasync.main(["--check"]) == 1
+    finally:
+        target.write_text(kept)
+    assert unasync.main(["--check"]) == 0
