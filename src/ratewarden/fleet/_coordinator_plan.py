@@ -1,0 +1,232 @@
+"""The coordinator's calls planned, no I/O: ``fleet.lua``'s keys, each
+operation's arguments, and its reply read into `Reply` or `QuotaStatus`.
+
+`AsyncCoordinator` and its generated twin `Coordinator` only send the calls.
+Keys carry the hash tag ``{rw:quota:NAME}`` so that a Redis Cluster keeps a
+resource's state on one node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from .._clock import Clock
+from .._errors import StoreUnavailable
+from .alloc import MILLI, Piece
+from .config import QuotaConfig, check_name
+
+__all__ = [
+    "CoordinatorBase",
+    "MemberStatus",
+    "QuotaStatus",
+    "Reply",
+    "channel",
+    "failure",
+    "keys",
+    "parse_refresh",
+    "parse_set",
+    "parse_show",
+    "refresh_args",
+    "set_args",
+    "source",
+]
+
+_SOURCE: list[str] = []
+
+
+def source() -> str:
+    if not _SOURCE:
+        _SOURCE.append((resources.files("ratewarden.fleet") / "fleet.lua").read_text())
+    return _SOURCE[0]
+
+
+def keys(name: str) -> list[str]:
+    tag = f"{{rw:quota:{check_name(name)}}}"
+    return [f"{tag}:cfg", f"{tag}:members"]
+
+
+def channel(name: str) -> str:
+    """Where a change of the resource's total is published."""
+    return f"rw:quota:{check_name(name)}:changes"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _fields(flat: list[Any]) -> dict[str, str]:
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The coordinator's answer to a refresh (millipermits per window)."""
+
+    grant: int
+    held: int
+    pieces: tuple[Piece, ...]  # where the grant lies on the line [0, total)
+    members: int
+    now_ms: int
+    fields: dict[str, str]
+
+    @property
+    def effective_total(self) -> int:
+        return int(self.fields.get("eff_m", "0"))
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """One member as the coordinator sees it; permits a window."""
+
+    id: str
+    wants: float
+    has: float
+    used: float
+    expires_in: float  # seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "wants": self.wants,
+            "has": self.has,
+            "used": self.used,
+            "expires_in": self.expires_in,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaStatus:
+    """A resource: its configuration, effective total and live members."""
+
+    name: str
+    config: QuotaConfig
+    effective_total: float  # permits a window: below the configured total when adaptive cut it
+    version: int
+    members: tuple[MemberStatus, ...]
+
+    @property
+    def wants(self) -> float:
+        return sum(m.wants for m in self.members)
+
+    @property
+    def granted(self) -> float:
+        return sum(m.has for m in self.members)
+
+    @property
+    def used(self) -> float:
+        return sum(m.used for m in self.members)
+
+    @property
+    def utilisation(self) -> float:
+        """Permits used over what the fleet could have used: min(total, wants)."""
+        room = min(self.effective_total, self.wants)
+        return self.used / room if room > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            "name": self.name,
+            "rate": str(config.rate),
+            "total": config.rate.limit,
+            "window": config.rate.period,
+            "effective_total": self.effective_total,
+            "algorithm": config.algorithm,
+            "refresh": config.refresh,
+            "lease": config.lease,
+            "safe": config.safe,
+            "cap": config.cap,
+            "adaptive": config.adaptive,
+            "version": self.version,
+            "wants": self.wants,
+            "granted": self.granted,
+            "used": self.used,
+            "utilisation": self.utilisation,
+            "members": [m.as_dict() for m in self.members],
+        }
+
+
+def parse_refresh(raw: list[Any]) -> Reply | None:
+    if int(raw[0]) == 0:
+        return None
+    flat = [int(x) for x in raw[3]]
+    pieces = tuple(zip(flat[::2], flat[1::2], strict=True))
+    return Reply(int(raw[1]), int(raw[2]), pieces, int(raw[4]), int(raw[5]), _fields(list(raw[6])))
+
+
+def parse_show(name: str, raw: list[Any]) -> QuotaStatus | None:
+    if int(raw[0]) == 0:
+        return None
+    now = int(raw[1])
+    fields = _fields(list(raw[2]))
+    members = tuple(
+        MemberStatus(
+            _text(m[0]),
+            int(m[3]) / MILLI,
+            int(m[4]) / MILLI,
+            int(m[5]) / MILLI,
+            (int(m[2]) - now) / 1000,
+        )
+        for m in raw[3:]
+    )
+    return QuotaStatus(
+        name,
+        QuotaConfig.from_fields(fields),
+        int(fields.get("eff_m", "0")) / MILLI,
+        int(fields.get("version", "0")),
+        members,
+    )
+
+
+def _time(clock: Clock | None) -> str:
+    return "" if clock is None else str(clock.time_ns() // 1_000_000)
+
+
+def refresh_args(
+    member: str,
+    *,
+    wants: int,
+    has: int,
+    used: int,
+    throttled: int,
+    pieces: Sequence[Piece],
+    restore: dict[str, str] | None,
+) -> list[Any]:
+    spans = " ".join(f"{start} {length}" for start, length in pieces)
+    args: list[Any] = [member, wants, has, used, throttled, spans]
+    for pair in (restore or {}).items():
+        args.extend(pair)
+    return args
+
+
+def set_args(config: QuotaConfig) -> list[Any]:
+    """The configuration's fields, flattened into the script's arguments."""
+    return [part for pair in config.fields().items() for part in pair]
+
+
+def parse_set(raw: list[Any]) -> int:
+    """The resource's new version."""
+    return int(raw[1])
+
+
+class CoordinatorBase:
+    """What both coordinators share: the resource's keys and channel, the script's
+    digest, and each call's arguments; the twins only send the call."""
+
+    def __init__(self, client: Any, name: str, *, clock: Clock | None = None) -> None:
+        self.client = client
+        self.name = check_name(name)
+        self.keys = keys(name)
+        self.channel = channel(name)
+        self.clock = clock  # None: the Redis server's clock
+        self._sha = hashlib.sha1(source().encode(), usedforsecurity=False).hexdigest()
+
+    def _args(self, op: str, rest: list[Any]) -> list[Any]:
+        return [*self.keys, op, self.channel, _time(self.clock), *rest]
+
+
+def failure(exc: Exception) -> StoreUnavailable:
+    return StoreUnavailable(f"redis: quota coordination failed: {exc}")
