@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ._app import App, auth_attributes, openapi
     from ._process import run
     from ._quotas import MAX_LISTED, summary
+    from ._refusals import InvalidRequest
     from ._serve import ServeOptions, add_arguments, options_from
     from ._service import Service
     from ._shapes import (
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
         CheckRequest,
         CheckResult,
         DescriptorStatus,
-        InvalidRequest,
         outcome_result,
     )
 
@@ -37,7 +37,7 @@ _WHERE = {
     "BatchRequest": "_shapes", "BatchResult": "_shapes", "CheckRequest": "_shapes",
     "CheckResult": "_shapes", "DescriptorStatus": "_shapes",
     "ServeOptions": "_serve", "add_arguments": "_serve", "options_from": "_serve",
-    "run": "_process", "InvalidRequest": "_shapes", "Service": "_service",
+    "run": "_process", "InvalidRequest": "_refusals", "Service": "_service",
     "MAX_LISTED": "_quotas", "summary": "_quotas", "outcome_result": "_shapes",
 }  # fmt: skip
 

@@ -48,6 +48,7 @@ from ._dashboard import Dashboard
 from ._metrics import CONTENT_TYPE_LATEST
 from ._openapi import openapi
 from ._quotas import MAX_LISTED, summary
+from ._refusals import InvalidRequest
 from ._request import (
     AUTH_METHODS,
     HTTPError,
@@ -58,15 +59,7 @@ from ._request import (
     tail,
 )
 from ._service import Service
-from ._shapes import (
-    BatchRequest,
-    BatchResult,
-    CheckRequest,
-    CheckResult,
-    InvalidRequest,
-    Problem,
-    bearer_matches,
-)
+from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
 
 if TYPE_CHECKING:
     from ._quotas import QuotaReader

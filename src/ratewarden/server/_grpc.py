@@ -32,9 +32,10 @@ from ..envoy import OVERRIDE_UNITS
 from ..envoy.service import dynamic_metadata
 from ..rules import Override
 from ._connection_limits import ConnectionLimits
+from ._refusals import InvalidRequest
 from ._serve import parse_address
 from ._service import Service
-from ._shapes import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult, InvalidRequest
+from ._shapes import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult
 from .h2 import Call, GrpcError, H2Server, Metadata, Method, Status
 
 __all__ = ["SERVICE_NAME", "GrpcServer", "messages", "parse_tls"]

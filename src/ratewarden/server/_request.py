@@ -15,7 +15,8 @@ from urllib.parse import unquote_to_bytes
 
 import msgspec
 
-from ._shapes import CheckRequest, InvalidRequest
+from ._refusals import InvalidRequest
+from ._shapes import CheckRequest
 
 __all__ = [
     "AUTH_METHODS",

@@ -31,12 +31,10 @@ from ._admin_api import OverrideList
 from ._dashstats import DashboardStats
 from ._metrics import Metrics
 from ._quotas import MAX_SCRAPED
+from ._refusals import InvalidRequest, NotFound, Unprocessable
 from ._shapes import (
     CheckRequest,
     CheckResult,
-    InvalidRequest,
-    NotFound,
-    Unprocessable,
     attribute_problem,
     descriptor_attributes,
     entries_of,
@@ -52,7 +50,7 @@ if TYPE_CHECKING:
     from ..fleet import QuotaStatus
     from ._quotas import QuotaReader
 
-__all__ = ["InvalidRequest", "NotFound", "Service", "Unprocessable"]  # the errors: see _shapes
+__all__ = ["Service"]
 
 log = logging.getLogger("ratewarden.server")
 

@@ -21,7 +21,6 @@ from typing import Annotated, Literal
 import msgspec
 
 from .._decision import Decision
-from .._errors import RatewardenError
 from .._headers import rate_limit_headers
 from ..rules import EnvoyLimit, EnvoyResult, Outcome
 
@@ -35,10 +34,7 @@ __all__ = [
     "Descriptor",
     "DescriptorStatus",
     "Entry",
-    "InvalidRequest",
-    "NotFound",
     "Problem",
-    "Unprocessable",
     "attribute_problem",
     "descriptor_attributes",
     "envoy_result",
@@ -336,23 +332,3 @@ def bearer_matches(header: bytes, token: bytes) -> bool:
     is case-insensitive (RFC 7235); the token is compared in constant time."""
     scheme, _, sent = header.strip().partition(b" ")
     return scheme.lower() == b"bearer" and hmac.compare_digest(sent.strip(), token)
-
-
-class InvalidRequest(RatewardenError, ValueError):
-    """A request the service cannot check (no attributes, empty descriptors, ...):
-    HTTP answers ``status`` (400), gRPC INVALID_ARGUMENT, both with this message."""
-
-    status = 400
-
-
-class Unprocessable(InvalidRequest):
-    """Well-formed JSON whose values the service does not take (an attribute
-    that is not a string): HTTP 422, as for the decoder's own type errors."""
-
-    status = 422
-
-
-class NotFound(InvalidRequest):
-    """A domain or rule the service does not know: HTTP 404."""
-
-    status = 404
