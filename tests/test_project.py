@@ -10,11 +10,11 @@ ROOT = Path(__file__).parent.parent
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def test_mypy_is_strict_on_src_and_tests() -> None:
+def test_mypy_is_strict_on_src_tests_and_scripts() -> None:
     """The tests are checked too, tests/typing/api.py's checks of the public API among them."""
     mypy = CONFIG["tool"]["mypy"]
     assert mypy["strict"] is True
-    assert mypy["files"] == ["src", "tests"]
+    assert mypy["files"] == ["src", "tests", "scripts"]
     assert (ROOT / "tests" / "typing" / "api.py").exists()
     assert "ignore-without-code" in mypy["enable_error_code"]
 
