@@ -66,6 +66,13 @@ def _told(decision: Decision | None, prices: Prices | None) -> Decision | None:
     return decision if price is None else in_requests(decision, price)
 
 
+def _both_told(
+    told: tuple[Decision | None, Decision | None], prices: Prices | None
+) -> tuple[Decision | None, Decision | None]:
+    """`_told` of the enforced and the shadow side of a `hit_tiers`."""
+    return told if prices is None else (_told(told[0], prices), _told(told[1], prices))
+
+
 def hit_many(checks: Iterable[tuple[Limiter, str] | tuple[Limiter, str, int]]) -> Decision:
     """Check one request against several limits at once: ``(limiter, key)`` or
     ``(limiter, key, cost)`` each, every limiter on one store.
@@ -125,9 +132,7 @@ def hit_tiers(
         told = _shards.hit_tiers(store, tiers, shadow_tiers)
     else:
         told = store.hit_tiers(tiers, shadow_tiers)
-    if prices is None:
-        return told
-    return _told(told[0], prices), _told(told[1], prices)
+    return _both_told(told, prices)
 
 
 async def ahit_tiers(
@@ -140,6 +145,4 @@ async def ahit_tiers(
         told = await _shards.ahit_tiers(store, tiers, shadow_tiers)
     else:
         told = await store.hit_tiers(tiers, shadow_tiers)
-    if prices is None:
-        return told
-    return _told(told[0], prices), _told(told[1], prices)
+    return _both_told(told, prices)
