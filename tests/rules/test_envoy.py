@@ -4,12 +4,15 @@ documents (examples 1-9 of its "Configuration" section)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import textwrap
+import typing
 from pathlib import Path
 
 import pytest
 
 from ratewarden import AsyncMemoryStore, FakeClock, MemoryStore
+from ratewarden.envoy import EnvoyConfigOptions
 from ratewarden.envoy._files import parse_files
 from ratewarden.rules import AsyncEnvoyConfig, EnvoyConfig, RuleFileError
 
@@ -447,6 +450,39 @@ def test_global_quota_and_shadow_modes(store: MemoryStore) -> None:
     shadow = EnvoyConfig(parsed, MemoryStore(clock=store.clock), shadow_mode=True)
     assert all(shadow.check("q", [[("plan", "x")]]).overall_ok for _ in range(5))
     assert shadow.stats.value("q.plan", "over_limit") == 4  # counted all the same
+
+
+def test_loading_files_takes_every_option(clock: FakeClock, tmp_path: Path) -> None:
+    (tmp_path / "q.yaml").write_text(textwrap.dedent(QUOTAS))
+    request = [[("ip", "3")], [("team", "c")]]
+    quota = EnvoyConfig.load(tmp_path / "q.yaml", store=MemoryStore(clock=clock), quota_mode=True)
+    assert [quota.check("q", request).overall_ok for _ in range(11)] == [True] * 10 + [False]
+    shadow = EnvoyConfig.load(tmp_path / "q.yaml", shadow_mode=True)
+    assert all(shadow.check("q", [[("plan", "x")]]).overall_ok for _ in range(5))
+
+
+def test_the_async_twin_loads_texts_too() -> None:
+    request = [[("ip", "3")], [("team", "c")]]
+
+    async def main() -> list[bool]:
+        cfg = AsyncEnvoyConfig.loads(textwrap.dedent(QUOTAS), quota_mode=True,
+                                     store=AsyncMemoryStore(clock=FakeClock()))  # fmt: skip
+        return [(await cfg.acheck("q", request)).overall_ok for _ in range(11)]
+
+    assert asyncio.run(main()) == [True] * 10 + [False]
+
+
+@pytest.mark.parametrize("twin", [EnvoyConfig, AsyncEnvoyConfig])
+def test_the_twins_and_their_loaders_take_one_set_of_options(
+    twin: type[EnvoyConfig] | type[AsyncEnvoyConfig],
+) -> None:
+    made = inspect.signature(twin).parameters.values()
+    assert {p.name for p in made if p.kind is p.KEYWORD_ONLY} == set(
+        EnvoyConfigOptions.__annotations__
+    )
+    for loader in (twin.load, twin.loads):  # **options: Unpack[EnvoyConfigOptions]
+        options = typing.get_type_hints(loader, include_extras=True)["options"]
+        assert typing.get_args(options) == (EnvoyConfigOptions,)
 
 
 def test_what_the_peer_accepts_and_refuses(store: MemoryStore) -> None:

@@ -2,7 +2,7 @@
 by one or a runtime directory), its matching and semantics, its statistics and
 its environment variables, applied on ratewarden's stores.
 
-    config = EnvoyConfig.load(["config.yaml"], store)       # or AsyncEnvoyConfig
+    config = EnvoyConfig.load("config.yaml", store=store)   # or AsyncEnvoyConfig
     result = config.check("domain", [[("key", "value")]])   # EnvoyResult
 
 ``_files`` reads the files, ``_tree`` finds a descriptor's limit, ``_config`` applies
@@ -13,7 +13,7 @@ It builds on `ratewarden.rules` (the YAML reader and its errors); the service's
 RLS handler lives in `ratewarden.server`.
 """
 
-from ._config import AsyncEnvoyConfig, EnvoyConfig
+from ._config import AsyncEnvoyConfig, EnvoyConfig, EnvoyConfigOptions
 from ._files import envoy_files
 from ._result import OVERRIDE_UNITS, EnvoyLimit, EnvoyResult, EnvoyStats, Override
 from ._runtime import EnvoyOptions, EnvoyWatcher, add_arguments, apply_environment, envoy_options
@@ -22,6 +22,7 @@ __all__ = [
     "OVERRIDE_UNITS",
     "AsyncEnvoyConfig",
     "EnvoyConfig",
+    "EnvoyConfigOptions",
     "EnvoyLimit",
     "EnvoyOptions",
     "EnvoyResult",

@@ -36,12 +36,13 @@ import math
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Self, TypedDict, TypeVar, Unpack
 
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._hitmany import ahit_tiers, hit_tiers
-from .._limiter import AsyncLimiter, Limiter
+from .._limiter import AsyncLimiter, Limiter, LimiterOptions
 from .._rate import Rate
 from ..rules.source import Document
 from ..stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
@@ -57,7 +58,14 @@ from ._result import (
 )
 from ._tree import Level, build, lookup
 
-__all__ = ["AsyncEnvoyConfig", "EnvoyConfig", "EnvoyLimit", "EnvoyResult", "Override"]
+__all__ = [
+    "AsyncEnvoyConfig",
+    "EnvoyConfig",
+    "EnvoyConfigOptions",
+    "EnvoyLimit",
+    "EnvoyResult",
+    "Override",
+]
 
 # A counter limiter's limit: never reached, so every hit is counted and its
 # Decision's ``remaining`` tells the count. The Redis store counts exactly while
@@ -73,15 +81,43 @@ def counter_ceiling(period: int) -> int:
 # binding to the store, so one dropped and made again loses no counts.
 MAX_OVERRIDE_LIMITERS = 1024
 L = TypeVar("L", Limiter, AsyncLimiter)
+S = TypeVar("S", Store, AsyncStore)
 _Call = tuple[L, str]
+_Tier = tuple[L, str, int]
 
 
-class _EnvoyCore(Generic[L]):
-    store: Store | AsyncStore
+class EnvoyConfigOptions(TypedDict, total=False):
+    """The options of `EnvoyConfig` and `AsyncEnvoyConfig` and of their ``load``
+    and ``loads`` (see `EnvoyConfig`)."""
+
+    merge: bool
+    count_denied: bool
+    shadow_mode: bool
+    quota_mode: bool
+    stats: EnvoyStats | None
+
+
+@dataclass(slots=True)
+class _Plan(Generic[L]):
+    """A check without its count: the limits that apply, the request's cost, and
+    what the shell counts: ``calls`` (each limit on its own counter), or else
+    ``tiers`` (one atomic ``hit_tiers``; None when nothing counts, as when a
+    limit of 0 per unit has ``blocked`` the request)."""
+
+    limits: list[EnvoyLimit | None]
+    cost: int
+    calls: list[_Call[L]] | None = None
+    tiers: tuple[list[_Tier[L]], list[_Tier[L]]] | None = None
+    blocked: Decision | None = None
+
+
+class _EnvoyCore(Generic[L, S]):
+    """What the twins share: everything but the count. ``store`` holds the counters."""
 
     def __init__(
         self,
         files: Sequence[tuple[EnvoyFile, Document]],
+        store: S,
         *,
         merge: bool = False,
         count_denied: bool = True,
@@ -89,6 +125,7 @@ class _EnvoyCore(Generic[L]):
         quota_mode: bool = False,
         stats: EnvoyStats | None = None,
     ) -> None:
+        self.store: S = store
         self.domains: dict[str, Level] = build(files, merge=merge)
         self.count_denied = count_denied
         self.shadow_mode = shadow_mode  # SHADOW_MODE: every request passes
@@ -98,8 +135,38 @@ class _EnvoyCore(Generic[L]):
         self._limiters: dict[str, L] = {}
         self._overrides: OrderedDict[tuple[int, int], L] = OrderedDict()
 
+    @classmethod
+    def load(
+        cls, *paths: str | os.PathLike[str], store: S | None = None,
+        **options: Unpack[EnvoyConfigOptions],
+    ) -> Self:  # fmt: skip
+        """The configuration in the files ``paths`` (a directory: every YAML file in
+        it), its counters on ``store`` (a fresh memory store unless given)."""
+        with _collector_paused():
+            files = parse_files(envoy_files(paths).files)
+            return cls(files, cls._fresh_store() if store is None else store, **options)
+
+    @classmethod
+    def loads(
+        cls, *texts: str, store: S | None = None, **options: Unpack[EnvoyConfigOptions]
+    ) -> Self:
+        """`load` of the YAML ``texts`` themselves."""
+        files = parse_files((), texts)
+        return cls(files, cls._fresh_store() if store is None else store, **options)
+
+    @classmethod
+    def _fresh_store(cls) -> S:  # the shells override
+        raise NotImplementedError
+
     def _limiter(self, rate: Rate, name: str) -> L:  # the shells override
         raise NotImplementedError
+
+    @staticmethod
+    def _counting(name: str) -> LimiterOptions:
+        """How every limiter of a configuration counts: in that service's fixed
+        windows, letting a request through, as it does, when the store cannot
+        answer."""
+        return {"algorithm": "fixed_window", "name": name, "on_failure": "fail_open"}
 
     @property
     def limiters(self) -> list[L]:
@@ -156,6 +223,23 @@ class _EnvoyCore(Generic[L]):
 
     # -- counting ---------------------------------------------------------------
 
+    def _plan(
+        self,
+        domain: str,
+        descriptors: Iterable[Sequence[tuple[str, str]]],
+        hits_addend: int,
+        overrides: Sequence[Override | None] | None,
+    ) -> _Plan[L]:
+        """What a check counts, found without counting (see `_Plan`)."""
+        cost = _cost(hits_addend)
+        limits = self.limits_for(domain, descriptors, overrides)
+        if self.count_denied:
+            return _Plan(limits, cost, calls=self._calls(limits))
+        enforced, shadow, blocked = self._tiers(limits, cost)
+        if blocked is not None:
+            return _Plan(limits, cost, blocked=blocked)
+        return _Plan(limits, cost, tiers=(enforced, shadow) if enforced or shadow else None)
+
     def _calls(self, limits: list[EnvoyLimit | None]) -> list[_Call[L]]:
         """Counting every limit on its own: a counter per unit, keyed by entries."""
         calls: list[_Call[L]] = []
@@ -169,10 +253,9 @@ class _EnvoyCore(Generic[L]):
             calls.append((counter, limit.key))
         return calls
 
-    def _counted(
-        self, limits: list[EnvoyLimit | None], answers: Sequence[Decision], cost: int
-    ) -> EnvoyResult:
-        """The answer from each limit's own count, that service's way."""
+    def _counted(self, plan: _Plan[L], answers: Sequence[Decision]) -> EnvoyResult:
+        """The answer from each limit's own count (``plan.calls``), that service's way."""
+        limits, cost = plan.limits, plan.cost
         statuses: list[Decision | None] = [None] * len(limits)
         answers_left = iter(answers)
         for i, limit in enumerate(limits):
@@ -197,10 +280,10 @@ class _EnvoyCore(Generic[L]):
 
     def _tiers(
         self, limits: list[EnvoyLimit | None], cost: int
-    ) -> tuple[list[tuple[L, str, int]], list[tuple[L, str, int]], Decision | None]:
+    ) -> tuple[list[_Tier[L]], list[_Tier[L]], Decision | None]:
         """Counting the limits of a request at once: their own limiters."""
-        enforced: list[tuple[L, str, int]] = []
-        shadow: list[tuple[L, str, int]] = []
+        enforced: list[_Tier[L]] = []
+        shadow: list[_Tier[L]] = []
         blocked = None
         for limit in limits:
             if limit is None or limit.unlimited:
@@ -232,17 +315,14 @@ class _EnvoyCore(Generic[L]):
             self._overrides.move_to_end(slot)
         return limiter
 
-    def _tiered(
-        self,
-        limits: list[EnvoyLimit | None],
-        decision: Decision | None,
-        report: Decision | None,
-        cost: int,
-    ) -> EnvoyResult:
-        """The answer of one atomic count. Its Decision is the one limit that
-        spoke for the request: that limit's status and statistics are exact; the
-        others are within their limit when the request passed, and uncounted
-        when another limit denied it."""
+    def _tiered(self, plan: _Plan[L], told: tuple[Decision | None, Decision | None]) -> EnvoyResult:
+        """The answer of one atomic count (``plan.tiers``; None, None without). Its
+        Decision is the one limit that spoke for the request: that limit's status
+        and statistics are exact; the others are within their limit when the
+        request passed, and uncounted when another limit denied it."""
+        limits, cost, (decision, report) = plan.limits, plan.cost, told
+        if plan.blocked is not None:
+            return self._blocked(limits, plan.blocked, cost)
         statuses: list[Decision | None] = [None] * len(limits)
         ok = decision is None or decision.allowed
         spoke = False
@@ -296,58 +376,21 @@ def _cost(hits_addend: int) -> int:
     return max(hits_addend, 1)  # envoy treats 0 as 1
 
 
-class EnvoyConfig(_EnvoyCore[Limiter]):
+class EnvoyConfig(_EnvoyCore[Limiter, Store]):
     """envoyproxy/ratelimit configuration with its counters on ``store``;
     ``check(domain, descriptors, hits_addend, overrides)`` is what a gRPC
     ``ShouldRateLimit`` does. ``merge``: several files may name one domain
-    (MERGE_DOMAIN_CONFIG); ``count_denied``: see the module docstring."""
-
-    store: Store
-
-    def __init__(
-        self,
-        files: Sequence[tuple[EnvoyFile, Document]],
-        store: Store,
-        *,
-        merge: bool = False,
-        count_denied: bool = True,
-        shadow_mode: bool = False,
-        quota_mode: bool = False,
-        stats: EnvoyStats | None = None,
-    ) -> None:
-        self.store = store
-        super().__init__(
-            files, merge=merge, count_denied=count_denied, shadow_mode=shadow_mode,
-            quota_mode=quota_mode, stats=stats,
-        )  # fmt: skip
+    (MERGE_DOMAIN_CONFIG); ``count_denied``: see the module docstring;
+    ``shadow_mode``: every request passes, its limits counted all the same
+    (SHADOW_MODE); ``quota_mode``: every limit is a quota (QUOTA_MODE);
+    ``stats``: where the statistics go (a fresh `EnvoyStats` unless given)."""
 
     @classmethod
-    def load(
-        cls,
-        *paths: str | os.PathLike[str],
-        store: Store | None = None,
-        merge: bool = False,
-        count_denied: bool = True,
-        stats: EnvoyStats | None = None,
-    ) -> EnvoyConfig:
-        store = MemoryStore() if store is None else store
-        with _collector_paused():
-            files = parse_files(envoy_files(paths).files)
-            return cls(files, store, merge=merge, count_denied=count_denied, stats=stats)
-
-    @classmethod
-    def loads(
-        cls, *texts: str, store: Store | None = None, merge: bool = False,
-        count_denied: bool = True, stats: EnvoyStats | None = None,
-    ) -> EnvoyConfig:  # fmt: skip
-        store = MemoryStore() if store is None else store
-        files = parse_files((), texts)
-        return cls(files, store, merge=merge, count_denied=count_denied, stats=stats)
+    def _fresh_store(cls) -> Store:
+        return MemoryStore()
 
     def _limiter(self, rate: Rate, name: str) -> Limiter:
-        return Limiter(
-            rate, store=self.store, algorithm="fixed_window", name=name, on_failure="fail_open"
-        )
+        return Limiter(rate, store=self.store, **self._counting(name))
 
     def check(
         self,
@@ -356,63 +399,21 @@ class EnvoyConfig(_EnvoyCore[Limiter]):
         hits_addend: int = 1,
         overrides: Sequence[Override | None] | None = None,
     ) -> EnvoyResult:
-        cost = _cost(hits_addend)
-        limits = self.limits_for(domain, descriptors, overrides)
-        if self.count_denied:
-            calls = self._calls(limits)
-            return self._counted(limits, [c.hit(key, cost) for c, key in calls], cost)
-        enforced, shadow, blocked = self._tiers(limits, cost)
-        if blocked is not None:
-            return self._blocked(limits, blocked, cost)
-        decision, report = hit_tiers(enforced, shadow) if enforced or shadow else (None, None)
-        return self._tiered(limits, decision, report, cost)
+        plan = self._plan(domain, descriptors, hits_addend, overrides)
+        if plan.calls is not None:
+            return self._counted(plan, [c.hit(key, plan.cost) for c, key in plan.calls])
+        return self._tiered(plan, hit_tiers(*plan.tiers) if plan.tiers else (None, None))
 
 
-class AsyncEnvoyConfig(_EnvoyCore[AsyncLimiter]):
+class AsyncEnvoyConfig(_EnvoyCore[AsyncLimiter, AsyncStore]):
     """The asyncio twin of `EnvoyConfig`: ``await config.acheck(...)``."""
 
-    store: AsyncStore
-
-    def __init__(
-        self,
-        files: Sequence[tuple[EnvoyFile, Document]],
-        store: AsyncStore,
-        *,
-        merge: bool = False,
-        count_denied: bool = True,
-        shadow_mode: bool = False,
-        quota_mode: bool = False,
-        stats: EnvoyStats | None = None,
-    ) -> None:
-        self.store = store
-        super().__init__(
-            files, merge=merge, count_denied=count_denied, shadow_mode=shadow_mode,
-            quota_mode=quota_mode, stats=stats,
-        )  # fmt: skip
-
     @classmethod
-    def load(
-        cls,
-        *paths: str | os.PathLike[str],
-        store: AsyncStore | None = None,
-        merge: bool = False,
-        count_denied: bool = True,
-        shadow_mode: bool = False,
-        quota_mode: bool = False,
-        stats: EnvoyStats | None = None,
-    ) -> AsyncEnvoyConfig:
-        store = AsyncMemoryStore() if store is None else store
-        with _collector_paused():
-            return cls(
-                parse_files(envoy_files(paths).files), store, merge=merge,
-                count_denied=count_denied, shadow_mode=shadow_mode, quota_mode=quota_mode,
-                stats=stats,
-            )  # fmt: skip
+    def _fresh_store(cls) -> AsyncStore:
+        return AsyncMemoryStore()
 
     def _limiter(self, rate: Rate, name: str) -> AsyncLimiter:
-        return AsyncLimiter(
-            rate, store=self.store, algorithm="fixed_window", name=name, on_failure="fail_open"
-        )
+        return AsyncLimiter(rate, store=self.store, **self._counting(name))
 
     async def acheck(
         self,
@@ -421,16 +422,8 @@ class AsyncEnvoyConfig(_EnvoyCore[AsyncLimiter]):
         hits_addend: int = 1,
         overrides: Sequence[Override | None] | None = None,
     ) -> EnvoyResult:
-        cost = _cost(hits_addend)
-        limits = self.limits_for(domain, descriptors, overrides)
-        if self.count_denied:
-            calls = self._calls(limits)
-            answers = await asyncio.gather(*(c.hit(key, cost) for c, key in calls))
-            return self._counted(limits, answers, cost)
-        enforced, shadow, blocked = self._tiers(limits, cost)
-        if blocked is not None:
-            return self._blocked(limits, blocked, cost)
-        decision, report = (
-            await ahit_tiers(enforced, shadow) if enforced or shadow else (None, None)
-        )
-        return self._tiered(limits, decision, report, cost)
+        plan = self._plan(domain, descriptors, hits_addend, overrides)
+        if plan.calls is not None:
+            counting = (c.hit(key, plan.cost) for c, key in plan.calls)
+            return self._counted(plan, await asyncio.gather(*counting))
+        return self._tiered(plan, await ahit_tiers(*plan.tiers) if plan.tiers else (None, None))
