@@ -6,7 +6,8 @@ Its neighbours may import `connection` (a Redis URL turned into a client) and
 `scripts` (the Lua scripts loaded by SHA); the rest of this package is its own.
 """
 
-from ._store import AsyncRedisStore, RedisStore
+from ._astore import AsyncRedisStore
+from ._store import RedisStore
 from ._twotier import TwoTierSettings
 
 __all__ = ["AsyncRedisStore", "RedisStore", "TwoTierSettings"]

@@ -1,9 +1,15 @@
+# Generated from src/ratewarden/stores/redis/_astore.py by scripts/unasync.py:
+# edit that file, then run the script.
 """The Redis store: every algorithm as a Lua script, one round trip per check.
 
-Install with ``pip install ratewarden[redis]``. The scripts (see ``_scripts``)
+Install with ``pip install ratewarden[redis]``. The scripts (see ``scripts``)
 mirror the pure Python steps exactly; they read the Redis server's clock, so
 instances with skewed clocks agree. A test may pass a `Clock` instead, whose time
 is then sent with every call. Keys expire once their state is full again.
+
+What a check sends and what its reply means is planned in `_plan`, without I/O;
+the stores only make the calls. The asyncio store (`_astore`) is written by
+hand, the sync one (`_store`) written from it by scripts/unasync.py.
 """
 
 from __future__ import annotations
@@ -11,57 +17,48 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Unpack
 
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
+from redis.cluster import RedisCluster as ClusterClient
 
 from ..._clock import Clock, SystemClock
 from ..._decision import Decision
-from ..._errors import ConfigurationError, StoreError, StoreUnavailable
+from ..._errors import StoreError, StoreUnavailable
 from ..._rate import Rate
 from ...algorithms import Algorithm
-from ..base import AsyncBound, BindOptions, Bound, Check
+from ..base import BindOptions, Bound, Check
 from ..failure import Breaker, Instances, LocalFallback
-from ._atwotier_io import AsyncTwoTier
-from ._batcher import Batcher
 from ._plan import Answers, Limit, Many, plan_calls
-from ._syncwire import Wire
-from ._syncwire import usable as sync_usable
-from ._twotier import LocalLimit, TwoTierSettings
+from ._syncwire import Wire, usable
+from ._twotier import LocalLimit, TwoTierSettings, two_tier_settings
 from ._twotier_io import TwoTier
-from ._wire import AsyncWire, usable
 from .connection import FAILURES, check_raw_replies, connect, sentinels
-from .scripts import BATCH, Scripts
+from .scripts import Scripts
 
-__all__ = ["AsyncRedisStore", "RedisStore", "Scripts", "TwoTierSettings", "connect"]
-
-
-def _settings(two_tier: object) -> TwoTierSettings:
-    if two_tier is None:
-        return TwoTierSettings()
-    if not isinstance(two_tier, TwoTierSettings):
-        raise ConfigurationError(
-            f"two_tier takes TwoTierSettings(...), got {two_tier!r}; a limit counts in two"
-            " tiers when it is bound with two_tier=True (Limiter(..., two_tier=True))"
-        )
-    return two_tier
+__all__ = ["RedisStore"]
 
 
 class RedisStore:
     """A store in Redis, Redis Cluster or a Sentinel-watched Redis, from a URL (see
-    `connect`) or an existing ``redis.Redis`` / ``redis.RedisCluster`` client.
-    ``clock``: only for tests.
+    `connect`) or an existing client (``redis.Redis``,
+    ``redis.RedisCluster``). ``clock``: only for tests. `RedisStore` and
+    its asyncio twin take the same arguments (the asyncio one ``max_batch`` too),
+    run the same scripts and answer failures by the same policies.
 
     Built from a URL, the client connects and answers within ``timeout`` seconds
-    (default 50 ms) per step, which bounds how long a decision can take while
-    Redis is in trouble: a check is one round trip; a new connection adds its
-    connect (and AUTH or SELECT if the URL has them), a server that lost its
-    scripts one round trip more. (A round trip is timed as a whole on one server,
-    where the scripts go over connections of the store's own, see ``_syncwire``;
-    redis-py's sockets, elsewhere, time each read; `AsyncRedisStore` bounds the
-    whole check.) A client you pass keeps its own settings and carries every
-    command itself. A circuit breaker stops calling Redis for a moment after repeated
-    failures, so that a down server does not cost the timeout on every call, and
-    probes for its return.
+    (default 50 ms), which bounds how long a decision can take while Redis is in
+    trouble. `RedisStore` bounds each step: a check is one round trip; a new
+    connection adds its connect (and AUTH or SELECT if the URL has them), a server
+    that lost its scripts one round trip more. (A round trip is timed as a whole on
+    one server, where the scripts go over connections of the store's own, see
+    ``_syncwire``; redis-py's sockets, elsewhere, time each read.) The asyncio
+    twin answers each check within ``timeout`` of its call, connecting and
+    reloading scripts included, and coalesces concurrent checks into pipelines of
+    at most ``max_batch`` (see `Batcher`), so that one process is not held to one
+    round trip at a time; on one server it sends them over a connection of its
+    own instead of redis-py's pipeline, for a fraction of its CPU per round trip
+    (see ``_wire``). A client you pass keeps its own settings and carries every
+    command itself. A circuit breaker stops calling Redis for a moment after
+    repeated failures, so that a down server does not cost the timeout on every
+    call, and probes for its return.
 
     ``hit_many`` runs every tier of a request in one script call, atomically, when
     their keys share a cluster slot (always on a single Redis; in a cluster, give
@@ -87,19 +84,19 @@ class RedisStore:
     ) -> None:
         self._owns_client = isinstance(client, str)
         if isinstance(client, str):
-            client = connect(client, timeout)
+            client = connect(client, timeout, asynchronous=False)
         check_raw_replies(client)
         self.client = client
         # A client made here from a URL, on one plain server: the scripts go over
-        # connections of the store's own (see _syncwire); a client passed in stays
-        # untouched, every command through its own pool.
-        wire = Wire(client) if self._owns_client and sync_usable(client) else None
+        # connections of the store's own (see _wire, _syncwire); a client passed
+        # in stays untouched, every command through its own pool.
+        wire = Wire(client) if self._owns_client and usable(client) else None
         self.scripts = Scripts(client, wire)
         self.breaker = Breaker()
         self._test_clock = clock
         self.clock: Clock = SystemClock() if clock is None else clock  # for acquire's waits
-        self._keyslot = client.keyslot if isinstance(client, RedisCluster) else None
-        self._two_tier = _settings(two_tier)
+        self._keyslot = client.keyslot if isinstance(client, ClusterClient) else None
+        self._two_tier = two_tier_settings(two_tier)
         self._fallback = LocalFallback(instances, clock)
         self._local: TwoTier | None = None  # made by the first two-tier limit
 
@@ -114,10 +111,11 @@ class RedisStore:
         limit = Limit(algorithm, rate, options, self.breaker, self._test_clock)
         if options["on_failure"] == "local_fallback":
             limit.local = self._fallback.share(algorithm, rate, options)
-        call, script = self.scripts.call, limit.script
+        call = self.scripts.call
+        prepare, script = limit.request, limit.script
 
         def run(key: str, cost: int, mode: str) -> Decision:
-            request = limit.request(key, cost, mode)
+            request = prepare(key, cost, mode)
             if isinstance(request, Decision):
                 return request
             try:
@@ -132,10 +130,7 @@ class RedisStore:
             return run(key, cost, "peek")
 
         def reset(key: str) -> None:
-            try:
-                self.client.delete(limit.prefix + key)
-            except (*FAILURES, OSError) as exc:
-                raise StoreUnavailable(f"redis: {exc}") from exc
+            self._delete(limit.prefix + key)
 
         limit.hit = hit
         return Bound(hit, peek, reset, limit)
@@ -146,7 +141,8 @@ class RedisStore:
         if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
             limit, key, cost = checks[0]
             return limit.hit(key, cost)  # type: ignore[no-any-return]
-        return self._run(Many(checks))[0]  # type: ignore[return-value]
+        decision, _ = self._run(Many(checks))
+        return decision  # type: ignore[return-value]
 
     def hit_tiers(self, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
         if self._local is not None and any(type(c[0]) is LocalLimit for c in (*checks, *shadow)):
@@ -177,9 +173,10 @@ class RedisStore:
             return many.failed(exc)
 
     def _delete(self, key: str) -> None:
+        """DEL through the client (a reset is rare: no script, no pipeline)."""
         try:
             self.client.delete(key)
-        except (*FAILURES, OSError) as exc:
+        except (*FAILURES, OSError) as exc:  # a socket's own (asyncio's timeout is one)
             raise StoreUnavailable(f"redis: {exc}") from exc
 
     def close(self) -> None:
@@ -203,153 +200,3 @@ class RedisStore:
 
     def __repr__(self) -> str:
         return f"<RedisStore {self.client!r}>"
-
-
-class AsyncRedisStore:
-    """The asyncio twin of `RedisStore` (Redis or Redis Cluster): the same
-    scripts, limits and failure policy, and concurrent checks coalesced into
-    pipelines so that one process is not held to one round trip at a time.
-    ``hit_many`` works as `RedisStore`'s does, its script calls in the same
-    pipelines. Built from a URL of one server, the store sends them over a
-    connection of its own instead of redis-py's pipeline, for a fraction of its
-    CPU per round trip (see ``_wire``); `aclose` closes it. Built from a URL, each
-    check is answered within ``timeout`` of its call, connecting and reloading
-    scripts included (see `Batcher`)."""
-
-    def __init__(
-        self,
-        client: Any,
-        *,
-        timeout: float = 0.05,
-        clock: Clock | None = None,
-        max_batch: int = 128,
-        two_tier: TwoTierSettings | None = None,
-        instances: Instances = 1,
-    ) -> None:
-        if type(max_batch) is not int or max_batch < 1:
-            raise ConfigurationError(f"max_batch must be a positive integer, got {max_batch!r}")
-        self._owns_client = isinstance(client, str)
-        if isinstance(client, str):
-            client = connect(client, timeout, asynchronous=True)
-        check_raw_replies(client)
-        self.client = client
-        self.scripts = Scripts(client)
-        self.breaker = Breaker()
-        self._test_clock = clock
-        self.clock: Clock = SystemClock() if clock is None else clock
-        self._keyslot = client.keyslot if isinstance(client, AsyncRedisCluster) else None
-        self._two_tier = _settings(two_tier)
-        self._fallback = LocalFallback(instances, clock)
-        self._local: AsyncTwoTier | None = None  # made by the first two-tier limit
-        # A client made here from a URL, on one plain server: the checks go over a
-        # connection of the store's own (see _wire); a client passed in stays
-        # untouched, every command through its own pool.
-        wire = AsyncWire(client) if self._owns_client and usable(client) else None
-        # the timeout bounds each check only on a client made here (one passed in
-        # keeps its own settings)
-        deadline = timeout if self._owns_client else None
-        self._batcher = Batcher(client, self.scripts, max_batch, wire, deadline)
-
-    def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
-        if options.get("two_tier"):
-            if self._local is None:
-                self._local = AsyncTwoTier(
-                    self._batcher.submit, self._two_tier, self.breaker, self._test_clock,
-                    self._keyslot, fallback=self._fallback,
-                )  # fmt: skip
-            return self._local.bind(algorithm, rate, options, self.hit_many, self._delete)
-        limit = Limit(algorithm, rate, options, self.breaker, self._test_clock)
-        if options["on_failure"] == "local_fallback":
-            limit.local = self._fallback.share(algorithm, rate, options)
-        submit = self._batcher.submit
-        # One node: the checks of a loop turn go out as one _batch.lua call. A
-        # cluster's keys span slots, which one script call cannot: one call each.
-        prepare, script = (
-            (limit.batched, BATCH) if self._keyslot is None else (limit.request, limit.script)
-        )
-
-        async def run(key: str, cost: int, mode: str) -> Decision:
-            request = prepare(key, cost, mode)
-            if isinstance(request, Decision):
-                return request
-            try:
-                return limit.answer(await submit(script, 1, request))
-            except StoreError as exc:
-                return limit.failed(exc, key, cost, mode)
-
-        async def hit(key: str, cost: int = 1) -> Decision:
-            return await run(key, cost, "hit")
-
-        async def peek(key: str, cost: int = 1) -> Decision:
-            return await run(key, cost, "peek")
-
-        async def reset(key: str) -> None:
-            try:
-                await self.client.delete(limit.prefix + key)
-            except (*FAILURES, OSError) as exc:
-                raise StoreUnavailable(f"redis: {exc}") from exc
-
-        limit.hit = hit
-        return AsyncBound(hit, peek, reset, limit)
-
-    async def hit_many(self, checks: Sequence[Check]) -> Decision:
-        if self._local is not None and any(type(c[0]) is LocalLimit for c in checks):
-            return await self._local.hit_many(checks, self.hit_many)
-        if len(checks) == 1:  # one tier: its algorithm's own script, as hit() runs it
-            limit, key, cost = checks[0]
-            return await limit.hit(key, cost)  # type: ignore[no-any-return]
-        return (await self._run(Many(checks)))[0]  # type: ignore[return-value]
-
-    async def hit_tiers(self, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
-        if self._local is not None and any(type(c[0]) is LocalLimit for c in (*checks, *shadow)):
-            decision = await self.hit_many(checks) if checks else None
-            if not shadow or (decision is not None and not decision.allowed):
-                return decision, None
-            return decision, await self.hit_many(shadow)
-        if not shadow:
-            return (await self.hit_many(checks) if checks else None), None
-        return await self._run(Many(checks, shadow))
-
-    async def _run(self, many: Many) -> Answers:
-        plan = plan_calls(many, self._keyslot)
-        submit = self._batcher.submit
-        try:
-            request = next(plan)
-            while True:
-                try:
-                    result = await submit(*request)
-                except StoreError as exc:  # the plan decides what a failure means
-                    request = plan.throw(exc)
-                else:
-                    request = plan.send(result)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        except StoreError as exc:
-            return many.failed(exc)
-
-    async def _delete(self, key: str) -> None:
-        try:
-            await self.client.delete(key)
-        except (*FAILURES, OSError) as exc:
-            raise StoreUnavailable(f"redis: {exc}") from exc
-
-    async def aclose(self) -> None:
-        """Close the connections, if this store made its client from a URL, after a
-        last sync of the two-tier limits' hits."""
-        if self._local is not None:
-            await self._local.aclose()
-        if self._batcher.wire is not None:
-            await self._batcher.wire.aclose()
-        if self._owns_client:
-            await self.client.aclose()
-            for sentinel in sentinels(self.client):
-                await sentinel.aclose()
-
-    async def __aenter__(self) -> AsyncRedisStore:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        return f"<AsyncRedisStore {self.client!r}>"

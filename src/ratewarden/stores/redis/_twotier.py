@@ -42,7 +42,7 @@ from ..base import BindOptions
 from ..failure import Share
 from .scripts import EXACT, STEP_IDS, pack, redis_params
 
-__all__ = ["EXACT_CHECK", "Entry", "LocalLimit", "TwoTierSettings"]
+__all__ = ["EXACT_CHECK", "Entry", "LocalLimit", "TwoTierSettings", "two_tier_settings"]
 
 INF = math.inf
 SUPPORTED = ("fixed_window", "sliding_window_counter", "bucket")
@@ -83,6 +83,18 @@ class TwoTierSettings:
                 raise ConfigurationError(f"{name} must be a fraction in (0, 1], got {value!r}")
         if type(self.max_keys) is not int or self.max_keys < 1:
             raise ConfigurationError(f"max_keys must be a positive integer, got {self.max_keys!r}")
+
+
+def two_tier_settings(two_tier: object) -> TwoTierSettings:
+    """A Redis store's ``two_tier`` argument: its settings, or the defaults."""
+    if two_tier is None:
+        return TwoTierSettings()
+    if not isinstance(two_tier, TwoTierSettings):
+        raise ConfigurationError(
+            f"two_tier takes TwoTierSettings(...), got {two_tier!r}; a limit counts in two"
+            " tiers when it is bound with two_tier=True (Limiter(..., two_tier=True))"
+        )
+    return two_tier
 
 
 class Entry:
