@@ -20,18 +20,19 @@ With a Redis store they are in Redis and every instance on it applies them
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
 import msgspec
 
+from .._errors import ConfigurationError
+from ..rules.overrides import MAX_BY, AuditEntry, RuntimeOverride, UnknownRule, check_text
+from ._refusals import NotFound, Unprocessable
 from ._request import HTTPError, parse, scan_duplicates, tail
 
 if TYPE_CHECKING:
     from ._service import Service
-from urllib.parse import parse_qs
-
-from .._errors import ConfigurationError
-from ..rules.overrides import MAX_BY, AuditEntry, RuntimeOverride, UnknownRule, check_text
 
 __all__ = [
     "LoadRequest",
@@ -41,7 +42,9 @@ __all__ = [
     "clear_override",
     "list_overrides",
     "load_openapi_paths",
+    "override_list",
     "override_openapi_paths",
+    "overrides_shared",
     "set_load",
     "set_override",
 ]
@@ -80,7 +83,33 @@ async def set_load(service: Service, scope: Any, body: bytes) -> bytes:
         raise HTTPError(400, "no signal named: PUT /v1/load/{signal}")
     request: LoadRequest = parse(_decode_load, body)
     scan_duplicates(body)
-    return _encode(service.set_load(signal, request.value))
+    return _encode(_set_load(service, signal, request.value))
+
+
+def _set_load(service: Service, signal: str, value: object) -> dict[str, Any]:
+    """Feed the load signal to this process's engine alone, as the load is this
+    process's (see `ratewarden._adaptive`); what the adaptive limits reading it
+    are now. `NotFound` for a signal no rule reads, `Unprocessable` for a value
+    that is not a finite number."""
+    engine = service.engine
+    if signal not in engine.ruleset.signals:
+        read = ", ".join(sorted(engine.ruleset.signals)) or "none"
+        raise NotFound(f"no rule reads the load signal {signal[:100]!r} (the rules read: {read})")
+    if type(value) is bool or not isinstance(value, int | float) or not math.isfinite(value):
+        raise Unprocessable(f"a load signal's value is a finite number, got {value!r}")
+    engine.set_load(signal, float(value))
+    readers = {
+        spec.name
+        for r in engine.ruleset.rules
+        if r.rule.adaptive is not None and r.rule.adaptive.signal == signal
+        for spec in r.limits
+    }
+    limits = {
+        name: {"limit": full, "effective_limit": effective}
+        for name, (full, effective) in engine.effective_limits().items()
+        if name in readers
+    }
+    return {"signal": signal, "value": float(value), "limits": limits, "shared": False}
 
 
 def load_openapi_paths(problem: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -174,8 +203,22 @@ def _rule(scope: Any) -> str:
     return rule
 
 
+def overrides_shared(service: Service) -> bool:
+    """True when overrides live in the store, for every instance on it."""
+    source = service.engine.overrides_source
+    return source is not None and source.shared
+
+
+async def override_list(service: Service) -> OverrideList:
+    """The overrides in force and the last 100 changes."""
+    engine = service.engine
+    overrides = await engine.alist_overrides()
+    audit = await engine.aoverride_audit(100)
+    return OverrideList(overrides, audit, overrides_shared(service))
+
+
 async def list_overrides(service: Service) -> bytes:
-    return _encode(await service.override_list())
+    return _encode(await override_list(service))
 
 
 async def set_override(service: Service, scope: Any, body: bytes) -> bytes:
@@ -191,7 +234,7 @@ async def set_override(service: Service, scope: Any, body: bytes) -> bytes:
         raise HTTPError(404, str(exc)) from None
     except ConfigurationError as exc:
         raise HTTPError(422, str(exc)) from None
-    return _encode(OverrideSet(override, service.overrides_shared))
+    return _encode(OverrideSet(override, overrides_shared(service)))
 
 
 async def clear_override(service: Service, scope: Any) -> bytes:
@@ -206,7 +249,7 @@ async def clear_override(service: Service, scope: Any) -> bytes:
         removed = await service.engine.aclear_override(rule, reason=reason, by=_who(scope, by))
     except ConfigurationError as exc:
         raise HTTPError(422, str(exc)) from None
-    return _encode(OverrideCleared(rule, removed, service.overrides_shared))
+    return _encode(OverrideCleared(rule, removed, overrides_shared(service)))
 
 
 def override_openapi_paths(problem: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

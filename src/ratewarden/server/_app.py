@@ -44,10 +44,12 @@ import msgspec
 
 from .._errors import ConfigurationError, StoreError
 from . import _admin_api as admin
+from ._admin import describe, reset
 from ._dashboard import Dashboard
 from ._metrics import CONTENT_TYPE_LATEST
 from ._openapi import openapi
 from ._quotas import MAX_LISTED, summary
+from ._readiness import store_problem
 from ._refusals import InvalidRequest
 from ._request import (
     AUTH_METHODS,
@@ -265,7 +267,7 @@ class App:
         return 200, _JSON, _encode(BatchResult(results))
 
     async def _rules(self, scope: Scope, receive: Receive) -> _Answer:
-        return 200, _JSON, _encode(self.service.describe())
+        return 200, _JSON, _encode(describe(self.service))
 
     async def _reload(self, scope: Scope, receive: Receive) -> _Answer:
         try:
@@ -284,7 +286,7 @@ class App:
         if not key:
             raise HTTPError(400, "no key given: DELETE /v1/keys/{key}")
         rule = query.get("rule", [None])[-1]
-        count = await self.service.reset(key, rule)
+        count = await reset(self.service, key, rule)
         return 200, _JSON, _encode({"key": key, "limits_reset": count})
 
     def _quota_reader(self) -> QuotaReader:
@@ -341,13 +343,14 @@ class App:
     async def _ready(self, scope: Scope, receive: Receive) -> _Answer:
         if self.service.draining:
             return 503, _JSON, _encode({"status": "draining"})
-        problem = await self.service.ready()
+        problem = await store_problem(self.service.store)
         if problem is not None:
             return 503, _JSON, _encode({"status": problem})
         return 200, _JSON, b'{"status":"ready"}'
 
     async def _metrics(self, scope: Scope, receive: Receive) -> _Answer:
-        quotas = await self.service.quota_gauges()
+        reader = self.service.quotas
+        quotas = () if reader is None else await reader.gauges()
         body = self.service.metrics.exposition(quotas)
         return 200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], body
 

@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._errors import RatewardenError
+from ._admin_api import override_list
 from ._quotas import summary
+from ._readiness import store_problem
 from ._request import HTTPError
 
 if TYPE_CHECKING:
@@ -214,7 +216,7 @@ class Dashboard:
         """The parts of an event every stream shares (the rules aside)."""
         service = self.service
         health, quotas, overrides = await asyncio.gather(
-            _within(service.ready(), "the store's health"),
+            _within(store_problem(service.store), "the store's health"),
             _within(self._quotas(), "the fleet quotas"),
             _within(self._overrides(), "the overrides"),
         )
@@ -279,11 +281,8 @@ class Dashboard:
             shown.append(figures)
         return {"quotas": shown, "truncated": truncated}
 
-    async def _overrides(self) -> dict[str, Any] | None:
-        listing = getattr(self.service, "override_list", None)
-        if listing is None:
-            return None  # a service without runtime overrides
-        answer: dict[str, Any] = msgspec.to_builtins(await listing())
+    async def _overrides(self) -> dict[str, Any]:
+        answer: dict[str, Any] = msgspec.to_builtins(await override_list(self.service))
         overrides = answer.get("overrides", [])
         answer["overrides"] = overrides[:MAX_OVERRIDES]
         answer["more"] = max(len(overrides) - MAX_OVERRIDES, 0)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from ..fleet import QuotaStatus
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Sequence
 
 from .._errors import ConfigurationError, StoreError, StoreUnavailable
 from ..fleet import QuotaStatus, alist_quotas, ashow_quota
@@ -43,6 +44,8 @@ __all__ = [
     "QuotaSummary",
     "summary",
 ]
+
+log = logging.getLogger("ratewarden.server")
 
 # Resources read for one listing, and for one /metrics scrape (a script call each).
 MAX_LISTED = 1000
@@ -138,6 +141,16 @@ class QuotaReader:
                 if status is not None:
                     statuses.append(status)
         return statuses, len(names) > limit
+
+    async def gauges(self) -> Sequence[QuotaStatus]:
+        """The fleet quotas a /metrics scrape exports: none when Redis fails,
+        rather than a failed scrape."""
+        try:
+            statuses, _ = await self.read(MAX_SCRAPED)
+        except StoreError as exc:
+            log.warning("fleet quota gauges left out of /metrics: %s", exc)
+            return ()
+        return statuses
 
     def __repr__(self) -> str:
         return f"<QuotaReader {self.client!r} deadline={self.deadline:g}s>"

@@ -1,37 +1,34 @@
-"""`Service`: the rule engine, the envoy configuration, the store and the metrics
-that both front ends (HTTP and gRPC) call. Each check is one engine call.
+"""`Service`: what both front ends (HTTP and gRPC) serve, wired together: the
+rule engine on the store, the envoy configuration and its statistics, the
+metrics, the dashboard's figures and, with Redis, the fleet quota reader.
+
+Reloading is `_reload`'s, the admin operations `_admin`'s and `_admin_api`'s.
+Each check is one engine call.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigurationError, RatewardenError, StoreError
-from .._limiter import AsyncLimiter
+from .._errors import ConfigurationError, StoreError
 from ..envoy import EnvoyOptions
-from ..envoy import envoy_files as list_envoy_files
 from ..rules import (
-    AsyncEnvoyConfig,
     AsyncRuleEngine,
     EnvoyResult,
     EnvoyStats,
     Outcome,
     Override,
     RuleSet,
-    load,
 )
 from ..stores import AsyncStore
-from ._admin_api import OverrideList
+from . import _admin, _reload
 from ._dashstats import DashboardStats
 from ._metrics import Metrics
-from ._quotas import MAX_SCRAPED
-from ._refusals import InvalidRequest, NotFound, Unprocessable
+from ._refusals import InvalidRequest, Unprocessable
 from ._shapes import (
     CheckRequest,
     CheckResult,
@@ -47,7 +44,6 @@ from ._shapes import (
 
 if TYPE_CHECKING:
     from ..envoy import EnvoyWatcher
-    from ..fleet import QuotaStatus
     from ._quotas import QuotaReader
 
 __all__ = ["Service"]
@@ -82,7 +78,7 @@ class Service:
         self.envoy_options = EnvoyOptions() if envoy_options is None else envoy_options
         # one set of counters for the process: a reload keeps them counting
         self.envoy_stats = EnvoyStats(near_limit_ratio=self.envoy_options.near_limit_ratio)
-        self.envoy = self._load_envoy()
+        self.envoy = _reload.load_envoy(self)
         if self.envoy is not None and domain in self.envoy.domains:
             raise ConfigurationError(
                 f"domain {domain!r} is both the rules' domain and in an envoy config file;"
@@ -101,20 +97,6 @@ class Service:
             from ._quotas import QuotaReader  # noqa: PLC0415 - the redis extra
 
             self.quotas = QuotaReader(client)
-
-    def _load_envoy(self) -> AsyncEnvoyConfig | None:
-        """The envoy files as they are now (None without any); files a directory
-        holds that are not YAML are logged, never silently passed over."""
-        if not self.envoy_files:
-            return None
-        found = list_envoy_files(self.envoy_files)
-        for path in found.ignored:
-            log.warning("envoy config: %s is not a .yaml/.yml file: not loaded", path)
-        o = self.envoy_options
-        return AsyncEnvoyConfig.load(
-            *found.files, store=self.store, merge=o.merge, count_denied=o.count_denied,
-            shadow_mode=o.shadow_mode, quota_mode=o.quota_mode, stats=self.envoy_stats,
-        )  # fmt: skip
 
     # -- checks ---------------------------------------------------------------
 
@@ -241,47 +223,17 @@ class Service:
         if denied is not None or shadow_denied is not None:
             self.dashboard.limited(outcome, denied, shadow_denied)
 
-    # -- admin ----------------------------------------------------------------
+    # -- configuration ------------------------------------------------------------
 
     async def reload(self) -> dict[str, Any]:
         """Load the rule file (and envoy files) again; a bad file raises
         `ConfigurationError` and leaves everything in force as it was."""
-        engine = self.engine
-        try:
-            if engine.path is None:
-                raise ConfigurationError("the rules were given in memory: no file to reload")
-            # compiling 10,000 rules takes seconds: not on the event loop. Both files
-            # load before either goes in force: a bad envoy file keeps the old rules.
-            ruleset = await asyncio.to_thread(load, engine.path)
-            envoy = await asyncio.to_thread(self._load_envoy)
-        except ConfigurationError as exc:
-            engine.last_error = exc
-            self.metrics.reloads.labels("failed").inc()
-            self.dashboard.reload_done(str(exc))
-            raise
-        engine.use(ruleset)
-        engine.last_error = None
-        for warning in ruleset.warnings:
-            log.warning("%s", warning)
-        if envoy is not None:
-            self.envoy = envoy  # the same limiter names and keys: counters carry on
-        self.metrics.reloads.labels("ok").inc()
-        self.dashboard.reload_done(None)
-        self.metrics.rules.set(len(ruleset))
-        log.info("rules reloaded: %d rules", len(ruleset))
-        return {"reloaded": True, "rules": len(ruleset), "warnings": list(ruleset.warnings)}
+        return await _reload.reload(self)
 
     async def reload_envoy(self) -> None:
         """Load the envoy files again (not the rules); a bad file raises
         `ConfigurationError` and the configuration in force stays."""
-        try:
-            envoy = await asyncio.to_thread(self._load_envoy)
-        except ConfigurationError:
-            self.metrics.reloads.labels("failed").inc()
-            raise
-        self.envoy = envoy
-        self.metrics.reloads.labels("ok").inc()
-        log.info("envoy config reloaded: domains %s", sorted(envoy.domains) if envoy else [])
+        await _reload.reload_envoy(self)
 
     def envoy_watcher(self, interval: float) -> EnvoyWatcher:
         """A watcher reloading the envoy files when they change (`EnvoyWatcher`)."""
@@ -289,127 +241,11 @@ class Service:
 
         return EnvoyWatcher(self, interval)
 
-    async def reset(self, key: str, rule: str | None = None) -> int:
-        """Forget ``key`` in every limit (of ``rule``, if named); how many limits."""
-        ruleset = self.engine.ruleset
-        if rule is not None and rule not in ruleset.by_name:
-            domain_paths = {name for name, _ in self._envoy_limiters()}
-            if rule not in domain_paths:
-                raise NotFound(f"no rule named {rule!r}")
-        count = 0
-        for spec in ruleset.limits:
-            if rule is not None and ruleset.by_limit_name[spec.name].name != rule:
-                continue
-            # the same name and limit on the same store: the engine's counters
-            limiter = AsyncLimiter(
-                spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
-                refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
-            )  # fmt: skip
-            await limiter.reset(key)
-            count += 1
-        for path, limiter in self._envoy_limiters():
-            if rule is None or rule == path:
-                await limiter.reset(key)
-                count += 1
-        return count
-
-    def _envoy_limiters(self) -> list[tuple[str, AsyncLimiter]]:
-        if self.envoy is None:
-            return []
-        return [(lim.name or "", lim) for lim in self.envoy.limiters]
-
-    async def quota_gauges(self) -> Sequence[QuotaStatus]:
-        """The fleet quotas a /metrics scrape exports: none without Redis, and
-        none when Redis fails, rather than a failed scrape."""
-        if self.quotas is None:
-            return ()
-        try:
-            statuses, _ = await self.quotas.read(MAX_SCRAPED)
-        except StoreError as exc:
-            log.warning("fleet quota gauges left out of /metrics: %s", exc)
-            return ()
-        return statuses
-
-    async def ready(self) -> str | None:
-        """None when the store answers; else why not."""
-        client = getattr(self.store, "client", None)
-        if client is None:
-            return None  # the memory store is always there
-        try:
-            await asyncio.wait_for(client.ping(), timeout=1.0)
-        except (OSError, TimeoutError, RatewardenError) as exc:
-            return f"store unreachable: {exc!r}"
-        except Exception as exc:
-            return f"store unreachable: {exc!r}"
-        return None
-
     def describe(self) -> dict[str, Any]:
-        ruleset = self.engine.ruleset
-        rules = [
-            {
-                "name": r.name,
-                "group": r.group,
-                "priority": r.priority,
-                "action": r.action,
-                "by": list(r.by),
-                "rates": [str(s.file_rate) for s in r.limits],
-                "algorithm": r.limits[0].algorithm,
-                "description": r.rule.description,
-            }
-            for r in ruleset.rules
-        ]
-        envoy = [] if self.envoy is None else sorted(self.envoy.domains)
-        return {
-            "source": ruleset.source,
-            "domain": self.domain,
-            "rules": rules,
-            "envoy_domains": envoy,
-            "store": type(self.store).__name__,
-        }
+        """The rules in force, as ``GET /v1/rules`` shows them."""
+        return _admin.describe(self)
 
-    # -- adaptive limits -----------------------------------------------------------
-
-    def set_load(self, signal: str, value: object) -> dict[str, Any]:
-        """Feed a load signal (``PUT /v1/load/{signal}``): this process's engine
-        alone, as the load is this process's (see `ratewarden._adaptive`). What the
-        adaptive limits reading it are now; `NotFound` for a signal no rule reads,
-        `Unprocessable` for a value that is not a finite number."""
-        engine = self.engine
-        if signal not in engine.ruleset.signals:
-            read = ", ".join(sorted(engine.ruleset.signals)) or "none"
-            raise NotFound(
-                f"no rule reads the load signal {signal[:100]!r} (the rules read: {read})"
-            )
-        if type(value) is bool or not isinstance(value, int | float) or not math.isfinite(value):
-            raise Unprocessable(f"a load signal's value is a finite number, got {value!r}")
-        engine.set_load(signal, float(value))
-        readers = {
-            spec.name
-            for r in engine.ruleset.rules
-            if r.rule.adaptive is not None and r.rule.adaptive.signal == signal
-            for spec in r.limits
-        }
-        limits = {
-            name: {"limit": full, "effective_limit": effective}
-            for name, (full, effective) in engine.effective_limits().items()
-            if name in readers
-        }
-        return {"signal": signal, "value": float(value), "limits": limits, "shared": False}
-
-    # -- runtime overrides -------------------------------------------------------
-
-    @property
-    def overrides_shared(self) -> bool:
-        """True when overrides live in the store, for every instance on it."""
-        source = self.engine.overrides_source
-        return source is not None and source.shared
-
-    async def override_list(self) -> OverrideList:
-        """The overrides in force and the last 100 changes (`/v1/overrides`)."""
-        engine = self.engine
-        overrides = await engine.alist_overrides()
-        audit = await engine.aoverride_audit(100)
-        return OverrideList(overrides, audit, self.overrides_shared)
+    # -- the lifetime -------------------------------------------------------------
 
     async def start(self) -> None:
         """Put the store's overrides in force before the first request and follow
