@@ -16,19 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._app import App, auth_attributes, openapi
+    from ._check_json import outcome_result
     from ._process import run
     from ._quotas import MAX_LISTED, summary
     from ._refusals import InvalidRequest
     from ._serve import ServeOptions, add_arguments, options_from
     from ._service import Service
-    from ._shapes import (
-        BatchRequest,
-        BatchResult,
-        CheckRequest,
-        CheckResult,
-        DescriptorStatus,
-        outcome_result,
-    )
+    from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, DescriptorStatus
 
 # Imported on first use, so that `ratewarden serve --help` and `ratewarden demo`
 # do not pay for the rule engine, prometheus-client and uvicorn at start-up.
@@ -38,7 +32,7 @@ _WHERE = {
     "CheckResult": "_shapes", "DescriptorStatus": "_shapes",
     "ServeOptions": "_serve", "add_arguments": "_serve", "options_from": "_serve",
     "run": "_process", "InvalidRequest": "_refusals", "Service": "_service",
-    "MAX_LISTED": "_quotas", "summary": "_quotas", "outcome_result": "_shapes",
+    "MAX_LISTED": "_quotas", "summary": "_quotas", "outcome_result": "_check_json",
 }  # fmt: skip
 
 

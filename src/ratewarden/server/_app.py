@@ -45,6 +45,8 @@ import msgspec
 from .._errors import ConfigurationError, StoreError
 from . import _admin_api as admin
 from ._admin import describe, reset
+from ._check_json import check_of, check_result
+from ._checks import AttributesCheck, decide
 from ._dashboard import Dashboard
 from ._metrics import CONTENT_TYPE_LATEST
 from ._openapi import openapi
@@ -245,22 +247,23 @@ class App:
         request: CheckRequest = parse(_decode_check, body)
         if body.count(b":") != least_members(request):  # what _refuse_duplicates tries first
             refuse_duplicates(body, (request,), 0)
-        result = await self.service.check(request)
-        return 200, _JSON, _encode(result)
+        verdict = await decide(self.service, check_of(request))
+        return 200, _JSON, _encode(check_result(verdict))
 
     async def _batch(self, scope: Scope, receive: Receive) -> _Answer:
         body = await self._body(scope, receive)
         batch: BatchRequest = parse(_decode_batch, body)
         refuse_duplicates(body, batch.checks, 1)
+        checks = []
         for n, request in enumerate(batch.checks):  # all valid, or nothing counts
             try:
-                self.service.validate(request)
+                checks.append(check_of(request))
             except InvalidRequest as exc:
                 raise type(exc)(f"checks[{n}]: {exc}") from None
         results: list[CheckResult] = []
-        for request in batch.checks:  # in order: a batch counts as its checks would
+        for check in checks:  # in order: a batch counts as its checks would
             try:
-                results.append(await self.service.check(request))
+                results.append(check_result(await decide(self.service, check)))
             except InvalidRequest as exc:
                 error = type(exc)(f"checks[{len(results)}]: {exc}")
                 raise error from None
@@ -364,7 +367,7 @@ class App:
         client = scope.get("client")
         attributes = auth_attributes(scope["headers"], None if client is None else client[0])
         # a gateway holds the request while a delay rule waits; it cannot wait itself
-        outcome = await self.service.check_attributes(attributes, wait=True)
+        outcome = (await decide(self.service, AttributesCheck(attributes), wait=True)).outcome
         headers = [(k.lower().encode(), v.encode()) for k, v in outcome.headers()]
         if outcome.allowed:
             return 200, headers, b""

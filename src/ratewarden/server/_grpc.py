@@ -28,14 +28,15 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from .._errors import ConfigurationError, StoreError
-from ..envoy import OVERRIDE_UNITS
+from ..envoy import OVERRIDE_UNITS, EnvoyResult, Override
 from ..envoy.service import dynamic_metadata
-from ..rules import Override
+from ._checks import decide, descriptors_check
 from ._connection_limits import ConnectionLimits
 from ._refusals import InvalidRequest
 from ._serve import parse_address
 from ._service import Service
-from ._shapes import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES, CheckResult
+from ._shapes import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES
+from ._verdict import Verdict, allowed, answer_headers, descriptor_statuses
 from .h2 import Call, GrpcError, H2Server, Metadata, Method, Status
 
 __all__ = ["SERVICE_NAME", "GrpcServer", "messages", "parse_tls"]
@@ -106,6 +107,8 @@ def messages() -> dict[str, Any]:
 
 # envoy's RateLimit.Unit for a period in seconds (a period that is none of them: 0)
 _UNITS = {1: 1, 60: 2, 3600: 3, 86400: 4, 30 * 86400: 5, 365 * 86400: 6, 7 * 86400: 7}
+_OK, _OVER_LIMIT = 1, 2  # RateLimitResponse.Code
+_UINT32 = 2**32 - 1
 
 
 class _RateLimitService:
@@ -147,40 +150,40 @@ class _RateLimitService:
         if cost > MAX_COST:
             raise GrpcError(Status.INVALID_ARGUMENT, f"hits_addend above {MAX_COST}")
         try:
-            result, answer = await self.service.check_envoy(
-                request.domain, entries, cost, overrides
-            )
+            check = descriptors_check(request.domain, entries, cost, overrides,
+                                      rules_domain=self.service.domain)  # fmt: skip
+            verdict = await decide(self.service, check)
         except InvalidRequest as exc:
             raise GrpcError(Status.INVALID_ARGUMENT, str(exc)) from None
         except StoreError as exc:  # a limit whose failure policy is "raise"
             self.service.metrics.store_errors.inc()
             raise GrpcError(Status.UNAVAILABLE, str(exc)) from None
-        response = self._response(result)
-        if answer is not None and self.service.envoy_options.dynamic_metadata:
+        response = self._response(verdict)
+        if isinstance(verdict, EnvoyResult) and self.service.envoy_options.dynamic_metadata:
             each = [d.hits_addend.value if d.HasField("hits_addend") else None
                     for d in descriptors]  # fmt: skip
-            shown = dynamic_metadata(request.domain, entries, overrides, answer,
+            shown = dynamic_metadata(request.domain, entries, overrides, verdict,
                                      addends=each, hits_addend=request.hits_addend)  # fmt: skip
             response.dynamic_metadata.update(shown)
         reply: bytes = response.SerializeToString()
         self._observe("grpc", time.perf_counter() - started)
         return reply
 
-    def _response(self, result: CheckResult) -> Any:
-        response = self.Response(overall_code=1 if result.allowed else 2)
-        for status in result.statuses or ():
-            out = response.statuses.add(code=1 if status.code == "OK" else 2)
-            if status.requests_per_unit is not None:
-                out.current_limit.requests_per_unit = min(status.requests_per_unit, 2**32 - 1)
+    def _response(self, verdict: Verdict) -> Any:
+        response = self.Response(overall_code=_OK if allowed(verdict) else _OVER_LIMIT)
+        for status in descriptor_statuses(verdict) or ():
+            out = response.statuses.add(code=_OVER_LIMIT if status.over else _OK)
+            if status.per_unit is not None:
+                out.current_limit.requests_per_unit = min(status.per_unit, _UINT32)
                 out.current_limit.unit = _UNITS.get(status.unit_seconds or 0, 0)
-                out.current_limit.name = status.limit or ""
-                out.limit_remaining = min(status.remaining or 0, 2**32 - 1)
+                out.current_limit.name = status.name or ""
+                out.limit_remaining = min(status.remaining or 0, _UINT32)
                 if status.reset_after is not None:
                     out.duration_until_reset.seconds = math.ceil(status.reset_after)
             elif status.remaining is not None:  # an unlimited limit
-                out.limit_remaining = min(status.remaining, 2**32 - 1)
+                out.limit_remaining = min(status.remaining, _UINT32)
         # Envoy adds these to the client's response, allowed or not
-        for name, value in result.headers.items():
+        for name, value in answer_headers(verdict).items():
             response.response_headers_to_add.add(key=name.lower(), value=value)
         return response
 

@@ -1,0 +1,148 @@
+"""The HTTP API's checks in JSON: a decoded `CheckRequest` read into a `Check`
+(`check_of`, where everything about it that can be wrong is refused), and a
+`Verdict` written as a `CheckResult` (`check_result`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._decision import Decision
+from ..envoy import EnvoyResult
+from ..rules import Outcome
+from ._checks import AttributesCheck, Check, DescriptorsCheck
+from ._refusals import InvalidRequest, Unprocessable
+from ._shapes import AttributeValue, CheckRequest, CheckResult, Descriptor, DescriptorStatus, Shadow
+from ._verdict import (
+    LimitStatus,
+    RulesVerdict,
+    Verdict,
+    answer_headers,
+    descriptor_statuses,
+    finite,
+    rules_headers,
+)
+
+__all__ = ["attribute_problem", "check_of", "check_result", "envoy_result", "outcome_result"]
+
+
+# -- the request ---------------------------------------------------------------------
+
+
+def check_of(request: CheckRequest) -> Check:
+    """The check a decoded request asks for; `InvalidRequest` (or `Unprocessable`)
+    for what its types could not refuse. A batch reads every check before
+    counting any."""
+    cost = request.cost
+    if not float(cost).is_integer():  # the decoder has held it to 1..MAX_COST
+        raise InvalidRequest(f"cost must be a whole number, got {cost!r}")
+    if request.attributes is not None:
+        if request.domain is not None or request.descriptors is not None:
+            raise InvalidRequest("give either attributes or domain + descriptors, not both")
+        problem = attribute_problem(request.attributes)
+        if problem is not None:
+            raise Unprocessable(problem)
+        return AttributesCheck(request.attributes, int(cost))
+    if request.domain is None or request.descriptors is None:
+        raise InvalidRequest("give attributes, or a domain and at least one descriptor")
+    entries = [[(e.key, e.value) for e in d.entries] for d in request.descriptors]
+    if not entries or any(not e for e in entries):
+        raise InvalidRequest("a check needs descriptors, each with at least one entry")
+    overrides = _overrides(request.descriptors)
+    return DescriptorsCheck(request.domain, entries, int(cost), overrides)
+
+
+def attribute_problem(attributes: dict[str, AttributeValue]) -> str | None:
+    """What the decoder's types cannot say: an object is ``headers``' value and
+    no other attribute's. None when the attributes are fine."""
+    for value in attributes.values():  # the usual case, all strings, in a few steps
+        if type(value) is not str:
+            break
+    else:
+        if "headers" not in attributes:
+            return None
+    for name, value in attributes.items():
+        if type(value) is dict:
+            if name != "headers":
+                return f"attribute {name!r} must be a string (or null), not an object"
+        elif name == "headers" and value is not None:
+            return "attribute 'headers' must be an object of strings (lower-case names)"
+    return None
+
+
+def _overrides(descriptors: Sequence[Descriptor]) -> list[tuple[int, str] | None] | None:
+    """The descriptors' limit overrides (None without any)."""
+    if all(d.limit is None for d in descriptors):
+        return None
+    out: list[tuple[int, str] | None] = []
+    for d in descriptors:
+        if d.limit is None:
+            out.append(None)
+            continue
+        per_unit = d.limit.requests_per_unit
+        if not float(per_unit).is_integer():
+            raise InvalidRequest(f"requests_per_unit must be a whole number, got {per_unit!r}")
+        out.append((int(per_unit), d.limit.unit))
+    return out
+
+
+# -- the answer ----------------------------------------------------------------------
+
+
+def check_result(verdict: Verdict) -> CheckResult:
+    """The verdict as the API answers it."""
+    if not isinstance(verdict, RulesVerdict):
+        return envoy_result(verdict)
+    result = outcome_result(verdict.outcome)
+    statuses = descriptor_statuses(verdict)
+    if statuses is not None:
+        result.statuses = _statuses(statuses)
+    return result
+
+
+def outcome_result(outcome: Outcome) -> CheckResult:
+    """The rule engine's `Outcome` as the API answers it."""
+    decision = outcome.decision
+    limit, remaining, reset = _counts(decision)
+    rule = outcome.rule.name if outcome.rule is not None else None
+    if rule is None and decision is not None and not decision.allowed:
+        rule = decision.rule
+    response = outcome.response
+    body = response.body if outcome.action == "shadow_ban" and response is not None else None
+    shadow = outcome.shadow
+    return CheckResult(
+        outcome.allowed, outcome.action, outcome.status, rule, limit, remaining, reset,
+        finite(outcome.retry_after), outcome.wait, decision is not None and decision.degraded,
+        rules_headers(outcome), None if shadow is None else Shadow(shadow.allowed, shadow.rule),
+        body=body, degrade=outcome.degrade,
+    )  # fmt: skip
+
+
+def envoy_result(result: EnvoyResult) -> CheckResult:
+    """An envoy domain's answer: 429 when over the limit."""
+    decision = result.decision
+    limit, remaining, reset = _counts(decision)
+    retry = 0.0 if decision is None else finite(decision.retry_after)
+    allowed = result.overall_ok
+    shadow = result.shadow
+    return CheckResult(
+        allowed, "allow" if allowed else "reject", 200 if allowed else 429,
+        None if allowed or decision is None else decision.rule, limit, remaining, reset,
+        retry, 0.0, decision is not None and decision.degraded, answer_headers(result),
+        None if shadow is None else Shadow(shadow.allowed, shadow.rule),
+        _statuses(descriptor_statuses(result) or []),
+    )  # fmt: skip
+
+
+def _counts(decision: Decision | None) -> tuple[int | None, int | None, float | None]:
+    if decision is None or decision.degraded:
+        return None, None, None
+    return decision.limit, max(decision.remaining, 0), finite(decision.reset_after)
+
+
+def _statuses(statuses: list[LimitStatus]) -> list[DescriptorStatus]:
+    return [
+        DescriptorStatus("OVER_LIMIT" if s.over else "OK", s.name, s.per_unit, s.unit_seconds,
+                         s.remaining, s.reset_after)
+        for s in statuses
+    ]  # fmt: skip
