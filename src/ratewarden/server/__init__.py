@@ -6,7 +6,7 @@ gateway endpoint, over the rule engine (``pip install ratewarden[server,grpc]``)
     GrpcServer(service, "127.0.0.1:8081")                 # RLS v3, health, reflection
 
 ``import ratewarden`` imports none of this; the gRPC half needs the ``grpc`` extra
-and is imported only by ``ratewarden.server._grpc``.
+and is imported only through ``ratewarden.server._grpc``.
 """
 
 from __future__ import annotations

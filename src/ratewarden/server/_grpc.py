@@ -1,209 +1,31 @@
-"""``envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit``, with gRPC's
-standard health and reflection services, on our own HTTP/2 server (`_h2grpc` over `_h2`).
-
-The messages come from ``protos/*.proto`` (package data, written from the
-documented messages and field numbers): grpcio-tools compiles them to
-descriptors when the server starts (about 50 ms) into a pool of our own, and
-protobuf makes the message classes from them. No generated code is committed
-or built at install time, and reflection serves the very descriptors the
-server decodes with. grpcio's own server is not used: see `_h2` for why.
+"""gRPC on our own HTTP/2 server (`h2`): the rate limit service (`_rls`), and
+gRPC's standard health and reflection services beside it, on one listener.
+grpcio's own server is not used: see `h2` for why.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import logging
-import math
 import os
 import ssl
-import tempfile
-import time
 from collections.abc import Iterator
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from .._errors import ConfigurationError, StoreError
-from ..envoy import OVERRIDE_UNITS, EnvoyResult, Override
-from ..envoy.service import dynamic_metadata
-from ._checks import decide, descriptors_check
+from .._errors import ConfigurationError
 from ._connection_limits import ConnectionLimits
-from ._refusals import InvalidRequest
+from ._protos import messages, protos
+from ._rls import METHOD, SERVICE_NAME, RateLimitService
 from ._serve import parse_address
 from ._service import Service
-from ._shapes import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES
-from ._verdict import Verdict, allowed, answer_headers, descriptor_statuses
 from .h2 import Call, GrpcError, H2Server, Metadata, Method, Status
 
-__all__ = ["SERVICE_NAME", "GrpcServer", "messages", "parse_tls"]
+__all__ = ["METHOD", "SERVICE_NAME", "GrpcServer", "messages", "parse_tls"]
 
-log = logging.getLogger("ratewarden.server")
-
-SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
-METHOD = f"/{SERVICE_NAME}/ShouldRateLimit"
 HEALTH = "grpc.health.v1.Health"
 REFLECTION = "grpc.reflection.v1alpha.ServerReflection"
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"  # the same messages
-_PROTOS = ("envoy_core.proto", "envoy_ratelimit_common.proto", "rls.proto", "health.proto",
-           "reflection.proto")  # fmt: skip
-_NAMES = {
-    "RateLimitRequest": "envoy.service.ratelimit.v3.RateLimitRequest",
-    "RateLimitResponse": "envoy.service.ratelimit.v3.RateLimitResponse",
-    "RateLimitDescriptor": "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor",
-    "HeaderValue": "envoy.config.core.v3.HeaderValue",
-    "HealthCheckRequest": "grpc.health.v1.HealthCheckRequest",
-    "HealthCheckResponse": "grpc.health.v1.HealthCheckResponse",
-    "ServerReflectionRequest": "grpc.reflection.v1alpha.ServerReflectionRequest",
-    "ServerReflectionResponse": "grpc.reflection.v1alpha.ServerReflectionResponse",
-}
-
-
-class _Protos:
-    """The compiled files (for reflection), their pool and the message classes."""
-
-    def __init__(self) -> None:
-        self.files = {f.name: f for f in _compile().file}
-        # a pool of our own: the default one may hold grpcio's copies of the
-        # health and reflection files, and one pool refuses a symbol twice
-        self.pool = descriptor_pool.DescriptorPool()
-        for file in self.files.values():
-            self.pool.Add(file)
-        self.classes: dict[str, Any] = {
-            short: message_factory.GetMessageClass(self.pool.FindMessageTypeByName(full))
-            for short, full in _NAMES.items()
-        }
-
-
-def _compile() -> descriptor_pb2.FileDescriptorSet:
-    from grpc_tools import protoc  # noqa: PLC0415 - only when a gRPC server starts
-
-    include = resources.files("grpc_tools") / "_proto"
-    with (
-        resources.as_file(resources.files("ratewarden.server") / "protos") as protos,
-        resources.as_file(include) as well_known,
-        tempfile.TemporaryDirectory(prefix="ratewarden-proto-") as out,
-    ):
-        target = Path(out) / "rls.desc"
-        args = ["protoc", f"-I{protos}", f"-I{well_known}", f"--descriptor_set_out={target}",
-                "--include_imports", *_PROTOS]  # fmt: skip
-        if protoc.main(args) != 0:
-            raise ConfigurationError(f"protoc could not compile {protos}/{_PROTOS}")
-        return descriptor_pb2.FileDescriptorSet.FromString(target.read_bytes())
-
-
-@functools.cache  # compiled once per process, when a gRPC server first needs it
-def protos() -> _Protos:
-    return _Protos()
-
-
-def messages() -> dict[str, Any]:
-    """The message classes by short name: RateLimitRequest, RateLimitResponse, ..."""
-    return protos().classes
-
-
-# envoy's RateLimit.Unit for a period in seconds (a period that is none of them: 0)
-_UNITS = {1: 1, 60: 2, 3600: 3, 86400: 4, 30 * 86400: 5, 365 * 86400: 6, 7 * 86400: 7}
-_OK, _OVER_LIMIT = 1, 2  # RateLimitResponse.Code
-_UINT32 = 2**32 - 1
-
-
-class _RateLimitService:
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        m = messages()
-        self.Request = m["RateLimitRequest"]
-        self.Response = m["RateLimitResponse"]
-        self._observe = service.metrics.observe
-
-    async def should_rate_limit(self, payload: bytes, metadata: Metadata) -> bytes:
-        started = time.perf_counter()
-        try:
-            request = self.Request.FromString(payload)
-        except DecodeError as exc:
-            raise GrpcError(Status.INVALID_ARGUMENT, f"not a RateLimitRequest: {exc}") from None
-        if not request.domain:
-            raise GrpcError(Status.INVALID_ARGUMENT, "the request needs a domain")
-        descriptors = request.descriptors
-        if len(descriptors) > MAX_DESCRIPTORS or any(
-            len(d.entries) > MAX_ENTRIES for d in descriptors
-        ):  # the HTTP API's bounds: a request's work stays small
-            raise GrpcError(
-                Status.INVALID_ARGUMENT,
-                f"at most {MAX_DESCRIPTORS} descriptors of at most {MAX_ENTRIES} entries each",
-            )
-        entries = [[(e.key, e.value) for e in d.entries] for d in descriptors]
-        # the YAML rules have no per-request limits: an override is for envoy domains
-        overrides = None if request.domain == self.service.domain else _overrides(descriptors)
-        cost = request.hits_addend or 1
-        addends = {d.hits_addend.value for d in descriptors if d.HasField("hits_addend")}
-        if len(addends) > 1:
-            raise GrpcError(
-                Status.INVALID_ARGUMENT,
-                "descriptors with different hits_addend: ratewarden counts a request once",
-            )
-        if addends:
-            cost = addends.pop() or 1
-        if cost > MAX_COST:
-            raise GrpcError(Status.INVALID_ARGUMENT, f"hits_addend above {MAX_COST}")
-        try:
-            check = descriptors_check(request.domain, entries, cost, overrides,
-                                      rules_domain=self.service.domain)  # fmt: skip
-            verdict = await decide(self.service, check)
-        except InvalidRequest as exc:
-            raise GrpcError(Status.INVALID_ARGUMENT, str(exc)) from None
-        except StoreError as exc:  # a limit whose failure policy is "raise"
-            self.service.metrics.store_errors.inc()
-            raise GrpcError(Status.UNAVAILABLE, str(exc)) from None
-        response = self._response(verdict)
-        if isinstance(verdict, EnvoyResult) and self.service.envoy_options.dynamic_metadata:
-            each = [d.hits_addend.value if d.HasField("hits_addend") else None
-                    for d in descriptors]  # fmt: skip
-            shown = dynamic_metadata(request.domain, entries, overrides, verdict,
-                                     addends=each, hits_addend=request.hits_addend)  # fmt: skip
-            response.dynamic_metadata.update(shown)
-        reply: bytes = response.SerializeToString()
-        self._observe("grpc", time.perf_counter() - started)
-        return reply
-
-    def _response(self, verdict: Verdict) -> Any:
-        response = self.Response(overall_code=_OK if allowed(verdict) else _OVER_LIMIT)
-        for status in descriptor_statuses(verdict) or ():
-            out = response.statuses.add(code=_OVER_LIMIT if status.over else _OK)
-            if status.per_unit is not None:
-                out.current_limit.requests_per_unit = min(status.per_unit, _UINT32)
-                out.current_limit.unit = _UNITS.get(status.unit_seconds or 0, 0)
-                out.current_limit.name = status.name or ""
-                out.limit_remaining = min(status.remaining or 0, _UINT32)
-                if status.reset_after is not None:
-                    out.duration_until_reset.seconds = math.ceil(status.reset_after)
-            elif status.remaining is not None:  # an unlimited limit
-                out.limit_remaining = min(status.remaining, _UINT32)
-        # Envoy adds these to the client's response, allowed or not
-        for name, value in answer_headers(verdict).items():
-            response.response_headers_to_add.add(key=name.lower(), value=value)
-        return response
-
-
-def _overrides(descriptors: Any) -> list[Override | None] | None:
-    """Each descriptor's ``limit`` override (requests per unit, unit), if any."""
-    if not any(d.HasField("limit") for d in descriptors):
-        return None
-    out: list[Override | None] = []
-    for i, d in enumerate(descriptors):
-        if not d.HasField("limit"):
-            out.append(None)
-            continue
-        unit = d.limit.unit
-        if not 0 < unit < len(OVERRIDE_UNITS):
-            raise GrpcError(
-                Status.INVALID_ARGUMENT, f"descriptor {i}: the limit override needs a unit"
-            )
-        out.append((d.limit.requests_per_unit, OVERRIDE_UNITS[unit]))
-    return out
 
 
 class _Health:
@@ -347,7 +169,7 @@ class GrpcServer:
         # port must fail, not take half the calls with counters of its own
         self.reuse_port = reuse_port
         self.health = _Health()
-        rls = _RateLimitService(service)
+        rls = RateLimitService(service)
         # v1 is answered too, but not listed: its descriptors would be v1alpha's
         reflection = _Reflection([SERVICE_NAME, HEALTH, REFLECTION])
         methods = {
