@@ -1,13 +1,13 @@
 """`Outcome`: what the rule engine says about one request, and the response
 headers it makes for the front end.
 
-How an engine holds a request its rules delay or queue: written once (a
-generator) for the blocking and the asyncio engine.
+How an engine holds a request its rules delay or queue (`holding`): written once,
+a flow (`ratewarden._flow`) that the blocking and the asyncio engine drive.
 
 The actions that shape traffic instead of refusing it, for the rule engine:
-``queue`` (a paced line) and ``degrade`` (pass, but serve less). No I/O here: the
-store calls are yielded to the engine's sync or async shell (`run`,
-`arun`), so the logic is written once.
+``queue`` (a paced line) and ``degrade`` (pass, but serve less). No I/O here:
+`shaped` yields the store calls to the engine's sync or async shell, so the
+logic is written once.
 
 A request whose rules are all ``reject``/``delay``/``shadow_ban``/``log_only``
 never comes here (the engine's one ``hit_tiers`` call). With queue or degrade
@@ -33,15 +33,16 @@ request is not refused, and a degraded one learns its level from its own header.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import msgspec
 
 from .._clock import Clock
 from .._decision import Decision
+from .._flow import Call, Flow, adrive
 from .._headers import Policy, rate_limit_headers
-from .._hitmany import ahit_many, ahit_tiers, hit_many, hit_tiers
 from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
 from ._compile import Applicable, CompiledRule, RuleSet, ceiling_start
@@ -54,20 +55,16 @@ if TYPE_CHECKING:
 __all__ = [
     "Counted",
     "Outcome",
-    "Step",
     "Verdict",
-    "arun",
-    "await_in_line",
     "await_out",
     "classed",
     "degrade_level",
+    "holding",
     "level_header",
     "queue_wait",
-    "run",
     "shaped",
     "shaped_outcome",
-    "wait_in_line",
-    "wait_out",
+    "waiting_out",
 ]
 
 Verdict = Literal["allow", "reject", "delay", "shadow_ban", "queue", "degrade"]
@@ -141,53 +138,50 @@ class Outcome(msgspec.Struct, frozen=True):
         return [] if header is None else [header]
 
 
-def _waits(outcome: Outcome, clock: Clock) -> Generator[float, Outcome, Outcome]:
-    """How a ``delay`` outcome is held, written once for both engines: yields the
-    seconds to sleep and is sent the outcome of checking again, until it passes,
-    is rejected, or would wait past the rule's ``max_wait`` counted from now. Any
-    other outcome is returned as it is."""
+def holding(
+    lines: Turns | AsyncTurns,
+    outcome: Outcome,
+    attributes: Mapping[str, object],
+    check_again: Call,
+    sleep: Callable[[float], Any],
+) -> Flow[Outcome]:
+    """How an engine holds a ``delay`` or ``queue`` outcome, written once for both:
+    a delay in priority classes in its place among ``lines`` (the engine's), any
+    other as `waiting_out` does. The engine's shell hands it ``check_again`` and
+    ``sleep`` of its kind (blocking or awaited) and drives it."""
+    if classed(outcome):
+        return (yield from _in_line(lines, outcome, attributes, check_again, sleep))
+    return (yield from waiting_out(outcome, check_again, lines.clock, sleep))
+
+
+def waiting_out(
+    outcome: Outcome, check_again: Call, clock: Clock, sleep: Callable[[float], Any]
+) -> Flow[Outcome]:
+    """A queued request sleeps until its slot (it is counted: no second check). A
+    delayed one sleeps its wait and checks again, until it passes, is rejected,
+    or would wait past the rule's ``max_wait`` counted from now. Any other
+    outcome is returned as it is."""
+    if outcome.action == "queue":  # its slot is taken: hold it until due, then go
+        yield partial(sleep, outcome.wait)
+        return _released(outcome)
     if outcome.action != "delay" or outcome.rule is None:
         return outcome
     deadline = clock.time_ns() + round((outcome.rule.max_wait or 0) * 1e9)
     while True:
         if clock.time_ns() + round(outcome.wait * 1e9) > deadline:
-            return _too_long(outcome)
-        outcome = yield outcome.wait
+            return _rejected(outcome)
+        yield partial(sleep, outcome.wait)
+        outcome = yield check_again
         if outcome.action != "delay":
             return outcome
-
-
-def wait_out(outcome: Outcome, check_again: Callable[[], Outcome], clock: Clock) -> Outcome:
-    """`_waits` on a blocking clock; a queued request sleeps until its slot."""
-    if outcome.action == "queue":  # its slot is taken: hold it until due, then go
-        clock.sleep(outcome.wait)
-        return _released(outcome)
-    waits = _waits(outcome, clock)
-    try:
-        seconds = next(waits)
-        while True:
-            clock.sleep(seconds)
-            seconds = waits.send(check_again())
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
 
 
 async def await_out(
     outcome: Outcome, check_again: Callable[[], Awaitable[Outcome]], clock: Clock
 ) -> Outcome:
-    """`_waits` without blocking the event loop; a queued request sleeps until
-    its slot (it is counted: no second check)."""
-    if outcome.action == "queue":
-        await clock.asleep(outcome.wait)
-        return _released(outcome)
-    waits = _waits(outcome, clock)
-    try:
-        seconds = next(waits)
-        while True:
-            await clock.asleep(seconds)
-            seconds = waits.send(await check_again())
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+    """`waiting_out` without blocking the event loop, for a caller that checks on its
+    own (the ASGI middleware with a sync engine)."""
+    return await adrive(waiting_out(outcome, check_again, clock, clock.asleep))
 
 
 def _released(outcome: Outcome) -> Outcome:
@@ -196,14 +190,7 @@ def _released(outcome: Outcome) -> Outcome:
     return msgspec.structs.replace(outcome, action=action, wait=0.0)
 
 
-def _too_long(outcome: Outcome) -> Outcome:
-    """A delay that would run past the rule's ``max_wait``: rejected after all."""
-    return msgspec.structs.replace(outcome, action="reject", wait=0.0, status=429)
-
-
 Tier: TypeAlias = "tuple[Any, str, int]"  # (limiter, key, cost), sync or async
-# ("peek", (tier,)) | ("tiers", (enforced, shadow)) | ("many", (tiers,))
-Step: TypeAlias = "tuple[str, tuple[Any, ...]]"
 # decision of the enforced tiers, of the shadow ones, of the queue, of degrade
 Counted: TypeAlias = (
     "tuple[Decision | None, Decision | None, Decision | None, Decision | None, list[Tier]]"
@@ -211,11 +198,17 @@ Counted: TypeAlias = (
 
 
 def shaped(
-    ruleset: RuleSet, enforced: list[Tier], shadow: list[Tier]
-) -> Generator[Step, Any, Counted]:
+    ruleset: RuleSet,
+    enforced: list[Tier],
+    shadow: list[Tier],
+    tiers: Callable[[list[Tier], list[Tier]], Any],
+    many: Callable[[list[Tier]], Any],
+) -> Flow[Counted]:
     """The store calls of a request with queue or degrade tiers (see the module
-    docstring), yielded; the Decisions they gave. A Decision of the queue that
-    denies means the request is turned away; the enforced one denying, too."""
+    docstring), yielded; the Decisions they gave. ``tiers`` and ``many`` are
+    `hit_tiers` and `hit_many` of the engine's kind, and the limiters' own
+    ``peek`` looks at a queue. A Decision of the queue that denies means the
+    request is turned away; the enforced one denying, too."""
     by_limit = ruleset.by_limit_name
     plain: list[Tier] = []
     queue: list[Tier] = []
@@ -224,54 +217,20 @@ def shaped(
         rule = by_limit.get(tier[0].name or "")
         action = "reject" if rule is None else rule.action
         (queue if action == "queue" else degrade if action == "degrade" else plain).append(tier)
-    for tier in queue:
-        full: Decision = yield ("peek", (tier,))
+    for limiter, key, cost in queue:
+        full: Decision = yield partial(limiter.peek, key, cost)
         if not full.allowed:
             return None, None, full, None, queue
     decision = report = None
     if plain or shadow:
-        decision, report = yield ("tiers", (plain, shadow))
+        decision, report = yield partial(tiers, plain, shadow)
         if decision is not None and not decision.allowed:
             return decision, report, None, None, queue
-    queued = (yield ("many", (queue,))) if queue else None
+    queued = (yield partial(many, queue)) if queue else None
     if queued is not None and not queued.allowed:
         return decision, report, queued, None, queue
-    degraded = (yield ("many", (degrade,))) if degrade else None
+    degraded = (yield partial(many, degrade)) if degrade else None
     return decision, report, queued, degraded, queue
-
-
-def run(steps: Generator[Step, Any, Counted]) -> Counted:
-    """Drive `shaped` with blocking store calls."""
-    try:
-        kind, args = next(steps)
-        while True:
-            if kind == "peek":
-                limiter, key, cost = args[0]
-                result: Any = limiter.peek(key, cost)
-            elif kind == "tiers":
-                result = hit_tiers(*args)
-            else:
-                result = hit_many(args[0])
-            kind, args = steps.send(result)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-async def arun(steps: Generator[Step, Any, Counted]) -> Counted:
-    """Drive `shaped` with awaited store calls."""
-    try:
-        kind, args = next(steps)
-        while True:
-            if kind == "peek":
-                limiter, key, cost = args[0]
-                result: Any = await limiter.peek(key, cost)
-            elif kind == "tiers":
-                result = await ahit_tiers(*args)
-            else:
-                result = await ahit_many(args[0])
-            kind, args = steps.send(result)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
 
 
 def queue_wait(queued: Decision, tiers: list[Tier]) -> float:
@@ -367,6 +326,7 @@ def _line_of(outcome: Outcome) -> str:
 
 
 def _rejected(outcome: Outcome) -> Outcome:
+    """A delay that cannot be held within the rule's ``max_wait``: rejected after all."""
     return msgspec.structs.replace(outcome, action="reject", wait=0.0, status=429)
 
 
@@ -375,23 +335,23 @@ def classed(outcome: Outcome) -> bool:
     return outcome.rule is not None and outcome.rule.priority_from is not None
 
 
-def wait_in_line(
-    turns: Turns,
+def _in_line(
+    turns: Turns | AsyncTurns,
     outcome: Outcome,
     attributes: Mapping[str, object],
-    check_again: Callable[[], Outcome],
-) -> Outcome:
-    """Hold a delayed request in its class's place in line (blocking), among
-    ``turns``, the lines of its engine."""
+    check_again: Call,
+    sleep: Callable[[float], Any],
+) -> Flow[Outcome]:
+    """Hold a delayed request in its class's place in line among ``turns``."""
     rule, clock = outcome.rule, turns.clock
     if rule is None:  # not classed(): nothing to wait for here
         return outcome
     line = _line_of(outcome)
     checked = clock.time_ns()  # the outcome's wait counts from here, however long the line
     deadline = checked + round((rule.max_wait or 0) * 1e9)
-    if not turns.wait_turn(line, deadline, rule.priority_of(attributes)):
+    if not (yield partial(turns.wait_turn, line, deadline, rule.priority_of(attributes))):
         return _rejected(outcome)
-    holding = True
+    has_turn = True
     try:
         while outcome.action == "delay":
             due = checked + round(outcome.wait * 1e9)
@@ -400,51 +360,14 @@ def wait_in_line(
             now = clock.time_ns()
             if due > now:
                 turns.expire_before(line, due)
-                clock.sleep((due - now) / 1e9)
+                yield partial(sleep, (due - now) / 1e9)
             if turns.outranked(line):
-                holding = turns.step_aside(line, deadline)
-                if not holding:
+                has_turn = yield partial(turns.step_aside, line, deadline)
+                if not has_turn:
                     return _rejected(outcome)
-            outcome = check_again()
+            outcome = yield check_again
             checked = clock.time_ns()
         return outcome
     finally:
-        if holding:
-            turns.leave(line)
-
-
-async def await_in_line(
-    turns: AsyncTurns,
-    outcome: Outcome,
-    attributes: Mapping[str, object],
-    check_again: Callable[[], Awaitable[Outcome]],
-) -> Outcome:
-    """`wait_in_line` without blocking the event loop."""
-    rule, clock = outcome.rule, turns.clock
-    if rule is None:  # not classed(): nothing to wait for here
-        return outcome
-    line = _line_of(outcome)
-    checked = clock.time_ns()
-    deadline = checked + round((rule.max_wait or 0) * 1e9)
-    if not await turns.wait_turn(line, deadline, rule.priority_of(attributes)):
-        return _rejected(outcome)
-    holding = True
-    try:
-        while outcome.action == "delay":
-            due = checked + round(outcome.wait * 1e9)
-            if due > deadline:
-                return _rejected(outcome)
-            now = clock.time_ns()
-            if due > now:
-                turns.expire_before(line, due)
-                await clock.asleep((due - now) / 1e9)
-            if turns.outranked(line):
-                holding = await turns.step_aside(line, deadline)
-                if not holding:
-                    return _rejected(outcome)
-            outcome = await check_again()
-            checked = clock.time_ns()
-        return outcome
-    finally:
-        if holding:
+        if has_turn:
             turns.leave(line)

@@ -5,8 +5,11 @@ limit a request is shown (the effective one, in requests). No I/O.
 `RuleEngine` and `AsyncRuleEngine`: a `RuleSet` bound to a store, one
 ``hit_many`` per request, and reloads that never leave a bad rule set in force.
 
-Everything but the store calls and the sleeping lives once in `_Core`: planning
-which limiters to call, turning their Decision into an `Outcome`, reloading.
+Everything but the store calls and the sleeping lives once in `_Core`: building
+the limiters, planning which of them to call, turning their Decision into an
+`Outcome`, reloading. The shells make the store call of a plain request
+themselves (a flow costs about 1 us, a quarter of such a check) and drive
+`ratewarden.rules._actions`' flows for the rest.
 
 Per request:
 
@@ -44,16 +47,16 @@ from types import FrameType
 from typing import Any, Generic, TypeVar
 
 from .._adaptive import UNITS, Adaptive, Load, LoadSignals
-from .._clock import Clock
 from .._decision import Decision
 from .._errors import ConfigurationError
-from .._hitmany import ahit_tiers, hit_tiers
+from .._flow import adrive, drive
+from .._hitmany import ahit_many, ahit_tiers, hit_many, hit_tiers
 from .._limiter import AsyncLimiter, Limiter
 from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
 from ..stores import AsyncStore, Store
 from . import _actions as act
-from ._actions import Outcome, await_out, wait_out
+from ._actions import Outcome
 from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
 from ._engine_overrides import AsyncOverridable, Overridable
 from ._override_stores import Snapshot
@@ -113,6 +116,7 @@ def in_force(applicable: Applicable, specs: tuple[LimitSpec, ...], limiters: Any
 log = logging.getLogger("ratewarden.rules")
 
 L = TypeVar("L", Limiter, AsyncLimiter)
+S = TypeVar("S", Store, AsyncStore)
 _NO_LIMITS: tuple[Applicable, ...] = ()
 _HELD = ("delay", "queue")  # outcomes that ``check(wait=True)`` holds
 
@@ -133,12 +137,22 @@ def _in_force(applicable: Applicable, spec: LimitSpec) -> Applicable:
     return Overridden(applicable.rule, applicable.slot, applicable.key, applicable.cost, spec)
 
 
-class _Core(Generic[L]):
-    """The engine without I/O: the shells add ``check``/``acheck``."""
+class _Core(Generic[L, S]):
+    """The engine without I/O, on ``store`` (``overrides`` as `Overridable` says):
+    the shells add ``check``/``acheck`` and name their kinds of limiter and line."""
 
+    store: S
     _bound: _Bound[L]
+    _limiter_class: type[L]
+    _lines_class: type[Turns] | type[AsyncTurns]
+    _setup_overrides: Callable[[S, bool, str], None]  # the shell's Overridable's
 
-    def __init__(self, source: RuleSet | str | os.PathLike[str], clock: Clock) -> None:
+    def __init__(
+        self, source: RuleSet | str | os.PathLike[str], store: S, *, overrides: bool = True,
+        overrides_namespace: str = "ratewarden",
+    ) -> None:  # fmt: skip
+        self.store = store
+        clock = store.clock
         self._view = OverrideView(clock)
         # the load signals of the adaptive rules: this engine's own (see _adaptive)
         self.signals = LoadSignals()
@@ -153,9 +167,17 @@ class _Core(Generic[L]):
         self.last_error: ConfigurationError | None = None
         self._reloading = threading.Lock()
         self._install(ruleset)
+        self._setup_overrides(store, overrides, overrides_namespace)
+        self._lines = self._lines_class(clock)  # delayed requests of priority_from rules
 
-    def _limiter(self, spec: LimitSpec) -> L:  # the shells override
-        raise NotImplementedError
+    def _limiter(self, spec: LimitSpec) -> L:
+        store: Any = self.store  # of the limiter's kind, as the shell's type says
+        return self._limiter_class(
+            spec.rate, store=store, algorithm=spec.algorithm, burst=spec.burst,
+            refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
+            two_tier=spec.two_tier, shards=spec.shards,
+            adaptive=adaptive_of(spec, self.signals),
+        )  # fmt: skip
 
     def _take_overrides(self, snapshot: Snapshot) -> None:
         """Put the overrides a store holds in force (its clock, its records)."""
@@ -263,8 +285,7 @@ class _Core(Generic[L]):
     def __repr__(self) -> str:
         ruleset = self._bound.ruleset
         source = "" if self.path is None else f" from {str(self.path)!r}"
-        store = getattr(self, "store", None)
-        return f"<{type(self).__name__} {len(ruleset)} rules{source} on {store!r}>"
+        return f"<{type(self).__name__} {len(ruleset)} rules{source} on {self.store!r}>"
 
     def _plan(
         self, attributes: Mapping[str, object], cost: int = 1
@@ -324,7 +345,7 @@ class _Core(Generic[L]):
         return Outcome(False, "reject", decision, rule, 429, retry, limits=limits)
 
 
-class RuleEngine(_Core[Limiter], Overridable):
+class RuleEngine(_Core[Limiter, Store], Overridable):
     """Rules from a file (or a `RuleSet`) applied with `Limiter`\\ s on ``store``.
 
     ``check(attributes)`` counts a request against every limit that applies and
@@ -332,22 +353,8 @@ class RuleEngine(_Core[Limiter], Overridable):
     replace the rules without losing the counters of rules left unchanged.
     """
 
-    def __init__(
-        self, source: RuleSet | str | os.PathLike[str], store: Store, *, overrides: bool = True,
-        overrides_namespace: str = "ratewarden",
-    ) -> None:  # fmt: skip
-        self.store = store
-        super().__init__(source, store.clock)
-        self._setup_overrides(store, overrides, overrides_namespace)
-        self._lines = Turns(store.clock)  # delayed requests of priority_from rules
-
-    def _limiter(self, spec: LimitSpec) -> Limiter:
-        return Limiter(
-            spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
-            refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
-            two_tier=spec.two_tier, shards=spec.shards,
-            adaptive=adaptive_of(spec, self.signals),
-        )  # fmt: skip
+    _limiter_class = Limiter
+    _lines_class = Turns
 
     def check(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
@@ -360,41 +367,25 @@ class RuleEngine(_Core[Limiter], Overridable):
         outcome = self._check_once(attributes, cost)
         if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
-        if act.classed(outcome):  # a delay in priority classes: its place in line
-            return act.wait_in_line(
-                self._lines, outcome, attributes, lambda: self._check_once(attributes, cost)
-            )
-        return wait_out(outcome, lambda: self._check_once(attributes, cost), self.store.clock)
+        again = functools.partial(self._check_once, attributes, cost)
+        sleep = self.store.clock.sleep
+        return drive(act.holding(self._lines, outcome, attributes, again, sleep))
 
     def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
         if ruleset.shaping and applicable:
-            counted = act.run(act.shaped(ruleset, enforced, shadow))
+            counted = drive(act.shaped(ruleset, enforced, shadow, hit_tiers, hit_many))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = hit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
 
 
-class AsyncRuleEngine(_Core[AsyncLimiter], AsyncOverridable):
+class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore], AsyncOverridable):
     """The asyncio twin of `RuleEngine`: `AsyncLimiter`\\ s on an async store,
     ``await engine.acheck(attributes)``."""
 
-    def __init__(
-        self, source: RuleSet | str | os.PathLike[str], store: AsyncStore, *,
-        overrides: bool = True, overrides_namespace: str = "ratewarden",
-    ) -> None:  # fmt: skip
-        self.store = store
-        super().__init__(source, store.clock)
-        self._setup_overrides(store, overrides, overrides_namespace)
-        self._lines = AsyncTurns(store.clock)  # delayed requests of priority_from rules
-
-    def _limiter(self, spec: LimitSpec) -> AsyncLimiter:
-        return AsyncLimiter(
-            spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
-            refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
-            two_tier=spec.two_tier, shards=spec.shards,
-            adaptive=adaptive_of(spec, self.signals),
-        )  # fmt: skip
+    _limiter_class = AsyncLimiter
+    _lines_class = AsyncTurns
 
     async def acheck(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
@@ -403,20 +394,16 @@ class AsyncRuleEngine(_Core[AsyncLimiter], AsyncOverridable):
         outcome = await self._acheck_once(attributes, cost)
         if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
-        if act.classed(outcome):
-            return await act.await_in_line(
-                self._lines, outcome, attributes, lambda: self._acheck_once(attributes, cost)
-            )
-        return await await_out(
-            outcome, lambda: self._acheck_once(attributes, cost), self.store.clock
-        )
+        again = functools.partial(self._acheck_once, attributes, cost)
+        sleep = self.store.clock.asleep
+        return await adrive(act.holding(self._lines, outcome, attributes, again, sleep))
 
     async def _acheck_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         if self._follow_pending:  # a Redis store's overrides: followed from the first check
             self._start_following()
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
         if ruleset.shaping and applicable:
-            counted = await act.arun(act.shaped(ruleset, enforced, shadow))
+            counted = await adrive(act.shaped(ruleset, enforced, shadow, ahit_tiers, ahit_many))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = await ahit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)

@@ -1,0 +1,50 @@
+"""Logic written once as a flow: a generator of the calls it needs, driven by a
+sync or an async shell.
+
+A flow yields each call as a callable without arguments (a bound method, a
+`functools.partial`) and is sent what it answered. `drive` makes the calls and
+blocks; `adrive` makes them and awaits what they return. Which of the two a
+flow suits is the choice of the objects its shell hands it (a `Limiter` or an
+`AsyncLimiter`, ``clock.sleep`` or ``clock.asleep``); the flow cannot tell.
+
+A call that raises, or a shell cancelled while it awaits, closes the flow: its
+``finally`` clauses run at once, handing on whatever it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from contextlib import closing
+from typing import Any, TypeAlias, TypeVar
+
+__all__ = ["Call", "Flow", "adrive", "drive"]
+
+T = TypeVar("T")
+Call: TypeAlias = Callable[[], Any]
+Flow: TypeAlias = Generator[Call, Any, T]
+
+
+def drive(flow: Flow[T]) -> T:
+    """Run ``flow`` to its end, making each call it yields; what it returns."""
+    answer = None
+    with closing(flow):
+        while True:
+            try:
+                call = flow.send(answer)
+            except StopIteration as done:  # the flow's end (a call's StopIteration is no end)
+                result: T = done.value
+                return result
+            answer = call()
+
+
+async def adrive(flow: Flow[T]) -> T:
+    """`drive`, awaiting what each call returns."""
+    answer = None
+    with closing(flow):
+        while True:
+            try:
+                call = flow.send(answer)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            answer = await call()
