@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from ratewarden import AsyncMemoryStore, FakeClock, MemoryStore
-from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleFileError, loads
+from ratewarden.rules import AsyncRuleEngine, Outcome, RuleEngine, RuleFileError, loads
 
 RULES = textwrap.dedent("""
     rules:
@@ -254,6 +254,47 @@ def test_delayed_requests_wait_in_priority_classes(clock: FakeClock) -> None:
     assert by_name["pro"] == ("allow", 2.0)
     assert by_name["free"][0] == "reject"
     assert by_name["anon"][0] == "reject"
+
+
+def test_a_request_cancelled_while_stepping_aside_leaves_the_line_to_its_head(
+    clock: FakeClock,
+) -> None:
+    wake = asyncio.Event()
+    asleep = clock.asleep
+
+    async def held_sleep(seconds: float) -> None:  # the head sleeps until told
+        await wake.wait()
+        await asleep(seconds)
+
+    clock.asleep = held_sleep  # type: ignore[method-assign]
+    engine = AsyncRuleEngine(loads(PRIORITY), AsyncMemoryStore(clock=clock))
+
+    def check(plan: str) -> asyncio.Task[Outcome]:
+        return asyncio.create_task(engine.acheck({"path": "/export", "plan": plan}, wait=True))
+
+    def free_waits_behind_pro() -> bool:
+        return [[e[0] for e in line] for line in engine._lines._queues.values()] == [[-1, 0]]
+
+    async def scenario() -> tuple[Outcome | BaseException, ...]:
+        await engine.acheck({"path": "/export"})  # the permit of t=0
+        free = check("free")
+        await asyncio.sleep(0)  # free holds the line, asleep towards its permit
+        pro = check("pro")
+        await asyncio.sleep(0)  # pro stands in line behind it
+        wake.set()
+        while not free_waits_behind_pro():  # free has stepped aside for pro
+            await asyncio.sleep(0)
+        free.cancel()
+        later = check("free")
+        return await asyncio.gather(free, pro, later, return_exceptions=True)
+
+    free, pro, later = asyncio.run(scenario())
+    assert isinstance(free, asyncio.CancelledError)
+    # the line stays pro's until it leaves it: nobody else's turn is torn down
+    assert isinstance(pro, Outcome)
+    assert pro.action == "allow"
+    assert isinstance(later, Outcome)
+    assert len(engine._lines) == 0
 
 
 def test_priority_from_goes_with_delay_and_names_values() -> None:

@@ -362,6 +362,7 @@ def _in_line(
                 turns.expire_before(line, due)
                 yield partial(sleep, (due - now) / 1e9)
             if turns.outranked(line):
+                has_turn = False  # a step aside that raises has given the turn up already
                 has_turn = yield partial(turns.step_aside, line, deadline)
                 if not has_turn:
                     return _rejected(outcome)
