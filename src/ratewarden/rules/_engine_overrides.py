@@ -15,7 +15,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .._errors import ConfigurationError, StoreUnavailable
 from ._override_stores import AsyncRedisOverrides, LocalOverrides, RedisOverrides, Snapshot
@@ -26,10 +26,14 @@ __all__ = ["AsyncOverridable", "Overridable"]
 
 log = logging.getLogger("ratewarden.rules")
 
+R = TypeVar("R", RedisOverrides, AsyncRedisOverrides)
 
-class _Base:
-    """What both shells share; the engine's `_Core` provides the rest."""
 
+class _Base(Generic[R]):
+    """What both shells share, ``R`` their kind of Redis overrides; the engine's
+    `_Core` provides the rest."""
+
+    overrides_source: LocalOverrides | R | None
     _view: OverrideView
     _reloading: threading.Lock
 
@@ -45,6 +49,26 @@ class _Base:
 
     def _take_overrides(self, snapshot: Snapshot) -> None:  # _Core's
         raise NotImplementedError
+
+    def _choose_source(
+        self, store: Any, overrides: bool, namespace: str, redis: type[R]
+    ) -> LocalOverrides | R | None:
+        """Where the overrides live: in the Redis of a Redis store (``redis``), else
+        in this process; none at all without ``overrides``."""
+        client = getattr(store, "client", None)
+        if not overrides:
+            source: LocalOverrides | R | None = None
+        elif client is None:
+            source = LocalOverrides(store.clock)
+        else:
+            source = redis(client, namespace)
+        self.overrides_source = source
+        return source
+
+    def _source(self) -> LocalOverrides | R:
+        if self.overrides_source is None:
+            raise ConfigurationError("this engine was made with overrides=False")
+        return self.overrides_source
 
     def _prepare(
         self, rule: str, limits: Sequence[str] | str, duration: object, reason: object, by: object
@@ -75,32 +99,20 @@ def _runtime(snapshot: Snapshot) -> list[RuntimeOverride]:
     return [RuntimeOverride.of(records[rule], now) for rule in sorted(records)]
 
 
-class Overridable(_Base):
+class Overridable(_Base[RedisOverrides]):
     """`RuleEngine`'s override methods."""
 
-    overrides_source: LocalOverrides | RedisOverrides | None
     _follower: Follower | None
 
     def _setup_overrides(self, store: Any, overrides: bool, namespace: str) -> None:
         self._follower = None
-        client = getattr(store, "client", None)
-        if not overrides:
-            self.overrides_source = None
-        elif client is None:
-            self.overrides_source = LocalOverrides(store.clock)
-        else:
-            source = RedisOverrides(client, namespace)
-            self.overrides_source = source
+        source = self._choose_source(store, overrides, namespace, RedisOverrides)
+        if isinstance(source, RedisOverrides):
             try:  # in force from the first check; the thread keeps them current
                 self._take_overrides(source.read())
             except StoreUnavailable as exc:
                 log.warning("runtime overrides not read yet: %s", exc)
             self._follower = Follower(self, source)  # type: ignore[arg-type]
-
-    def _source(self) -> LocalOverrides | RedisOverrides:
-        if self.overrides_source is None:
-            raise ConfigurationError("this engine was made with overrides=False")
-        return self.overrides_source
 
     def set_override(
         self, rule: str, limits: Sequence[str] | str, *, duration: float | str, reason: str,
@@ -139,24 +151,17 @@ class Overridable(_Base):
             follower.stop()
 
 
-class AsyncOverridable(_Base):
+class AsyncOverridable(_Base[AsyncRedisOverrides]):
     """`AsyncRuleEngine`'s override methods (the twins of `Overridable`'s)."""
 
-    overrides_source: LocalOverrides | AsyncRedisOverrides | None
     _follower: asyncio.Task[None] | None
     _follow_pending: bool
 
     def _setup_overrides(self, store: Any, overrides: bool, namespace: str) -> None:
         self._follower = None
-        self._follow_pending = False
-        client = getattr(store, "client", None)
-        if not overrides:
-            self.overrides_source = None
-        elif client is None:
-            self.overrides_source = LocalOverrides(store.clock)
-        else:
-            self.overrides_source = AsyncRedisOverrides(client, namespace)
-            self._follow_pending = True  # a task needs the running loop: the first call starts it
+        source = self._choose_source(store, overrides, namespace, AsyncRedisOverrides)
+        # a task needs the running loop: the first call starts it
+        self._follow_pending = isinstance(source, AsyncRedisOverrides)
 
     def _start_following(self) -> None:
         self._follow_pending = False
@@ -175,11 +180,6 @@ class AsyncOverridable(_Base):
             self._take_overrides(await source.read())
         if self._follow_pending:
             self._start_following()
-
-    def _source(self) -> LocalOverrides | AsyncRedisOverrides:
-        if self.overrides_source is None:
-            raise ConfigurationError("this engine was made with overrides=False")
-        return self.overrides_source
 
     async def aset_override(
         self, rule: str, limits: Sequence[str] | str, *, duration: float | str, reason: str,
