@@ -16,10 +16,11 @@ get Redis's clock with the records and turn "expires at" into "expires in".
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -212,6 +213,17 @@ class LocalOverrides:
         return f"<LocalOverrides {len(self._active)} in force>"
 
 
+@contextlib.contextmanager
+def _unavailable() -> Iterator[None]:
+    """Redis's failures, for both clients, as `StoreUnavailable`."""
+    from ..stores.redis.connection import FAILURES  # noqa: PLC0415 - redis stays optional
+
+    try:
+        yield
+    except FAILURES as exc:
+        raise StoreUnavailable(f"overrides: {exc}") from exc
+
+
 class _InRedis:
     """What the twins share: the keys, the scripts, a change's arguments."""
 
@@ -252,12 +264,8 @@ class RedisOverrides(_InRedis):
         return _changes(raw)
 
     def _call(self, script: Callable[..., Any], keys: list[str], args: list[Any]) -> Any:
-        from ..stores.redis.connection import FAILURES  # noqa: PLC0415 - redis stays optional
-
-        try:
+        with _unavailable():
             return script(keys=keys, args=args)
-        except FAILURES as exc:
-            raise StoreUnavailable(f"overrides: {exc}") from exc
 
     def subscribe(self) -> Any:
         pubsub = self.client.pubsub()
@@ -281,12 +289,8 @@ class AsyncRedisOverrides(_InRedis):
         return _changes(await self._call(self.client.lrange(self.keys.audit, 0, count - 1)))
 
     async def _call(self, pending: Any) -> Any:
-        from ..stores.redis.connection import FAILURES  # noqa: PLC0415 - redis stays optional
-
-        try:
+        with _unavailable():
             return await pending
-        except FAILURES as exc:
-            raise StoreUnavailable(f"overrides: {exc}") from exc
 
     async def subscribe(self) -> Any:
         pubsub = self.client.pubsub()
