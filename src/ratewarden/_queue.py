@@ -28,10 +28,13 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 from ._decision import Decision
 from ._errors import ConfigurationError, RateLimitTimeout
+from ._flow import Flow, adrive, drive
 from ._limiter import AsyncLimiter, Limiter
 from ._rate import Rate, parse_rate
 from ._waiting import asleep_precisely, check_max_wait, check_spin
@@ -49,17 +52,56 @@ class QueueFull(RateLimitTimeout):
     this too."""
 
 
-class _Line:
-    """What the twins share: options, the slot arithmetic, the verdicts. No I/O."""
+L = TypeVar("L", Limiter, AsyncLimiter)
+S = TypeVar("S", Store, AsyncStore)
 
-    _limiter: Limiter | AsyncLimiter
-    size: int
 
-    def _setup(self, rate: str | Rate, size: int) -> Rate:
+class _Line(Generic[L, S]):
+    """What the twins share: options, the slot arithmetic, the verdicts, the steps
+    of entering the line (`_entering`). No I/O. The twins name their kinds of
+    limiter and lock."""
+
+    _limiter_class: type[L]
+    _lock_class: Callable[[], Any]  # the lock that makes a look and a take one step
+    _limiter: L
+    store: S
+
+    def __init__(
+        self,
+        rate: str | Rate,
+        *,
+        size: int,
+        store: S | None = None,
+        name: str | None = None,
+        on_failure: OnFailure = "raise",
+    ) -> None:
         if type(size) is not int or not 0 <= size <= MAX_SIZE:
             raise ConfigurationError(f"size is 0 to {MAX_SIZE} waiting requests, got {size!r}")
         self.size = size
-        return parse_rate(rate)
+        kind: Any = self._limiter_class  # of the store's kind, as the twin's type says
+        self._limiter = limiter = kind(
+            parse_rate(rate),
+            store=store,
+            algorithm="leaky_bucket",
+            burst=size + 1,
+            name=name,
+            on_failure=on_failure,
+        )
+        self.store = limiter.store
+        self._lock = self._lock_class()
+
+    def _entering(self, key: str, max_wait: float, cost: int) -> Flow[float]:
+        """Take the next slot of ``key``'s line: the seconds until it is due."""
+        check_max_wait(max_wait)
+        limiter = self._limiter
+        if self._covers(max_wait, cost):
+            return self._took(key, (yield partial(limiter.hit, key, cost)), cost, max_wait)
+        yield self._lock.acquire
+        try:
+            self._looked(key, (yield partial(limiter.peek, key, cost)), max_wait)
+            return self._took(key, (yield partial(limiter.hit, key, cost)), cost, max_wait)
+        finally:
+            self._lock.release()
 
     @property
     def rate(self) -> Rate:
@@ -123,7 +165,7 @@ class _Line:
         )
 
 
-class PacedQueue(_Line):
+class PacedQueue(_Line[Limiter, Store]):
     """Requests of a key leave at ``rate``, evenly spaced, after waiting in a
     line of up to ``size`` (in ``store``, a fresh `MemoryStore` unless given).
 
@@ -137,32 +179,12 @@ class PacedQueue(_Line):
     rate and size share a line); ``on_failure`` is `Limiter`'s.
     """
 
-    _limiter: Limiter
-
-    def __init__(
-        self,
-        rate: str | Rate,
-        *,
-        size: int,
-        store: Store | None = None,
-        name: str | None = None,
-        on_failure: OnFailure = "raise",
-    ) -> None:
-        parsed = self._setup(rate, size)
-        self._limiter = Limiter(parsed, store=store, algorithm="leaky_bucket", burst=size + 1,
-                                name=name, on_failure=on_failure)  # fmt: skip
-        self.store = self._limiter.store
-        self._lock = threading.Lock()
+    _limiter_class = Limiter
+    _lock_class = threading.Lock
 
     def enter(self, key: str, max_wait: float = math.inf, cost: int = 1) -> float:
         """Take the next slot of ``key``'s line; the seconds until it is due."""
-        check_max_wait(max_wait)
-        limiter = self._limiter
-        if self._covers(max_wait, cost):
-            return self._took(key, limiter.hit(key, cost), cost, max_wait)
-        with self._lock:
-            self._looked(key, limiter.peek(key, cost), max_wait)
-            return self._took(key, limiter.hit(key, cost), cost, max_wait)
+        return drive(self._entering(key, max_wait, cost))
 
     def wait(self, key: str, max_wait: float = math.inf, cost: int = 1) -> float:
         """`enter`, then sleep until the slot is due; the seconds waited."""
@@ -176,7 +198,7 @@ class PacedQueue(_Line):
         self._limiter.reset(key)
 
 
-class AsyncPacedQueue(_Line):
+class AsyncPacedQueue(_Line[AsyncLimiter, AsyncStore]):
     """The asyncio twin of `PacedQueue`: ``await queue.wait(key, max_wait)``
     sleeps without blocking the event loop.
 
@@ -185,7 +207,8 @@ class AsyncPacedQueue(_Line):
     loop's timers wake up to a millisecond late; this costs up to ``spin`` of
     CPU per release (0 turns it off: releases then come up to about 1 ms late)."""
 
-    _limiter: AsyncLimiter
+    _limiter_class = AsyncLimiter
+    _lock_class = asyncio.Lock  # bound to the loop that first waits on it
 
     def __init__(
         self,
@@ -197,31 +220,18 @@ class AsyncPacedQueue(_Line):
         on_failure: OnFailure = "raise",
         spin: float = 0.0015,
     ) -> None:
-        parsed = self._setup(rate, size)
         self.spin = check_spin(spin)
-        self._limiter = AsyncLimiter(parsed, store=store, algorithm="leaky_bucket",
-                                     burst=size + 1, name=name, on_failure=on_failure)  # fmt: skip
-        self.store = self._limiter.store
-        self._lock: Any = None  # an asyncio.Lock, made in the loop that first needs it
+        super().__init__(rate, size=size, store=store, name=name, on_failure=on_failure)
 
     async def enter(self, key: str, max_wait: float = math.inf, cost: int = 1) -> float:
         """`PacedQueue.enter`, awaited."""
-        check_max_wait(max_wait)
-        limiter = self._limiter
-        if self._covers(max_wait, cost):
-            return self._took(key, await limiter.hit(key, cost), cost, max_wait)
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            self._looked(key, await limiter.peek(key, cost), max_wait)
-            return self._took(key, await limiter.hit(key, cost), cost, max_wait)
+        return await adrive(self._entering(key, max_wait, cost))
 
     async def wait(self, key: str, max_wait: float = math.inf, cost: int = 1) -> float:
         """`enter`, then sleep until the slot is due without blocking the loop."""
         seconds = await self.enter(key, max_wait, cost)
-        if not seconds:
-            return seconds
-        await asleep_precisely(self.store.clock, seconds, self.spin)
+        if seconds:
+            await asleep_precisely(self.store.clock, seconds, self.spin)
         return seconds
 
     async def reset(self, key: str) -> None:
