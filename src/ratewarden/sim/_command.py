@@ -15,7 +15,9 @@ own, offset from the true time by its skew; the coordinator reads the true time
   reaches every live member ``pubsub_ms`` later; the member scales its grant and
   refreshes at once, as `FleetQuota`'s loop does. ``pubsub=False``: nobody hears,
   members learn at their next refresh.
-- Requests: open-loop arrivals per member (Poisson, or evenly spaced). Each one
+- Requests: open-loop arrivals per member (Poisson, or evenly spaced), or a pool
+  of closed-loop workers (``workers``) that each ask again ``think_ms`` after
+  their last call returned, served or not. Each one
   is `acquire(max_wait)`: ``asked`` counted once, one `take`; if told to wait
   and the wait fits in ``max_wait`` the caller waits (`begin_wait`) and tries
   again when told. A member's waiting callers are served first come, first
@@ -197,6 +199,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="deliver the coordinator's messages (default yes)")  # fmt: skip
     add("--pubsub-ms", type=float, default=1.0, help="their delay (default 1 ms)")
     add("--arrivals", choices=("poisson", "even"), default="poisson")
+    add("--workers", type=int, default=0,
+        help="closed-loop callers per member, each blocking in acquire and asking again"
+             " when served or timed out (default 0: open-loop arrivals)")  # fmt: skip
+    add("--think-ms", type=float, default=0.0,
+        help="a worker's pause between being served and asking again (default 0)")  # fmt: skip
+    add("--closed", type=int, default=None,
+        help="only the first N members with demand have workers; the others arrive"
+             " open-loop")  # fmt: skip
     add("--warmup", type=float, default=5.0,
         help="seconds left out of utilisation (default 5)")  # fmt: skip
     where = parser.add_mutually_exclusive_group()
@@ -238,6 +248,9 @@ def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
             pubsub_ms=args.pubsub_ms,
             warmup=args.warmup,
             arrivals=args.arrivals,
+            workers=args.workers,
+            think_ms=args.think_ms,
+            closed=args.closed,
         )
         for algorithm in algorithms
     ]

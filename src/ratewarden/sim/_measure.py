@@ -68,6 +68,7 @@ class Measures:
             bins=[0] * (self.windows * BINS),
             warmup=min(self.windows // 2, math.ceil(scenario.warmup * 1e9 / self.window)),
             member_admitted=[0] * scenario.members,
+            member_windows=[[0] * self.windows for _ in range(scenario.members)],
         )
 
     # -- the provider ----------------------------------------------------------------
@@ -78,6 +79,7 @@ class Measures:
         if k < self.windows:
             self.r.admitted[k] += 1
             self.r.bins[offset * BINS // self.window] += 1
+            self.r.member_windows[node.index][k] += 1
             if k >= self.r.warmup:
                 self.r.member_admitted[node.index] += 1
 

@@ -48,7 +48,8 @@ class Node:
         self.member: Member | None = None
         self.rate = 0.0  # arrivals a second now
         self.on = True
-        self.queue: deque[tuple[int, int]] = deque()  # waiting callers: deadline, since
+        # waiting callers: deadline, since, and the worker (-1: an open-loop caller)
+        self.queue: deque[tuple[int, int, int]] = deque()
         self.serving = False
         self.due = 0  # callers holding a reserved permit not yet due
         self.arrive_gen = self.refresh_gen = self.serve_gen = self.act_gen = 0

@@ -18,6 +18,12 @@ demand in proportion to their weights (``active``: only the first K have any):
   (``quota set``: the coordinator scales the holdings and publishes);
 - ``skew``: ``uniform`` with clocks ±100 ms apart (unless ``skew_ms`` says otherwise).
 
+Closed-loop callers, for any pattern (``workers``): the first ``closed`` members
+with demand (all, by default) have that many workers each instead of arrivals,
+each blocking in ``acquire(max_wait)`` and asking again ``think_ms`` after it
+was served or gave up. Such a member offers ``workers / think`` a second, or the
+whole total when the workers never pause. They are never off in ``bursts``.
+
 Clock offsets, for any pattern: spread evenly over ``[-skew_ms, +skew_ms]`` and
 shuffled. Members start within the first refresh interval, in random order.
 """
@@ -47,6 +53,7 @@ class Plan:
     totals: list[tuple[float, int]] = field(default_factory=list)  # when, new total
 
     late: set[int] = field(default_factory=set)  # members that join after the start
+    workers: list[int] = field(default_factory=list)  # closed-loop callers per member; 0: open
 
     def role(self, member: int) -> str:
         """What the member does in the run: member, joins late, leaves, dies."""
@@ -80,9 +87,15 @@ def make_plan(scenario: Scenario, rng: random.Random) -> Plan:
     skews = [round(ms * 1e6) for ms in offsets]
     joins = [rng.uniform(0, scenario.refresh) for _ in range(n)]
     plan = Plan(rates, skews, joins)
+    plan.workers = [0] * n
+    closed = scenario.closed_count
+    for i in [i for i in range(n) if weights[i] > 0][:closed]:
+        plan.workers[i] = scenario.workers
+        think = scenario.think_ms / 1000
+        rates[i] = scenario.workers / think if think else scenario.total / window
     if scenario.pattern == "bursts":
         period = BURST_ON + BURST_OFF
-        plan.rates = [r * period / BURST_ON for r in rates]
+        plan.rates = [r if plan.workers[i] else r * period / BURST_ON for i, r in enumerate(rates)]
         plan.bursts = [period * i / n for i in range(n)]
     elif scenario.pattern == "churn":
         late, gone = max(1, n // 4), max(1, n // 8)

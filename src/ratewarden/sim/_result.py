@@ -48,6 +48,7 @@ class Result:
     departed: dict[str, float] = field(default_factory=dict)  # member: left or died, seconds
     held: list[tuple[float, float]] = field(default_factory=list)  # per window: coord, local
     member_admitted: list[int] = field(default_factory=list)  # after the warm-up
+    member_windows: list[list[int]] = field(default_factory=list)  # per member, per window
     events: int = 0
     wall: float = 0.0
 
@@ -131,6 +132,14 @@ class Result:
             max(r["seconds"] for r in self.reaches),
             max(r["refreshes"] for r in self.reaches),
         )
+
+    def fairness(self, members: list[int], *, start: int | None = None) -> list[float]:
+        """Each of ``members``' admitted a window from window ``start`` (the warm-up's
+        end) on, over their mean: 1.0 each when they were served alike."""
+        first = self.warmup if start is None else start
+        rates = [sum(self.member_windows[i][first:]) for i in members]
+        mean = sum(rates) / len(rates) if rates else 0.0
+        return [r / mean if mean else 0.0 for r in rates]
 
     @property
     def label(self) -> str:

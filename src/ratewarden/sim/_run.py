@@ -25,7 +25,9 @@ __all__ = ["START_S", "Progress", "Run"]
 
 START_S = 1_763_900_000  # the virtual clock starts at this epoch second (rounded to a window)
 
-ARRIVE, SERVE, REFRESH, MESSAGE, ACTIVATE, JOIN, LEAVE, DIE, TOTAL, BURST, TICK, DUE = range(12)
+(ARRIVE, SERVE, REFRESH, MESSAGE, ACTIVATE, JOIN, LEAVE, DIE, TOTAL, BURST, TICK, DUE, WORK) = (
+    range(13)
+)
 
 
 class Run(Measures):
@@ -94,34 +96,7 @@ class Run(Measures):
                     break
                 self.clock.now = at
                 events += 1
-                node = nodes[index]
-                if kind == ARRIVE:
-                    if arg == node.arrive_gen:
-                        self._arrive(node)
-                elif kind == SERVE:
-                    if arg == node.serve_gen:
-                        self._serve(node)
-                elif kind == DUE:
-                    self._due(node, *arg)
-                elif kind == REFRESH:
-                    if arg == node.refresh_gen and node.alive:
-                        self._refresh(node)
-                        self._schedule_refresh(node)
-                elif kind == MESSAGE:
-                    self._message(node, arg)
-                elif kind == ACTIVATE:
-                    self._activate(node, arg)
-                elif kind == JOIN:
-                    self._join(node)
-                elif kind in (LEAVE, DIE):
-                    self._depart(node, clean=kind == LEAVE)
-                elif kind == TOTAL:
-                    self._change_total(arg)
-                elif kind == BURST:
-                    if arg == node.arrive_gen and node.alive:
-                        self._burst(node)
-                else:
-                    self._tick(arg)
+                self._play(kind, nodes[index], arg)
             self.clock.now = end
             self._flush_offer()
             self._tick(self.windows)
@@ -133,9 +108,44 @@ class Run(Measures):
         self.r.roles = {n.id: self.plan.role(n.index) for n in nodes}
         return self.r
 
+    def _play(self, kind: int, node: Node, arg: Any) -> None:
+        """One event, on the true clock's ``now``."""
+        if kind == ARRIVE:
+            if arg == node.arrive_gen:
+                self._arrive(node)
+        elif kind == WORK:
+            if arg[0] == node.arrive_gen and node.alive:
+                self._arrive(node, arg[1])
+        elif kind == SERVE:
+            if arg == node.serve_gen:
+                self._serve(node)
+        elif kind == DUE:
+            self._due(node, *arg)
+        elif kind == REFRESH:
+            if arg == node.refresh_gen and node.alive:
+                self._refresh(node)
+                self._schedule_refresh(node)
+        elif kind == MESSAGE:
+            self._message(node, arg)
+        elif kind == ACTIVATE:
+            self._activate(node, arg)
+        elif kind == JOIN:
+            self._join(node)
+        elif kind in (LEAVE, DIE):
+            self._depart(node, clean=kind == LEAVE)
+        elif kind == TOTAL:
+            self._change_total(arg)
+        elif kind == BURST:
+            if arg == node.arrive_gen and node.alive:
+                self._burst(node)
+        else:
+            self._tick(arg)
+
     # -- callers ---------------------------------------------------------------------
 
-    def _arrive(self, node: Node) -> None:
+    def _arrive(self, node: Node, caller: int = -1) -> None:
+        """A call of `acquire(max_wait)`: an open-loop arrival, or a worker
+        (``caller``, 0 and up) asking again."""
         member = node.member
         assert member is not None
         now = self.clock.now
@@ -146,27 +156,38 @@ class Run(Measures):
         wait = share.take(t, 1)
         if not wait:
             self._admit(node)
+            self._finished(node, caller)
         elif wait > self.max_wait:
             self.r.gave_up += 1
+            self._finished(node, caller)
         else:
             self.r.waited += 1
             share.begin_wait(t)
             if node.queue:  # first come, first served: behind the others
-                node.queue.append((t + self.max_wait, t))
+                node.queue.append((t + self.max_wait, t, caller))
             else:
                 held, wait = share.reserve(t, 1, self.max_wait)
                 if held:
                     node.due += 1
-                    self.push(now + wait, DUE, node.index, (node.serve_gen, t))
+                    self.push(now + wait, DUE, node.index, (node.serve_gen, t, caller))
                 elif wait > self.max_wait:
                     share.end_wait(t)
                     self.r.gave_up += 1
+                    self._finished(node, caller)
                 else:
-                    node.queue.append((t + self.max_wait, t))
+                    node.queue.append((t + self.max_wait, t, caller))
                     if not node.serving:
                         node.serving = True
                         self.push(now + wait, SERVE, node.index, node.serve_gen)
-        self._next_arrival(node)
+        if caller < 0:
+            self._next_arrival(node)
+
+    def _finished(self, node: Node, caller: int) -> None:
+        """A call returned (served or given up): a worker asks again after its
+        think time."""
+        if caller >= 0 and node.alive:
+            think = round(self.s.think_ms * 1e6)
+            self.push(self.clock.now + think, WORK, node.index, (node.arrive_gen, caller))
 
     def _next_arrival(self, node: Node) -> None:
         if self.s.arrivals == "even":
@@ -189,20 +210,21 @@ class Run(Measures):
         share = member.share
         queue = node.queue
         while queue:
-            deadline, since = queue[0]
+            deadline, since, caller = queue[0]
             held, wait = share.reserve(t, 1, deadline - t)
             if held:
                 queue.popleft()
                 node.due += 1
                 if wait:
-                    self.push(now + wait, DUE, node.index, (node.serve_gen, since))
+                    self.push(now + wait, DUE, node.index, (node.serve_gen, since, caller))
                 else:
-                    self._due(node, node.serve_gen, since)
+                    self._due(node, node.serve_gen, since, caller)
                 continue
             while queue and t + wait > queue[0][0]:
-                queue.popleft()
+                _, _, caller = queue.popleft()
                 share.end_wait(t)
                 self.r.gave_up += 1
+                self._finished(node, caller)
             if queue:
                 node.serving = True
                 self.push(now + wait, SERVE, node.index, node.serve_gen)
@@ -214,7 +236,7 @@ class Run(Measures):
             node.member.share.window_state(node.clock.time_ns())
             self._set_local(node, node.member.share.grant)
 
-    def _due(self, node: Node, gen: int, since: int) -> None:
+    def _due(self, node: Node, gen: int, since: int, caller: int) -> None:
         """A waiting caller's reserved permit is due: it goes to the provider."""
         if gen != node.serve_gen or node.member is None:
             return  # its member left or died meanwhile (counted as given up then)
@@ -223,13 +245,16 @@ class Run(Measures):
         node.member.share.end_wait(t)
         self.r.wait_ns += t - since
         self._admit(node)
+        self._finished(node, caller)
 
-    def _set_rate(self, node: Node, rate: float) -> None:
+    def _set_rate(self, node: Node, rate: float, *, arrivals: bool = True) -> None:
+        """A member's callers offer ``rate`` a second from now; ``arrivals``:
+        open-loop ones, whose arrivals start here (workers start themselves)."""
         self._flush_offer()
         self.fleet_rate += rate - node.rate
         node.rate = rate
         node.arrive_gen += 1
-        if rate > 0 and node.alive:
+        if rate > 0 and node.alive and arrivals:
             if self.s.arrivals == "even":  # a random phase, then evenly spaced
                 gap = self.rng.uniform(0, 1e9 / rate)
             else:
@@ -265,7 +290,13 @@ class Run(Measures):
         if node.tracked:
             self._converged(node)
         self._schedule_refresh(node)
-        if self.plan.bursts is not None:
+        workers = self.plan.workers[node.index]
+        if workers:
+            self._set_rate(node, self.plan.rates[node.index], arrivals=False)
+            for caller in range(workers):  # a pool started together, in a random order
+                at = self.clock.now + round(self.rng.uniform(0, 1e6))
+                self.push(at, WORK, node.index, (node.arrive_gen, caller))
+        elif self.plan.bursts is not None:
             self._burst(node)
         else:
             self._set_rate(node, self.plan.rates[node.index])

@@ -45,6 +45,9 @@ class Scenario:
     warmup: float = 5.0  # seconds left out of utilisation
     cap: int | None = None  # static's cap, permits a window; None: total / members
     arrivals: str = "poisson"  # or "even": evenly spaced, random phase
+    workers: int = 0  # closed-loop callers per member with demand; 0: open-loop arrivals
+    think_ms: float = 0.0  # a worker's time between being served and asking again
+    closed: int | None = None  # only the first K members with demand have workers; None: all
 
     def __post_init__(self) -> None:
         rate = parse_rate(self.rate)
@@ -72,6 +75,12 @@ class Scenario:
                 raise ConfigurationError(f"{name} must be >= 0, got {value}")
         if self.active is not None and not 0 <= self.active <= self.members:
             raise ConfigurationError(f"active must be 0-{self.members}, got {self.active}")
+        if not 0 <= self.workers <= 1000:
+            raise ConfigurationError(f"workers must be 0-1000, got {self.workers}")
+        if not (math.isfinite(self.think_ms) and self.think_ms >= 0):
+            raise ConfigurationError(f"think_ms must be >= 0, got {self.think_ms}")
+        if self.closed is not None and not 0 <= self.closed <= self.members:
+            raise ConfigurationError(f"closed must be 0-{self.members}, got {self.closed}")
         if self.arrivals not in ("poisson", "even"):
             raise ConfigurationError(f"arrivals must be poisson or even, got {self.arrivals!r}")
         self.config()  # refresh, lease and cap checked as the coordinator would
@@ -96,6 +105,13 @@ class Scenario:
     def wait(self) -> float:
         """A caller's max_wait, seconds."""
         return parse_rate(self.rate).period if self.max_wait is None else self.max_wait
+
+    @property
+    def closed_count(self) -> int:
+        """How many members' callers are closed-loop workers (the first ones)."""
+        if not self.workers:
+            return 0
+        return self.members if self.closed is None else self.closed
 
     def config(self, total: int | None = None) -> QuotaConfig:
         rate = parse_rate(self.rate)
@@ -130,6 +146,9 @@ class Scenario:
             "pubsub_ms": self.pubsub_ms,
             "warmup": self.warmup,
             "arrivals": self.arrivals,
+            "workers": self.workers,
+            "think_ms": self.think_ms,
+            "closed": self.closed_count if self.workers else 0,
         }
 
 
