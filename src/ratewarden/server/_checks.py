@@ -17,8 +17,9 @@ and hands over a `Check` that is valid: nothing here checks it again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, overload
+
+import msgspec
 
 from .._errors import ConfigurationError
 from ..envoy import EnvoyResult, Override
@@ -46,8 +47,9 @@ __all__ = [
 ENVOY_ALIASES = {"remote_address": "ip", "source_cluster": "source", "destination_cluster": "dest"}
 
 
-@dataclass(frozen=True, slots=True)
-class AttributesCheck:
+# msgspec structs, not dataclasses: one is made for every request, and a struct
+# costs a quarter of what a frozen dataclass does to make
+class AttributesCheck(msgspec.Struct, frozen=True):
     """Attributes for the YAML rules; ``cost``: how many requests this one
     counts as, a whole number >= 1."""
 
@@ -55,8 +57,7 @@ class AttributesCheck:
     cost: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class DescriptorsCheck:
+class DescriptorsCheck(msgspec.Struct, frozen=True):
     """A ``domain`` and its ``descriptors`` (each a list of (key, value)
     entries), with each descriptor's limit override if any; ``cost`` as above."""
 
@@ -134,9 +135,9 @@ def descriptor_attributes(
 
 
 async def check_attributes(
-    service: Service, attributes: Mapping[str, object], cost: int, *, wait: bool
+    service: Service, attributes: Mapping[str, object], cost: int = 1, *, wait: bool = False
 ) -> Outcome:
-    """One engine call for the YAML rules, counted."""
+    """The YAML rules' answer to ``attributes``, counted: one engine call."""
     outcome = await service.engine.acheck(attributes, cost=cost, wait=wait)
     _count_rules(service, outcome)
     return outcome

@@ -12,8 +12,8 @@ verdict and none goes through another's shape.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import NamedTuple
+
+import msgspec
 
 from .._decision import Decision
 from .._headers import rate_limit_headers
@@ -35,8 +35,8 @@ __all__ = [
 UNLIMITED_REMAINING = 2**32 - 1  # what envoy's service says is left of an unlimited limit
 
 
-@dataclass(frozen=True, slots=True)
-class RulesVerdict:
+# msgspec structs, as the checks are: made for every request, and cheap to make
+class RulesVerdict(msgspec.Struct, frozen=True):
     """The YAML rules' outcome; ``descriptors``: how many Envoy descriptors of
     the rules' own domain asked (each gets a status), None for attributes."""
 
@@ -47,7 +47,7 @@ class RulesVerdict:
 Verdict = RulesVerdict | EnvoyResult
 
 
-class LimitStatus(NamedTuple):
+class LimitStatus(msgspec.Struct, frozen=True):
     """One descriptor's answer, as envoy's DescriptorStatus: ``over`` its limit
     or not; the limit's name and counts where they are known."""
 
