@@ -22,6 +22,7 @@ adaptive total.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from typing import Generic, TypeVar
 
 import httpx
 
@@ -31,6 +32,8 @@ from ._consumer import AsyncQuota, Pauses, Quota, clock_of, observe
 __all__ = ["AsyncRateLimitTransport", "RateLimitTransport", "host_key"]
 
 KeyFn = Callable[[httpx.Request], str]
+Q = TypeVar("Q", Limiter | Quota, AsyncLimiter | AsyncQuota)
+T = TypeVar("T", httpx.BaseTransport, httpx.AsyncBaseTransport)
 
 
 def host_key(request: httpx.Request) -> str:
@@ -38,14 +41,18 @@ def host_key(request: httpx.Request) -> str:
     return request.url.host
 
 
-class RateLimitTransport(httpx.BaseTransport):
-    """Wraps ``transport`` (default `httpx.HTTPTransport()`) with a permit from
-    ``limiter`` before each request (see the module docstring)."""
+class _Transport(Generic[Q, T]):
+    """What the two transports share: their options, and what an answer does.
+    Each names the transport it wraps by default."""
+
+    limiter: Q
+    transport: T
+    _transport_class: type[T]
 
     def __init__(
         self,
-        limiter: Limiter | Quota,
-        transport: httpx.BaseTransport | None = None,
+        limiter: Q,
+        transport: T | None = None,
         *,
         max_wait: float,
         key: KeyFn = host_key,
@@ -53,52 +60,46 @@ class RateLimitTransport(httpx.BaseTransport):
         default_pause: float = 1.0,
     ) -> None:
         self.limiter = limiter
-        self.transport = httpx.HTTPTransport() if transport is None else transport
+        self.transport = self._transport_class() if transport is None else transport
         self.key = key
         self.pauses = Pauses(
             clock_of(limiter), max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
         )
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        key = self.key(request)
-        self.pauses.permit(self.limiter, key)
-        response = self.transport.handle_request(request)
+    def _answered(self, key: str, response: httpx.Response) -> httpx.Response:
+        """Tell a fleet quota the status, and pause ``key`` if the provider asks."""
         observe(self.limiter, response.status_code)
         self.pauses.after(key, response.status_code, response.headers.get("retry-after"))
         return response
+
+
+class RateLimitTransport(_Transport[Limiter | Quota, httpx.BaseTransport], httpx.BaseTransport):
+    """Wraps ``transport`` (default `httpx.HTTPTransport()`) with a permit from
+    ``limiter`` before each request (see the module docstring)."""
+
+    _transport_class = httpx.HTTPTransport
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        key = self.key(request)
+        self.pauses.permit(self.limiter, key)
+        return self._answered(key, self.transport.handle_request(request))
 
     def close(self) -> None:
         self.transport.close()
 
 
-class AsyncRateLimitTransport(httpx.AsyncBaseTransport):
+class AsyncRateLimitTransport(
+    _Transport[AsyncLimiter | AsyncQuota, httpx.AsyncBaseTransport], httpx.AsyncBaseTransport
+):
     """The asyncio twin of `RateLimitTransport`, for an `AsyncLimiter`; waiting
     never blocks the event loop."""
 
-    def __init__(
-        self,
-        limiter: AsyncLimiter | AsyncQuota,
-        transport: httpx.AsyncBaseTransport | None = None,
-        *,
-        max_wait: float,
-        key: KeyFn = host_key,
-        pause_on: Collection[int] = (429, 503),
-        default_pause: float = 1.0,
-    ) -> None:
-        self.limiter = limiter
-        self.transport = httpx.AsyncHTTPTransport() if transport is None else transport
-        self.key = key
-        self.pauses = Pauses(
-            clock_of(limiter), max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
-        )
+    _transport_class = httpx.AsyncHTTPTransport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
         await self.pauses.apermit(self.limiter, key)
-        response = await self.transport.handle_async_request(request)
-        observe(self.limiter, response.status_code)
-        self.pauses.after(key, response.status_code, response.headers.get("retry-after"))
-        return response
+        return self._answered(key, await self.transport.handle_async_request(request))
 
     async def aclose(self) -> None:
         await self.transport.aclose()
