@@ -8,9 +8,13 @@ call, so the coordinator never counts more than the new total as held.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from .._errors import StoreUnavailable
+from .._flow import Call, Flow, adrive, drive
 from .config import QuotaConfig
 from .coordinator import AsyncCoordinator, Coordinator, QuotaStatus
 
@@ -38,27 +42,34 @@ def _name(key: Any) -> str:
     return text[len("{rw:quota:") : -len("}:cfg")]
 
 
-def list_quotas(client: Any, limit: int = 1000) -> list[str]:
-    """The names of the resources in Redis (at most ``limit``), sorted."""
+def _names(next_key: Call, limit: int) -> Flow[list[str]]:
+    """The names of the resources whose keys ``next_key`` gives one at a time
+    (None: no more), until ``limit`` of them, sorted."""
+    names = set()
+    while (key := (yield next_key)) is not None:
+        names.add(_name(key))
+        if len(names) >= limit:
+            break
+    return sorted(names)
+
+
+@contextlib.contextmanager
+def _listing() -> Iterator[None]:
     try:
-        names = set()
-        for key in client.scan_iter(match=_PATTERN, count=500):
-            names.add(_name(key))
-            if len(names) >= limit:
-                break
+        yield
     except Exception as exc:
         raise StoreUnavailable(f"redis: cannot list quotas: {exc}") from exc
-    return sorted(names)
+
+
+def list_quotas(client: Any, limit: int = 1000) -> list[str]:
+    """The names of the resources in Redis (at most ``limit``), sorted."""
+    with _listing():
+        keys = client.scan_iter(match=_PATTERN, count=500)
+        return drive(_names(partial(next, keys, None), limit))
 
 
 async def alist_quotas(client: Any, limit: int = 1000) -> list[str]:
     """The asyncio twin of `list_quotas`."""
-    try:
-        names = set()
-        async for key in client.scan_iter(match=_PATTERN, count=500):
-            names.add(_name(key))
-            if len(names) >= limit:
-                break
-    except Exception as exc:
-        raise StoreUnavailable(f"redis: cannot list quotas: {exc}") from exc
-    return sorted(names)
+    with _listing():
+        keys = client.scan_iter(match=_PATTERN, count=500)
+        return await adrive(_names(partial(anext, keys, None), limit))
