@@ -220,3 +220,14 @@ def test_the_cycle_finder_finds_cycles(graph: dict[str, set[str]]) -> None:
 
 def test_the_cycle_finder_passes_a_tree() -> None:
     assert all(len(c) == 1 for c in _components({"a": {"b", "c"}, "b": {"c"}, "c": set()}))
+
+
+def test_the_architecture_page_names_every_package() -> None:
+    page = (SRC.parent / "docs" / "architecture.md").read_text()
+    packages = [name for name in MODULES if is_package(name) and name != "ratewarden"]
+    missing = [
+        name
+        for name in packages
+        if f"`{name.removeprefix('ratewarden.').replace('.', '/')}/`" not in page
+    ]
+    assert not missing, f"docs/architecture.md's Layout does not name {missing}"
