@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -47,10 +47,6 @@ from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
 from ._compile import Applicable, CompiledRule, RuleSet, ceiling_start
 from ._schema import Response
-
-if TYPE_CHECKING:
-    pass  # RELAYOUT-SELF-IMPORT
-
 
 __all__ = [
     "Counted",

@@ -35,7 +35,6 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ._paths import PathIndex, Pattern, normalize_path, walk
 from ._rule import (
@@ -56,10 +55,6 @@ from ._schema import (
     from_document,
 )
 from .source import Document, Problem, parse_text, read_file
-
-if TYPE_CHECKING:
-    pass  # RELAYOUT-SELF-IMPORT
-
 
 __all__ = [
     "Applicable",
