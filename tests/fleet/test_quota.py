@@ -275,3 +275,99 @@ def test_a_cut_heard_twice_is_applied_once() -> None:
             m.on_reply(cut, 0)
         assert m.share.pieces == ((160_000, 240_000),), order
         assert m.grant == 240.0, order
+
+
+def test_an_application_states_its_demand(client: redis.Redis, name: str) -> None:
+    """A queue consumer that knows its lag says what it wants (``demand``, or a
+    ``wants`` function asked at each refresh) rather than being measured."""
+    clock = FakeClock(START)
+    config = QuotaConfig("100/second", "fair_share", refresh=1.0)
+    lag = {"permits": 70.0}
+    told = member(name, client, clock, "told", config=config, wants=lambda: lag["permits"])
+    told.start()
+    fixed = member(name, client, clock, "fixed").start()
+    fixed.demand(20)
+    for _ in range(2):
+        clock.advance(1.0)
+        told.refresh()
+        fixed.refresh()
+    status = told.status()
+    assert status is not None
+    assert {m.id: m.wants for m in status.members} == {"told": 70.0, "fixed": 20.0}
+    lag["permits"] = 1e9  # more than anyone can have: the total
+    fixed.demand(None)  # measured again: it asked for nothing
+    clock.advance(1.0)
+    told.refresh()
+    fixed.refresh()
+    status = told.status()
+    assert status is not None
+    assert {m.id: m.wants for m in status.members} == {"told": 100.0, "fixed": 0.0}
+    with pytest.raises(ConfigurationError, match="demand"):
+        fixed.demand(-1)
+    with pytest.raises(ConfigurationError, match="wants"):
+        member(name, client, clock, "bad", wants=5)
+
+
+def test_a_bad_wants_function_falls_back_to_what_is_measured(
+    client: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock(START)
+    config = QuotaConfig("100/second", "fair_share", refresh=1.0)
+
+    def broken() -> float:
+        raise RuntimeError("lag unknown")
+
+    a = member(name, client, clock, "a", config=config, wants=broken).start()
+    for _ in range(30):
+        a.try_acquire()
+    clock.advance(1.0)
+    a.refresh()
+    status = a.status()
+    assert status is not None
+    assert status.members[0].wants == 30.0
+    assert "the wants function failed" in caplog.text
+
+
+def test_blocking_threads_are_served_alike_by_a_real_coordinator(
+    client: redis.Redis, name: str
+) -> None:
+    """Two members, one with 6 threads blocking in acquire and one with 2, on
+    real time and a real Redis: each thread asks again as soon as it is served,
+    so each member's callers hide their demand but for how long they wait.
+    What each is served over the last seconds splits the total evenly."""
+    import threading  # noqa: PLC0415 - only this test runs threads
+
+    config = QuotaConfig("200/second", "fair_share", refresh=0.25, lease=1.0)
+    quotas = [
+        FleetQuota(name, client, config=config, member_id=f"m{i}", pace=True) for i in range(2)
+    ]
+    served = [0, 0]
+    counting = threading.Event()
+    stop = threading.Event()
+
+    def work(i: int) -> None:
+        while not stop.is_set():
+            try:
+                quotas[i].acquire(max_wait=1.0)
+            except RateLimitTimeout:
+                continue
+            if counting.is_set():
+                served[i] += 1
+
+    for quota in quotas:
+        quota.start()
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0,) * 6 + (1,) * 2]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(3.0)  # settling: a few refreshes
+        counting.set()
+        time.sleep(3.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        for quota in quotas:
+            quota.close()
+    assert sum(served) >= 0.9 * 200 * 3.0
+    assert served[0] == pytest.approx(served[1], rel=0.15), served

@@ -126,24 +126,65 @@ def test_report_measures_asked_and_used_per_window() -> None:
     assert share.report(2 * S) == (15_000, 10_000, 5_000)  # over two windows
 
 
-def test_blocked_callers_ask_for_more_than_they_hold() -> None:
-    """Callers that block on acquire ask only as fast as they are served: when one
-    was waiting nine tenths of the time and the grant was all spent, the member
-    asks for an eighth more (once past its first reports, while demand settles)."""
+def test_a_caller_that_comes_back_counts_what_its_waiting_cost_it() -> None:
+    """A caller that waited 90 ms and worked 10 ms before asking again would ask
+    every 10 ms unhindered: each of its calls counts ten times."""
     share = Share(S, now=0)
-    given_grant(share, 10_000, 0)
-    assert share.cooldown == 8
-    share.cooldown = 0  # settled
-    for _ in range(10):
-        share.asked += 1
-        share.take(0)
-    share.begin_wait(S // 20)  # a caller waits from 0.05 s to the end
-    assert share.report(S)[0] == 10_000 + 1_250 + 1_000
-    share.end_wait(S + S // 2)  # ...and on to 1.5 s: half of the next period
-    for _ in range(10):
-        share.asked += 1
-        share.take(S)
-    assert share.report(2 * S)[0] == 10_000  # waiting half the time is no sign
+    given_grant(share, 1_000_000, 0)
+    ms = S // 1000
+    for k in range(10):  # 10 calls of 100 ms each, served after 90 ms
+        share.ask(k * 100 * ms, 1, "worker")
+        share.done((k * 100 + 90) * ms, "worker")
+    assert share.report(S)[0] == 10_000 + 9 * 9_000  # the first call has no past
+
+
+def test_a_blocked_pool_wants_the_total() -> None:
+    """Workers that ask again at once wait for every permit: they want more than
+    anyone can give, and report the whole line."""
+    share = Share(S, now=0)
+    share.apply(10_000, 10_000, piece(0, 10_000), 0, settled=True, line=40_000)
+    ms = S // 1000
+    for k in range(5):  # two workers, each served once every 200 ms
+        for worker in range(2):
+            share.ask(k * 200 * ms, 1, worker)
+            share.done((k + 1) * 200 * ms, worker)
+    assert share.report(S)[0] == 40_000
+
+
+def test_callers_that_do_not_come_back_count_once() -> None:
+    """Open-loop callers (a task or a thread per call, or none named) count once
+    however long they waited: they would not have asked sooner."""
+    share = Share(S, now=0)
+    given_grant(share, 1_000_000, 0)
+    ms = S // 1000
+    for k in range(30):
+        share.ask(k * 30 * ms, 1, f"task-{k}")
+        share.done((k * 30 + 500) * ms, f"task-{k}")
+        share.ask(k * 30 * ms, 1)
+        share.done((k * 30 + 500) * ms)
+    assert share.report(S)[0] == 60_000
+
+
+def test_a_caller_that_works_long_counts_about_once() -> None:
+    share = Share(S, now=0)
+    given_grant(share, 1_000_000, 0)
+    ms = S // 1000
+    for k in range(40):  # waits 1 ms, works 24 ms
+        share.ask(k * 25 * ms, 1, "thread")
+        share.done((k * 25 + 1) * ms, "thread")
+    assert share.report(S)[0] == round(40_000 + 39 * 1000 / 24)
+
+
+def test_demand_that_stops_is_dropped_at_once() -> None:
+    """Earlier periods join a small count only if it could come from their rate:
+    callers that stopped have stopped."""
+    share = Share(S, now=0)
+    given_grant(share, 1_000_000, 0)
+    share.asked = 851
+    assert share.report(S)[0] == 851_000
+    assert share.report(2 * S)[0] == 0
+    share.asked = 3
+    assert share.report(3 * S)[0] == 1_500  # 3 in the 2 quiet seconds, not the busy one
 
 
 def test_a_period_too_short_to_measure_repeats_the_last_figures() -> None:
@@ -175,29 +216,6 @@ def test_after_an_idle_spell_the_schedule_starts_again() -> None:
     given_grant(share, 4000, start)
     assert share.take(start + S // 2) == 0
     assert share.take(start + S // 2) == S // 4  # no catching up on the idle slots
-
-
-def test_an_unused_boost_is_not_asked_for_again_for_a_while() -> None:
-    share = Share(S, now=0)
-    given_grant(share, 20_000, 0)
-    share.cooldown = 0  # settled
-
-    def period(start: int, asked: int) -> int:
-        share.begin_wait(start)
-        for _ in range(asked):
-            share.asked += 1
-            share.take(start)
-        share.end_wait(start + S)
-        return share.report(start + S)[0]
-
-    assert period(0, 20) == 20_000 + 2_500 + 1_000  # looked like a blocked pool
-    share.apply(23_500, 23_500, piece(0, 23_500), S)  # applies from the next window
-    assert period(S, 20) == 20_000  # the boost went unused: open-loop callers after all
-    assert [period(k * S, 23) for k in range(2, 10)] == [23_000] * 8  # no boost meanwhile
-    assert period(10 * S, 23) == 23_500 + 2_937 + 1_000  # then it tries again
-    assert period(11 * S, 23) == 23_000  # unused again: twice as long before the next try
-    assert [period(k * S, 23) for k in range(12, 28)] == [23_000] * 16
-    assert period(28 * S, 23) > 23_500
 
 
 def test_a_call_more_or_less_is_the_same_demand() -> None:

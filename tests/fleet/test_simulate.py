@@ -1,9 +1,6 @@
 """`ratewarden simulate`: small runs on the coordinator's model that must show the
 fleet's invariants and key figures, one run on a real Redis that must match the
-model's run event for event, and the command itself.
-
-Two figures the fleet misses today are strict xfails (see docs/fleet-simulation.md):
-when the fleet logic is fixed they pass, and the marks must go."""
+model's run event for event, and the command itself."""
 
 from __future__ import annotations
 
@@ -134,7 +131,6 @@ def blocking_pools(seed: int, **changes: object) -> Scenario:
     return scenario.but(**changes)
 
 
-@pytest.mark.xfail(strict=True, reason="a closed loop hides its demand")
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_blocking_pools_are_served_alike(seed: int) -> None:
     """What the provider sees of each member from second 5 on: within 10% of 125/s."""
@@ -143,6 +139,18 @@ def test_blocking_pools_are_served_alike(seed: int) -> None:
     assert r.max_excess <= 1.0
     assert r.utilisation >= 0.97
     assert all(0.9 <= share <= 1.1 for share in r.fairness([0, 1, 2, 3]))
+
+
+def test_blocking_pools_split_what_open_callers_leave() -> None:
+    """Two pools beside two members whose callers arrive at 50/s: the pools
+    share the rest evenly, and the open callers are not crowded out."""
+    r = simulate(blocking_pools(1, closed=2, demand=0.4))
+    invariant(r)
+    pools = r.fairness([0, 1])
+    assert all(0.95 <= share <= 1.05 for share in pools)
+    seconds = len(r.admitted) - r.warmup
+    for i in (2, 3):
+        assert sum(r.member_windows[i][r.warmup :]) / seconds >= 0.85 * 50
 
 
 def test_the_real_script_runs_the_same_simulation_as_the_model(

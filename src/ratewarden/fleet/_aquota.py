@@ -25,6 +25,7 @@ import asyncio
 # import threading
 # unasync: end
 import time
+from collections.abc import Callable
 from contextlib import AsyncContextDecorator, closing, suppress
 from typing import Any
 
@@ -32,7 +33,7 @@ from .._clock import Clock
 from .._errors import ConfigurationError, StoreUnavailable
 from .._waiting import AsyncTurns, check_max_wait, check_priority
 from ..stores.redis.connection import connect
-from ._shell import LINE, POLL, Line, Shell, check_cost, log
+from ._shell import LINE, POLL, Line, Shell, check_cost, current_caller, log
 from .config import QuotaConfig
 from .coordinator import AsyncCoordinator, QuotaStatus
 
@@ -48,6 +49,8 @@ class AsyncFleetQuota(Line, Shell):
     resource does not exist yet; otherwise it must have been created with
     ``ratewarden quota set``. ``pace``: spread the permits of each window evenly
     across it. ``clock``: the member's clock (tests and simulations).
+    ``wants``: a function that gives this member's demand in permits a window,
+    asked at each refresh (None from it: what the calls show); see also `demand`.
 
     Joining makes a first refresh at once (`start`, or entering ``async with``), then a
     task refreshes every interval and listens for changes of the total.
@@ -66,6 +69,7 @@ class AsyncFleetQuota(Line, Shell):
         timeout: float = 0.5,
         coordinator_clock: Clock | None = None,
         background: bool = True,
+        wants: Callable[[], float | None] | None = None,
     ) -> None:
         self._setup(
             name,
@@ -75,6 +79,7 @@ class AsyncFleetQuota(Line, Shell):
             pace=pace,
             clock=clock,
             background=background,
+            wants=wants,
         )
         self.client = (
             connect(redis, timeout, asynchronous=True) if isinstance(redis, str) else redis
@@ -230,25 +235,30 @@ class AsyncFleetQuota(Line, Shell):
         caller's class (an int, higher first): waiting callers stand in one line
         in class order, and only its head waits for the share (see `_line`)."""
         rank = check_priority(priority)
+        caller = current_caller()
         line = self._line
         if line.busy(LINE):  # others wait already: join them in class order, never barge
-            wait = self._asked(max_wait, cost)
+            wait = self._asked(max_wait, cost, caller)
         else:
-            wait = self._first(max_wait, cost)
+            wait = self._first(max_wait, cost, caller)
             if not wait:
+                self._done(caller)
                 return
-        deadline = self._deadline(max_wait, wait)
-        if not await line.wait_turn(LINE, deadline, rank):
-            raise self._no_turn(max_wait)
         try:
-            wait = self._take(cost)
-            if wait:
-                with closing(self._waits(wait, self._left(deadline), cost)) as waits:
-                    for seconds in waits:
-                        line.expire_before(LINE, self.clock.time_ns() + round(seconds * 1e9))
-                        await self.clock.asleep(seconds)
+            deadline = self._deadline(max_wait, wait)
+            if not await line.wait_turn(LINE, deadline, rank):
+                raise self._no_turn(max_wait)
+            try:
+                wait = self._take(cost)
+                if wait:
+                    with closing(self._waits(wait, self._left(deadline), cost)) as waits:
+                        for seconds in waits:
+                            line.expire_before(LINE, self.clock.time_ns() + round(seconds * 1e9))
+                            await self.clock.asleep(seconds)
+            finally:
+                line.leave(LINE)
         finally:
-            line.leave(LINE)
+            self._done(caller)
 
     def slot(self, max_wait: float, cost: int = 1) -> AsyncQuotaSlot:
         """`acquire` as a context manager or decorator."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ContextDecorator, closing, suppress
 from typing import Any
 
@@ -20,7 +21,7 @@ from .._clock import Clock
 from .._errors import ConfigurationError, StoreUnavailable
 from .._waiting import Turns, check_max_wait, check_priority
 from ..stores.redis.connection import connect
-from ._shell import LINE, POLL, Line, Shell, check_cost, log
+from ._shell import LINE, POLL, Line, Shell, check_cost, current_caller, log
 from .config import QuotaConfig
 from .coordinator import Coordinator, QuotaStatus
 
@@ -36,6 +37,8 @@ class FleetQuota(Line, Shell):
     resource does not exist yet; otherwise it must have been created with
     ``ratewarden quota set``. ``pace``: spread the permits of each window evenly
     across it. ``clock``: the member's clock (tests and simulations).
+    ``wants``: a function that gives this member's demand in permits a window,
+    asked at each refresh (None from it: what the calls show); see also `demand`.
 
     Joining makes a first refresh at once (`start`, or entering ``with``), then a
     thread refreshes every interval and listens for changes of the total.
@@ -54,6 +57,7 @@ class FleetQuota(Line, Shell):
         timeout: float = 0.5,
         coordinator_clock: Clock | None = None,
         background: bool = True,
+        wants: Callable[[], float | None] | None = None,
     ) -> None:
         self._setup(
             name,
@@ -63,6 +67,7 @@ class FleetQuota(Line, Shell):
             pace=pace,
             clock=clock,
             background=background,
+            wants=wants,
         )
         self.client = (
             connect(redis, timeout, asynchronous=False) if isinstance(redis, str) else redis
@@ -202,25 +207,30 @@ class FleetQuota(Line, Shell):
         caller's class (an int, higher first): waiting callers stand in one line
         in class order, and only its head waits for the share (see `_line`)."""
         rank = check_priority(priority)
+        caller = current_caller()
         line = self._line
         if line.busy(LINE):  # others wait already: join them in class order, never barge
-            wait = self._asked(max_wait, cost)
+            wait = self._asked(max_wait, cost, caller)
         else:
-            wait = self._first(max_wait, cost)
+            wait = self._first(max_wait, cost, caller)
             if not wait:
+                self._done(caller)
                 return
-        deadline = self._deadline(max_wait, wait)
-        if not line.wait_turn(LINE, deadline, rank):
-            raise self._no_turn(max_wait)
         try:
-            wait = self._take(cost)
-            if wait:
-                with closing(self._waits(wait, self._left(deadline), cost)) as waits:
-                    for seconds in waits:
-                        line.expire_before(LINE, self.clock.time_ns() + round(seconds * 1e9))
-                        self.clock.sleep(seconds)
+            deadline = self._deadline(max_wait, wait)
+            if not line.wait_turn(LINE, deadline, rank):
+                raise self._no_turn(max_wait)
+            try:
+                wait = self._take(cost)
+                if wait:
+                    with closing(self._waits(wait, self._left(deadline), cost)) as waits:
+                        for seconds in waits:
+                            line.expire_before(LINE, self.clock.time_ns() + round(seconds * 1e9))
+                            self.clock.sleep(seconds)
+            finally:
+                line.leave(LINE)
         finally:
-            line.leave(LINE)
+            self._done(caller)
 
     def slot(self, max_wait: float, cost: int = 1) -> QuotaSlot:
         """`acquire` as a context manager or decorator."""

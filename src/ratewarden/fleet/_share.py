@@ -32,21 +32,22 @@ the provider's clock: any stretch of one window holds at most one permit more
 than the share.
 
 What the member reports back: ``used``, the permits it spent a window, and
-``wants``, the permits a window its callers asked for (each call counted once,
-whether it got a permit, waited or gave up). Callers that give up show demand
-beyond the grant by asking more than was spent. A pool of workers that block on
-``acquire`` does not: it asks only as fast as it is served, and it shows itself
-by always having a caller waiting. So when a caller was waiting nine tenths of
-the time, most of the grant was spent and nobody gave up, the member asks for a
-eighth more than it holds. Open-loop callers arriving at about the grant's rate
-look the same, and each such try takes capacity from the others for a refresh
-or two: a member does not try in its first eight reports (its demand is still
-settling), and when an eighth more went unused, it does not ask again for eight
-reports, then sixteen, and so on up to 256 while each try goes unused.
+``wants``, the permits a window its callers would spend if nothing held them
+back. Each call counts once, whether it got a permit, waited or gave up, so
+callers that give up show demand beyond the grant by asking more than was
+spent. A caller that comes back (the same thread or task: ``caller`` in `ask`
+and `done`) shows what its waiting cost it: its last call took ``W`` from asking
+to returning (the wait), and it asked again ``Z`` after that (its own work).
+Unhindered it would ask every ``Z``, so its call counts ``(W + Z) / Z`` times. A
+pool of workers blocked on ``acquire`` asks only as fast as it is served, yet
+reads as wanting far more than it holds, while callers that wait little or
+work long count about once, as open-loop callers do. The part that only waiting
+adds is capped at the total: nobody can spend more.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from .alloc import Piece, scaled, within
@@ -56,7 +57,7 @@ __all__ = ["Share"]
 MILLI = 1000
 SAMPLE = 20  # calls a demand estimate wants at least (else earlier periods join in)
 STEADY = 0.02  # a demand that moves less than this (or one call) has not moved
-QUIET, QUIET_MAX = 8, 256  # reports without asking for more after an unused boost
+CALLERS = 4096  # callers remembered between their calls, at most
 STEP = 618  # how far the marks move each window, in millipermits: 1000 / golden ratio
 
 
@@ -68,16 +69,15 @@ class Share:
     """
 
     __slots__ = (
+        "_calls",
         "_count",
         "_interval",
         "_pending",
+        "_returns",
         "_used",
         "_w",
-        "_waiters",
-        "_waiting_since",
         "asked",
-        "boosted",
-        "cooldown",
+        "extra",
         "grant",
         "held",
         "history",
@@ -86,10 +86,8 @@ class Share:
         "pace",
         "period_start",
         "pieces",
-        "quiet",
         "spent",
         "tat",
-        "waiting_ns",
         "window_ns",
     )
 
@@ -109,16 +107,14 @@ class Share:
         self._interval = window_ns
         self.tat = 0
         self.asked = 0  # permits asked for since the last report
+        self.extra = 0.0  # what the callers' waiting hid of their demand, since then
         self.spent = 0  # permits spent since the last report
-        self._waiters = 0  # callers waiting for a permit now
-        self._waiting_since = 0
-        self.waiting_ns = 0  # time with a caller waiting, since the last report
-        # wants and used last reported, and the demand measured then
-        self.last: tuple[int, int, int] | None = None
-        self.boosted = 0  # the grant when the last report asked for more, else 0
-        self.history: deque[tuple[int, int]] = deque(maxlen=4)  # earlier (asked, ns)
-        self.cooldown = QUIET  # reports left without asking for more (first: settling)
-        self.quiet = QUIET  # the cooldown after the next unused boost
+        self._calls: dict[object, tuple[int, int]] = {}  # caller: its call's start, cost
+        # caller: its last call's wait (not counted yet), end and cost
+        self._returns: dict[object, tuple[int, int, int]] = {}
+        self.last: tuple[int, int] | None = None  # wants and used last reported
+        # earlier periods: asked, what waiting hid, ns
+        self.history: deque[tuple[int, float, int]] = deque(maxlen=4)
         self.period_start = now
 
     # -- the coordinator's word --------------------------------------------------
@@ -272,17 +268,29 @@ class Share:
             self._roll(w)
         return self._count, self._used
 
-    def begin_wait(self, now: int) -> None:
-        """A caller starts waiting for a permit."""
-        if self._waiters == 0:
-            self._waiting_since = now
-        self._waiters += 1
+    def ask(self, now: int, cost: int = 1, caller: object = None) -> None:
+        """A call for ``cost`` permits begins (counted once, whatever comes of
+        it); ``caller``: who makes it (a thread, a task), to see it come back."""
+        self.asked += cost
+        if caller is None:
+            return
+        last = self._returns.pop(caller, None)
+        if last is not None:
+            waited, ended, last_cost = last
+            work = max(now - ended, self.window_ns // 1000)  # its own time between calls
+            self.extra += last_cost * waited / work
+        if len(self._calls) < CALLERS:
+            self._calls[caller] = (now, cost)
 
-    def end_wait(self, now: int) -> None:
-        """A caller stops waiting (it got its permit or gave up)."""
-        self._waiters -= 1
-        if self._waiters == 0:
-            self.waiting_ns += max(0, now - max(self._waiting_since, self.period_start))
+    def done(self, now: int, caller: object = None) -> None:
+        """``caller``'s call returned, served or not."""
+        if caller is None:
+            return
+        call = self._calls.pop(caller, None)
+        if call is not None and len(self._returns) < CALLERS:
+            began, cost = call
+            # a wait that a report counted already counts from that report on
+            self._returns[caller] = (now - max(began, self.period_start), now, cost)
 
     # -- what the member reports ------------------------------------------------
 
@@ -298,43 +306,48 @@ class Share:
         per_window = MILLI * self.window_ns / elapsed
         used = round(self.spent * per_window)
         # a rate from a handful of calls is noise (3 a second counts 0 to 7 in
-        # a second): earlier periods join in until the calls number 20
-        asked, span = self.asked, elapsed
-        for earlier_asked, earlier_span in reversed(self.history):
-            if asked >= SAMPLE:
+        # a second): earlier periods join in until the calls number 20, unless
+        # theirs was another rate (callers that stopped have stopped)
+        # a caller waiting since before this period began is held back, whatever
+        # its rhythm: it counts as one that would come back at once
+        floor = self.window_ns // 1000
+        for began, cost in self._calls.values():
+            if began < self.period_start:
+                self.extra += cost * elapsed / floor
+        asked, extra, span = self.asked, self.extra, elapsed
+        for earlier_asked, earlier_extra, earlier_span in reversed(self.history):
+            if asked >= SAMPLE or not _alike(asked, span, earlier_asked, earlier_span):
                 break
             asked += earlier_asked
+            extra += earlier_extra
             span += earlier_span
-        self.history.append((self.asked, elapsed))
+        self.history.append((self.asked, self.extra, elapsed))
         per_call = MILLI * self.window_ns / span
         wants = round(asked * per_call)
+        hidden = round(extra * per_call)
+        if hidden:  # what waiting hid: nobody can spend more than the total
+            wants += min(hidden, max(0, self.line - wants)) if self.line else hidden
         last = self.last
-        if last is not None and abs(wants - last[2]) <= max(per_call, last[2] * STEADY):
+        if last is not None and abs(wants - last[0]) <= max(per_call, last[0] * STEADY):
             # a call more or less: the same demand, and the fleet's shares stay put
-            wants = last[2]
-        demand = wants
-        waiting = self.waiting_ns
-        if self._waiters:
-            waiting += now - max(self._waiting_since, self.period_start)
-        blocked = waiting * 10 >= elapsed * 9
-        served = self.asked * 20 <= self.spent * 21 + 20 * self._waiters  # nobody gave up
-        boosted = False
-        if self.cooldown:
-            self.cooldown -= 1
-        elif self.boosted and used * 50 <= self.boosted * 51:
-            # the last boost went unused: these callers were no pool; each time
-            # in a row that happens, twice as long before the next try
-            self.cooldown = self.quiet
-            self.quiet = min(2 * self.quiet, QUIET_MAX)
-        else:
-            if self.boosted:
-                self.quiet = QUIET  # a boost that was used: a pool after all
-            if blocked and served and used * 5 >= has * 4:
-                wants = max(wants, has + has // 8 + MILLI)  # blocked callers: ask for more
-                boosted = True
-        self.boosted = has if boosted else 0
+            wants = last[0]
         self.asked = self.spent = 0
-        self.waiting_ns = 0
+        self.extra = 0.0
         self.period_start = now
-        self.last = (wants, used, demand)
+        self._forget(now - 2 * elapsed)
+        self.last = (wants, used)
         return wants, has, used
+
+    def _forget(self, before: int) -> None:
+        """Callers that have not come back since ``before`` count as new ones
+        (a calls' task or thread may be another's by then)."""
+        returns = self._returns
+        for caller in [c for c, (_, ended, _) in returns.items() if ended < before]:
+            del returns[caller]
+
+
+def _alike(count: int, span: int, earlier: int, earlier_span: int) -> bool:
+    """Whether ``count`` calls in ``span`` could come from the rate of ``earlier``
+    calls in ``earlier_span``: within three standard deviations (Poisson)."""
+    expected = earlier * span / earlier_span
+    return abs(count - expected) <= 3 * math.sqrt(max(expected, count)) + 2

@@ -16,10 +16,11 @@ on the resource's channel means, and their reprs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from .._clock import Clock, SystemClock
@@ -34,6 +35,7 @@ __all__ = [
     "Line",
     "Shell",
     "check_cost",
+    "current_caller",
     "log",
 ]
 
@@ -49,13 +51,18 @@ class Line:
     name: str
     clock: Clock
 
-    def _asked(self, max_wait: float, cost: int) -> int:
+    def _asked(self, max_wait: float, cost: int, caller: object) -> int:
         """A newcomer that joins the line: its demand counts, it takes nothing."""
         check_max_wait(max_wait)
         check_cost(cost)
         with self._lock:
-            self._member.share.asked += cost
+            self._member.share.ask(self.clock.time_ns(), cost, caller)
         return 1
+
+    def _done(self, caller: object) -> None:
+        """A call that `_asked` or `_first` counted returned, served or not."""
+        with self._lock:
+            self._member.share.done(self.clock.time_ns(), caller)
 
     def _deadline(self, max_wait: float, wait: int) -> float:
         now = self.clock.time_ns()
@@ -98,6 +105,16 @@ def _config(config: QuotaConfig | str | None) -> QuotaConfig | None:
     return QuotaConfig(config)
 
 
+def current_caller() -> object:
+    """Who calls: its asyncio task, else its thread; a caller that comes back
+    shows how much its waiting held it back (see `_share`)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread
+        task = None
+    return threading.get_ident() if task is None else id(task)
+
+
 def check_cost(cost: int) -> None:
     if type(cost) is not int or cost < 1:
         raise ConfigurationError(f"cost must be a positive integer, got {cost!r}")
@@ -130,25 +147,32 @@ class Shell:
         pace: bool,
         clock: Clock | None,
         background: bool,
+        wants: Callable[[], float | None] | None = None,
     ) -> None:
         self.background = background
         self.clock = SystemClock() if clock is None else clock
         self._member = Member(
-            name, self.clock, member_id=member_id, pace=pace, config=_config(config)
+            name,
+            self.clock,
+            member_id=member_id,
+            pace=pace,
+            config=_config(config),
+            wants=wants,
         )
         self.name = self._member.name
         self._owns_client = isinstance(redis, str)
         self._lock = threading.Lock()  # held for microseconds, never across an await
         self._started = False
 
-    def _first(self, max_wait: float, cost: int) -> int:
+    def _first(self, max_wait: float, cost: int, caller: object) -> int:
         """acquire's first try: 0 when granted, else the nanoseconds to wait."""
         check_max_wait(max_wait)
         check_cost(cost)
         share = self._member.share
         with self._lock:
-            share.asked += cost
-            return share.take(self.clock.time_ns(), cost)
+            now = self.clock.time_ns()
+            share.ask(now, cost, caller)
+            return share.take(now, cost)
 
     def _waits(self, wait: int, max_wait: float, cost: int) -> Generator[float, None, None]:
         """acquire's waiting, for the twins to sleep through: the seconds of each
@@ -160,25 +184,18 @@ class Shell:
         deadline = math.inf if math.isinf(max_wait) else now + round(max_wait * 1e9)
         if now + wait > deadline:
             raise _timeout(self.name, max_wait, wait)
-        waiting = self._member.share
-        with lock:
-            waiting.begin_wait(now)
-        try:
-            while True:
-                share = self._member.share  # a new window length replaces it
-                with lock:
-                    held, wait = share.reserve(now, cost, deadline - now)
-                if held:
-                    if wait:
-                        yield wait / 1e9
-                    return
-                if now + wait > deadline:
-                    raise _timeout(self.name, max_wait, wait)
-                yield wait / 1e9
-                now = clock.time_ns()
-        finally:
+        while True:
+            share = self._member.share  # a new window length replaces it
             with lock:
-                waiting.end_wait(clock.time_ns())
+                held, wait = share.reserve(now, cost, deadline - now)
+            if held:
+                if wait:
+                    yield wait / 1e9
+                return
+            if now + wait > deadline:
+                raise _timeout(self.name, max_wait, wait)
+            yield wait / 1e9
+            now = clock.time_ns()
 
     def _heard(self, message: Any) -> bool:
         """Read what the resource's channel brought (None: nothing in time);
@@ -191,9 +208,20 @@ class Shell:
     def try_acquire(self, cost: int = 1) -> bool:
         """One permit (or ``cost``) now, or False: never waits, never raises."""
         share = self._member.share
+        caller = current_caller()
         with self._lock:
-            share.asked += cost
-            return not share.take(self.clock.time_ns(), cost)
+            now = self.clock.time_ns()
+            share.ask(now, cost, caller)
+            granted = not share.take(now, cost)
+            share.done(now, caller)
+        return granted
+
+    def demand(self, permits: float | None) -> None:
+        """Report ``permits`` a window as this member's demand from the next
+        refresh on, rather than what its calls show (a queue consumer that knows
+        its lag); None: measure it again. A ``wants`` function, if given, comes first."""
+        with self._lock:
+            self._member.state_demand(permits)
 
     def observe(self, status: int) -> None:
         """Tell the quota what the provider answered: a 429 although the member

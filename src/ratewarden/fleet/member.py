@@ -15,15 +15,23 @@ the resource's channel. The cases:
   granting nobody more than it says it holds until a lease has passed;
 - a message: the total was cut; the grant shrinks in proportion at once, and a
   refresh follows.
+
+What a refresh reports as wanted is measured (`_share.Share.report`), unless the
+application says it: ``demand`` (a figure it sets) or ``wants`` (a function
+asked at each refresh; None from it: the measured figure), in permits a window.
+An application that knows its backlog (a queue consumer's lag) knows its demand
+better than any measurement of its calls.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .._clock import Clock
@@ -54,8 +62,13 @@ class Member:
         member_id: str | None = None,
         pace: bool = False,
         config: QuotaConfig | None = None,
+        wants: Callable[[], float | None] | None = None,
     ) -> None:
         self.name = check_name(name)
+        if wants is not None and not callable(wants):
+            raise ConfigurationError(f"wants must be a function or None, got {wants!r}")
+        self.wants = wants
+        self.demand: float | None = None  # permits a window the application says it wants
         member: object = default_member_id() if member_id is None else member_id
         if not isinstance(member, str) or not 0 < len(member) <= 200:
             raise ConfigurationError(
@@ -87,13 +100,40 @@ class Member:
             least = int(self.known.get("refresh_ms", "1000")) * 500_000  # half, in ns
             restore = {k: v for k, v in self.known.items() if k not in _TRANSIENT}
         wants, has, used = self.share.report(self.clock.time_ns(), least)
-        if self.refreshes == 1 and self.known is not None:
+        told = self._told()
+        if told is not None:
+            wants = told
+        elif self.refreshes == 1 and self.known is not None:
             # just joined, demand not measured yet: ask for an equal share rather
             # than nothing, so that the first callers need not wait a refresh
             equal = int(self.known.get("eff_m", "0")) // max(1, self.members)
             wants = max(wants, equal)
         throttled, self.throttled = self.throttled, 0
         return wants, has, used, throttled, self.share.position, restore
+
+    def _told(self) -> int | None:
+        """The demand the application states (millipermits a window), if it does."""
+        demand = self.demand
+        if self.wants is not None:
+            try:
+                demand = self.wants()
+            except Exception:  # a failing hook must not stop the refreshes
+                log.exception("quota %r: the wants function failed", self.name)
+                demand = None
+            if demand is not None and not _permits(demand):
+                log.warning("quota %r: wants gave %r, not a number >= 0", self.name, demand)
+                demand = None
+        if demand is None:
+            return None
+        told = round(min(demand, _MOST) * MILLI)
+        total = int(self.known.get("eff_m", "0")) if self.known is not None else 0
+        return min(told, total) if total else told  # nobody can spend more than the total
+
+    def state_demand(self, permits: float | None) -> None:
+        """The demand to report from now on, permits a window (None: measure it)."""
+        if permits is not None and not _permits(permits):
+            raise ConfigurationError(f"demand must be a number >= 0 or None, got {permits!r}")
+        self.demand = None if permits is None else float(permits)
 
     def on_reply(self, reply: Reply, sent_at: int) -> None:
         now = self.clock.time_ns()
@@ -172,6 +212,18 @@ class Member:
 
 # the coordinator's own bookkeeping: not restored after Redis lost the resource
 _TRANSIENT = frozenset({"seq", "rebuild_ms", "cut_ms", "raise_ms", "freed_ms"})
+
+
+_MOST = 2**40  # permits a window: far beyond any total, and exact in Lua's doubles
+
+
+def _permits(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 def _text(data: Any) -> str:

@@ -19,7 +19,7 @@ own, offset from the true time by its skew; the coordinator reads the true time
   of closed-loop workers (``workers``) that each ask again ``think_ms`` after
   their last call returned, served or not. Each one
   is `acquire(max_wait)`: ``asked`` counted once, one `take`; if told to wait
-  and the wait fits in ``max_wait`` the caller waits (`begin_wait`) and tries
+  and the wait fits in ``max_wait`` the caller waits and tries
   again when told. A member's waiting callers are served first come, first
   served: only the oldest tries again, the others behind it (real threads all
   wake and race; the permits spent and the give-ups are the same, and it keeps

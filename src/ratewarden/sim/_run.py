@@ -151,7 +151,7 @@ class Run(Measures):
         now = self.clock.now
         t = now + node.skew
         share = member.share
-        share.asked += 1
+        share.ask(t, 1, caller if caller >= 0 else None)
         self.r.arrivals += 1
         wait = share.take(t, 1)
         if not wait:
@@ -162,7 +162,6 @@ class Run(Measures):
             self._finished(node, caller)
         else:
             self.r.waited += 1
-            share.begin_wait(t)
             if node.queue:  # first come, first served: behind the others
                 node.queue.append((t + self.max_wait, t, caller))
             else:
@@ -171,7 +170,6 @@ class Run(Measures):
                     node.due += 1
                     self.push(now + wait, DUE, node.index, (node.serve_gen, t, caller))
                 elif wait > self.max_wait:
-                    share.end_wait(t)
                     self.r.gave_up += 1
                     self._finished(node, caller)
                 else:
@@ -185,7 +183,8 @@ class Run(Measures):
     def _finished(self, node: Node, caller: int) -> None:
         """A call returned (served or given up): a worker asks again after its
         think time."""
-        if caller >= 0 and node.alive:
+        if caller >= 0 and node.member is not None:
+            node.member.share.done(self.clock.now + node.skew, caller)
             think = round(self.s.think_ms * 1e6)
             self.push(self.clock.now + think, WORK, node.index, (node.arrive_gen, caller))
 
@@ -222,7 +221,6 @@ class Run(Measures):
                 continue
             while queue and t + wait > queue[0][0]:
                 _, _, caller = queue.popleft()
-                share.end_wait(t)
                 self.r.gave_up += 1
                 self._finished(node, caller)
             if queue:
@@ -242,7 +240,6 @@ class Run(Measures):
             return  # its member left or died meanwhile (counted as given up then)
         node.due -= 1
         t = self.clock.now + node.skew
-        node.member.share.end_wait(t)
         self.r.wait_ns += t - since
         self._admit(node)
         self._finished(node, caller)
