@@ -66,7 +66,7 @@ from ._service import Service
 from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
 
 if TYPE_CHECKING:
-    from ._quotas import QuotaReader
+    from ._quota_reader import QuotaReader
 
 __all__ = ["AUTH_METHODS", "App", "auth_attributes", "openapi"]
 

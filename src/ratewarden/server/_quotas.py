@@ -5,15 +5,8 @@ The answers are `QuotaStatus.as_dict()` (and `summary` of it), encoded as they
 are; the structs below only describe them to the OpenAPI document, and a test
 holds them to ``as_dict()``'s keys, so that neither can drift from the other.
 Imports msgspec alone: ``openapi()`` needs the shapes with no Redis client
-installed, and ``ratewarden quota list --json`` prints `summary` too.
-
-Reading fleet quotas through the asyncio Redis client of the service's store:
-what ``/v1/quotas`` and the quota gauges of ``/metrics`` show.
-
-Imported only when the store is Redis (it imports ``ratewarden.fleet``, and so
-the redis extra). Every read is bounded: at most ``limit`` resources, one
-script call each, all within ``deadline`` seconds; past it the read fails as
-the store failing does, with `StoreUnavailable`.
+installed, and ``ratewarden quota list --json`` prints `summary` too. Reading
+them is `_quota_reader`'s.
 """
 
 from __future__ import annotations
@@ -24,14 +17,6 @@ import msgspec
 
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus
-import asyncio
-import contextlib
-import logging
-from collections.abc import AsyncIterator, Sequence
-
-from .._errors import ConfigurationError, StoreError, StoreUnavailable
-from ..fleet import QuotaStatus, alist_quotas, ashow_quota
-from ..fleet.config import check_name
 
 __all__ = [
     "MAX_LISTED",
@@ -40,12 +25,10 @@ __all__ = [
     "QuotaFigures",
     "QuotaList",
     "QuotaMember",
-    "QuotaReader",
     "QuotaSummary",
     "summary",
 ]
 
-log = logging.getLogger("ratewarden.server")
 
 # Resources read for one listing, and for one /metrics scrape (a script call each).
 MAX_LISTED = 1000
@@ -108,59 +91,3 @@ def summary(status: QuotaStatus) -> dict[str, Any]:
     figures = status.as_dict()
     figures["members"] = len(status.members)
     return figures
-
-
-class QuotaReader:
-    def __init__(self, client: Any, *, deadline: float = 3.0) -> None:
-        self.client = client
-        self.deadline = deadline
-
-    async def show(self, name: str) -> QuotaStatus | None:
-        """One resource; None if it does not exist. `ConfigurationError` for a
-        name no resource can have; `StoreError` for a configuration in Redis
-        that cannot be read."""
-        check_name(name)
-        async with _bounded(self.deadline, f"reading quota {name!r}"):
-            try:
-                return await ashow_quota(self.client, name)
-            except ConfigurationError as exc:
-                raise StoreError(f"redis: quota {name!r}: {exc}") from exc
-
-    async def read(self, limit: int) -> tuple[list[QuotaStatus], bool]:
-        """Up to ``limit`` resources, sorted by name, and whether there were more.
-        A resource gone since it was listed, or one whose configuration cannot be
-        read (a foreign key under the quotas' pattern), is left out."""
-        async with _bounded(self.deadline, "reading the quotas"):
-            names = await alist_quotas(self.client, limit + 1)
-            statuses = []
-            for name in names[:limit]:
-                try:
-                    status = await ashow_quota(self.client, name)
-                except ConfigurationError:
-                    continue
-                if status is not None:
-                    statuses.append(status)
-        return statuses, len(names) > limit
-
-    async def gauges(self) -> Sequence[QuotaStatus]:
-        """The fleet quotas a /metrics scrape exports: none when Redis fails,
-        rather than a failed scrape."""
-        try:
-            statuses, _ = await self.read(MAX_SCRAPED)
-        except StoreError as exc:
-            log.warning("fleet quota gauges left out of /metrics: %s", exc)
-            return ()
-        return statuses
-
-    def __repr__(self) -> str:
-        return f"<QuotaReader {self.client!r} deadline={self.deadline:g}s>"
-
-
-@contextlib.asynccontextmanager
-async def _bounded(seconds: float, what: str) -> AsyncIterator[None]:
-    """``asyncio.timeout``, whose expiry is the store failing, not a TimeoutError."""
-    try:
-        async with asyncio.timeout(seconds):
-            yield
-    except TimeoutError:
-        raise StoreUnavailable(f"redis: {what} took more than {seconds:g} s") from None

@@ -27,7 +27,7 @@ from ._metrics import Metrics
 
 if TYPE_CHECKING:
     from ..envoy import EnvoyWatcher
-    from ._quotas import QuotaReader
+    from ._quota_reader import QuotaReader
     from ._shapes import CheckRequest, CheckResult
 
 __all__ = ["Service"]
@@ -78,7 +78,7 @@ class Service:
         self.quotas: QuotaReader | None = None
         client = getattr(store, "client", None)  # a Redis store's (the memory store has none)
         if client is not None:
-            from ._quotas import QuotaReader  # noqa: PLC0415 - the redis extra
+            from ._quota_reader import QuotaReader  # noqa: PLC0415 - the redis extra
 
             self.quotas = QuotaReader(client)
 
