@@ -41,8 +41,13 @@ to returning (the wait), and it asked again ``Z`` after that (its own work).
 Unhindered it would ask every ``Z``, so its call counts ``(W + Z) / Z`` times. A
 pool of workers blocked on ``acquire`` asks only as fast as it is served, yet
 reads as wanting far more than it holds, while callers that wait little or
-work long count about once, as open-loop callers do. The part that only waiting
-adds is capped at the total: nobody can spend more.
+work long count about once, as open-loop callers do. A caller still waiting
+since before the period began counts as one that would come back at once: a
+pool that has not been served yet is seen too. The part that only waiting adds
+is capped at the total: nobody can spend more. A rate from a handful of calls
+is noise, so earlier periods (up to four) join in until the estimate rests on
+20 calls, but only while their rate could have given the calls counted now:
+callers that stopped have stopped.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def _pct(x: float) -> str:
 
 
 def check(results: dict[str, Result]) -> list[Check]:
-    """The figures (a)-(e) from the runs of `documented` (missing runs are skipped)."""
+    """The figures (a)-(f) from the runs of `documented` (missing runs are skipped)."""
     out: list[Check] = []
     for key, r in results.items():
         if key.startswith(("a/", "b/", "a-poisson/", "b-poisson/")):
@@ -139,6 +139,37 @@ def check(results: dict[str, Result]) -> list[Check]:
                       "never" if reach is None else f"{1000 * reach[0]:.0f} ms, {reach[1]} refresh",
                       limit, ok)
             )  # fmt: skip
+    out.extend(_pools(results))
+    return out
+
+
+def _pools(results: dict[str, Result]) -> list[Check]:
+    """(f): members whose workers block in acquire, by what the provider served each."""
+    out: list[Check] = []
+    for key in ("f/pools", "f/mixed"):
+        if key not in results:
+            continue
+        r = results[key]
+        closed = r.scenario.closed_count
+        seconds = max(1, len(r.admitted) - r.warmup)
+        rates = [sum(w[r.warmup :]) / seconds for w in r.member_windows]
+        shares = r.fairness(list(range(closed)))
+        worst = max(abs(share - 1) for share in shares)
+        served = ", ".join(f"{rate:.1f}" for rate in rates)
+        out.append(
+            Check("f", f"{key}: each pool's share over the pools' mean, after the warm-up",
+                  f"within {_pct(worst)} ({served} a second)", "within 10%", worst <= 0.1)
+        )  # fmt: skip
+        judged = closed == r.scenario.members  # pools alone: the run beside is reported
+        out.append(
+            Check("f", f"{key}: utilisation", _pct(r.utilisation), ">= 97.0%",
+                  r.utilisation >= 0.97 if judged else None)
+        )  # fmt: skip
+        out.append(
+            Check("f", f"{key}: provider seconds over the limit",
+                  f"{len(r.over)} (worst {r.max_excess:.2f}%)", "<= 1%",
+                  r.max_excess <= 1.0 if judged else None)
+        )  # fmt: skip
     return out
 
 

@@ -168,7 +168,10 @@ def documented(seconds: float = 60.0, seed: int = 1) -> dict[str, Scenario]:
     - ``d/...``: the invariant through cuts of the total (with and without pub/sub)
       and bursts, 96 members, clocks ±100 ms;
     - ``e/churn``: 96 members, a quarter joining late, an eighth leaving, an eighth
-      dying (``e/churn-16``: the same with 16, for the plot of the grants).
+      dying (``e/churn-16``: the same with 16, for the plot of the grants);
+    - ``f/pools``: 500/second over 4 members of 8 workers each, blocking in
+      ``acquire(max_wait=5)`` and asking again at once, clocks ±100 ms;
+      ``f/mixed``: 2 such members beside 2 whose callers arrive at 50/second.
     """
     base = Scenario(seconds=seconds, seed=seed)
     runs: dict[str, Scenario] = {}
@@ -191,4 +194,7 @@ def documented(seconds: float = 60.0, seed: int = 1) -> dict[str, Scenario]:
     runs["d/bursts"] = base.but(pattern="bursts", members=96, demand=1.0, skew_ms=100.0)
     runs["e/churn"] = base.but(pattern="churn", members=96, demand=1.5, skew_ms=100.0)
     runs["e/churn-16"] = runs["e/churn"].but(members=16)  # few enough lines to plot
+    pools = base.but(members=4, rate="500/second", workers=8, max_wait=5.0, skew_ms=100.0)
+    runs["f/pools"] = pools
+    runs["f/mixed"] = pools.but(closed=2, demand=0.4)
     return runs
