@@ -1,4 +1,4 @@
-"""Every HTTP/2 attack class of tests/server/h2_attacks.py against a real
+"""Every HTTP/2 attack class of tests/server/h2/h2_attacks.py against a real
 `ratewarden serve` (memory store, gRPC listener only, a bearer token), each
 for ``--seconds`` (15 by default), with a legitimate check on a new connection
 every 20 ms meanwhile. Prints one Markdown row per attack: the server's RSS
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.server import h2_attacks
+from tests.server.h2 import h2_attacks
 
 TOKEN = b"attack-bench-token"
 RULES = "version: 1\nrules:\n  - name: all\n    rate: 1000000/second\n    by: user\n"

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from ratewarden import FakeClock, MemoryStore
 from tests.redis_server import RedisCluster, RedisServer, redis_cluster, redis_server
 
 settings.register_profile(
@@ -27,3 +28,15 @@ def redis_6_nodes() -> Iterator[RedisCluster]:
     """A real Redis Cluster of our own: 3 masters, 3 replicas, free loopback ports."""
     with redis_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fake clock (the rule and envoy tests' default; a module may define its own)."""
+    return FakeClock()
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> MemoryStore:
+    """An in-memory store on ``clock``."""
+    return MemoryStore(clock=clock)

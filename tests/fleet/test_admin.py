@@ -1,5 +1,5 @@
 """Listing the fleet quotas: the names read from a scan, the limit, and a scan
-that fails (Redis itself: tests/test_cli_quota.py)."""
+that fails (Redis itself: tests/cli/test_quota.py)."""
 
 from __future__ import annotations
 

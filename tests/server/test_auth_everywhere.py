@@ -17,8 +17,8 @@ from ratewarden.server._grpc import GrpcServer
 from ratewarden.server._openapi import openapi
 from ratewarden.server.h2._grpc import Status
 from tests.server.conftest import client_for, make_app
-from tests.server.h2_attacks import message
-from tests.server.test_h2 import client
+from tests.server.h2.h2_attacks import message
+from tests.server.h2.test_h2 import client
 
 TOKEN = "tok-4f1c9e"
 PUBLIC_HTTP = {"/healthz", "/readyz", "/"}  # "/": the dashboard's page, which holds no data

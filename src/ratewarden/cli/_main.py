@@ -11,7 +11,7 @@ an exit code from one table (`ratewarden.cli._common.EXIT_CODES`, printed by
 that does not answer.
 
 Every subcommand's help ends with an ``examples:`` section, and
-tests/test_cli_examples.py runs every line of it that starts with
+tests/cli/test_examples.py runs every line of it that starts with
 ``ratewarden``. The conventions those lines follow, so that the test can run
 them as they are written:
 

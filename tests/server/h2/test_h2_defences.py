@@ -21,8 +21,8 @@ from ratewarden.server._connection_limits import ConnectionLimits
 from ratewarden.server.h2 import _send
 from ratewarden.server.h2._frames import PREFACE, frame, literal
 from ratewarden.server.h2._grpc import MAX_STREAMING, Call, H2Server, Metadata, Method, Status
-from tests.server.h2_attacks import message, request_block
-from tests.server.test_h2 import client, frames_of, goaway_code
+from tests.server.h2.h2_attacks import message, request_block
+from tests.server.h2.test_h2 import client, frames_of, goaway_code
 
 CALM, NO_ERROR, COMPRESSION = 0xB, 0x0, 0x9
 HEADERS, DATA, CONT, SETTINGS, RST = 1, 0, 9, 4, 3

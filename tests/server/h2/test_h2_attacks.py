@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.redis_server import free_port
-from tests.server import h2_attacks
+from tests.server.h2 import h2_attacks
 
 TOKEN = b"attack-test-token"
 RULES = "version: 1\nrules:\n  - name: all\n    rate: 1000000/second\n    by: user\n"

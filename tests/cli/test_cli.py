@@ -22,7 +22,7 @@ from ratewarden.cli._service import ServiceClient
 from tests.redis_server import free_port
 from tests.server.process import RATEWARDEN
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 Capture = pytest.CaptureFixture[str]
 
 

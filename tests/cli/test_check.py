@@ -13,7 +13,7 @@ from ratewarden.cli import main
 from tests.redis_server import RedisServer
 from tests.server.process import serving
 
-EXAMPLE = str(Path(__file__).parent.parent / "examples" / "rules.yaml")
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "rules.yaml")
 LOGIN = ["method=POST", "path=/api/login", "ip=10.0.0.5"]
 Capture = pytest.CaptureFixture[str]
 

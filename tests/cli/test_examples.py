@@ -34,7 +34,7 @@ from tests.redis_server import free_port, redis_server
 from tests.server.conftest import ENVOY
 from tests.server.process import RATEWARDEN, serving
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "example-token-0123456789"
 SERVICE = "127.0.0.1:8080"
 GRPC = "127.0.0.1:8081"
