@@ -324,6 +324,14 @@ if not me then
   me = {id = id, seq = seq, has = 0, pieces = {}}
   members[#members + 1] = me
   table.sort(members, function(a, b) return a.seq < b.seq end)
+  if reported > 0 then
+    -- it spends space this script forgot (its record ended while Redis was away
+    -- from it), and so may others: until they have reported (a lease), nobody
+    -- gets more than it says it holds
+    cfg.rebuild_ms = tostring(math.max(num(cfg, 'rebuild_ms'), now + num(cfg, 'lease_ms')))
+    redis.call('HSET', CFG, 'rebuild_ms', cfg.rebuild_ms)
+    freed(cfg)
+  end
 end
 me.expires = now + num(cfg, 'lease_ms')
 me.wants, me.used = wants, used

@@ -9,7 +9,12 @@ the resource's channel. The cases:
   member's idea of its lease ends no later than the coordinator's;
 - a failure: the member keeps its grant until its lease ends, then falls back to
   the resource's safe share (0, a number, or an equal split of the last
-  membership it saw);
+  membership it saw) in two steps. First, for one more lease, the safe share or
+  what it holds, whichever is smaller, at once and inside its own pieces: the
+  members' leases end at different moments, and one that grew to the safe share
+  before another shrank to it could overrun the total. Then, from the next window
+  edge, the safe share: by then every member that lost the coordinator with it
+  has shrunk;
 - the resource is gone from Redis (restarted empty): the next refresh carries
   the configuration the member last knew, and the coordinator rebuilds from it,
   granting nobody more than it says it holds until a lease has passed;
@@ -38,6 +43,7 @@ from .._clock import Clock
 from .._errors import ConfigurationError
 from ._share import Share
 from .alloc import MILLI, Piece
+from .alloc import place as alloc_place
 from .config import QuotaConfig, check_name
 from .coordinator import Reply
 
@@ -85,6 +91,7 @@ class Member:
         self.members = 0
         self.throttled = 0  # provider refusals since the last report
         self.fallen_back = False
+        self.safe_from = 0  # ns of the member's clock: from when the whole safe share applies
         self.refreshes = 0
         self.failures = 0
 
@@ -152,14 +159,18 @@ class Member:
         )
         self.lease_until = sent_at + round(config.lease * 1e9)
         self.fallen_back = False
+        self.safe_from = 0
         self.refreshes += 1
 
     def on_failure(self, error: Exception) -> None:
-        """A refresh failed: keep the grant while the lease lasts, then the safe share."""
+        """A refresh failed: keep the grant while the lease lasts, then the safe
+        share in two steps (see the module docstring)."""
         self.failures += 1
         now = self.clock.time_ns()
-        if self.fallen_back or self.known is None or now < self.lease_until:
+        if self.known is None or now < self.lease_until:
             return
+        if self.fallen_back and (not self.safe_from or now < self.safe_from):
+            return  # the whole safe share applies already, or not yet
         config = QuotaConfig.from_fields(self.known)
         total = int(self.known.get("eff_m", "0"))
         share = self.share
@@ -172,16 +183,24 @@ class Member:
         else:
             grant = min(int(config.safe) * MILLI, total)
             held, start = grant, 0
-        log.warning(
-            "quota %r: no word from the coordinator for a lease (%s); falling back to"
-            " the safe share (%s: %.6g permits a window)",
-            self.name,
-            error,
-            config.safe,
-            grant / MILLI,
-        )
+        if not self.fallen_back:
+            kept = min(grant, share.grant)  # inside what it spends now: less, at once
+            log.warning(
+                "quota %r: no word from the coordinator for a lease (%s); falling back to"
+                " the safe share (%s: %.6g permits a window), after a lease at %.6g",
+                self.name,
+                error,
+                config.safe,
+                grant / MILLI,
+                kept / MILLI,
+            )
+            pieces = tuple(alloc_place(total, share.pieces, kept, ()))
+            share.apply(kept, share.held, pieces, now, line=share.line)
+            self.fallen_back = True
+            self.safe_from = now + round(config.lease * 1e9)
+            return
         share.apply(grant, held, ((start, grant),) if grant else (), now, line=total)
-        self.fallen_back = True
+        self.safe_from = 0
 
     def on_message(self, data: Any) -> bool:
         """A message on the resource's channel; True if it asks for a refresh."""

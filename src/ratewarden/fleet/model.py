@@ -86,6 +86,28 @@ class Model:
         """Space of the line was given up now (see fleet.lua)."""
         self.cfg["freed_ms"] = str(now)
 
+    def _adapt(self, now: int, throttled: int, members: list[_Member]) -> None:
+        """The adaptive total: cut by a quarter on a refusal, else raised slowly."""
+        cfg, refresh_ms = self.cfg, self._num("refresh_ms")
+        ceiling = self._num("total") * 1000
+        eff = self._num("eff_m")
+        calm = now - self._num("cut_ms") >= 2 * refresh_ms
+        if throttled > 0 and calm:
+            cfg["cut_ms"] = cfg["raise_ms"] = str(now)
+            self._cut(now, max(self._num("floor_m"), eff * 3 // 4), members)
+        elif (
+            throttled == 0 and calm and eff < ceiling and now - self._num("raise_ms") >= refresh_ms
+        ):
+            cfg["eff_m"] = str(min(ceiling, eff + max(1000, ceiling // 50)))
+            cfg["raise_ms"] = str(now)
+
+    def _rebuild(self, now: int) -> None:
+        """Members spend space the model forgot: for a lease, nobody gets more
+        than it says it holds (see fleet.lua)."""
+        rebuild = max(self._num("rebuild_ms"), now + self._num("lease_ms"))
+        self.cfg["rebuild_ms"] = str(rebuild)
+        self._freed(now)
+
     def _save(self, m: _Member) -> None:
         self.members[m.id] = _record(m)
 
@@ -156,25 +178,13 @@ class Model:
             me = _Member(member_id, seq)
             members.append(me)
             members.sort(key=lambda m: m.seq)
+            if reported > 0:  # its record ended while it spent (see fleet.lua)
+                self._rebuild(now)
         me.expires = now + self._num("lease_ms")
         me.wants, me.used = wants, used
 
-        refresh_ms = self._num("refresh_ms")
         if cfg.get("adaptive") == "1":
-            ceiling = self._num("total") * 1000
-            eff = self._num("eff_m")
-            calm = now - self._num("cut_ms") >= 2 * refresh_ms
-            if throttled > 0 and calm:
-                cfg["cut_ms"] = cfg["raise_ms"] = str(now)
-                self._cut(now, max(self._num("floor_m"), eff * 3 // 4), members)
-            elif (
-                throttled == 0
-                and calm
-                and eff < ceiling
-                and now - self._num("raise_ms") >= refresh_ms
-            ):
-                cfg["eff_m"] = str(min(ceiling, eff + max(1000, ceiling // 50)))
-                cfg["raise_ms"] = str(now)
+            self._adapt(now, throttled, members)
 
         total = self._num("eff_m")
         mine = members.index(me)
