@@ -266,6 +266,30 @@ def test_the_watcher_thread_reloads(tmp_path: Path, store: MemoryStore) -> None:
         watcher.stop()
 
 
+def test_the_async_watcher_reloads_on_change_and_survives_bad_files(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules: [{name: a, rate: 1/minute}]\n")
+    engine = AsyncRuleEngine(path, AsyncMemoryStore(clock=clock))
+    watcher = engine.awatch(3600)  # never run: polled by hand
+
+    async def main() -> list[bool | None]:
+        found = [await watcher.apoll()]
+        path.write_text("rules: [{name: a, rate: 1/minute}, {name: b, rate: 2/minute}]\n")
+        found.append(await watcher.apoll())
+        path.write_text("rules: [{name: a, rate: 1/minute}, {name: b, rate: 2/minute}]  # ]{\n[")
+        found.append(await watcher.apoll())
+        return found
+
+    assert asyncio.run(main()) == [None, True, False]
+    assert len(engine.ruleset) == 2
+    assert (watcher.reloads, watcher.failures) == (1, 1)
+    assert repr(watcher).startswith("<AsyncWatcher ")
+    with pytest.raises(ConfigurationError, match="interval"):
+        engine.awatch(0)
+
+
 def eventually(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
     """Poll a condition another thread will make true (never a fixed sleep)."""
     deadline = time.monotonic() + seconds

@@ -86,6 +86,7 @@ def test_bad_options_are_errors_not_tracebacks(rules_file: Path, tmp_path: Path)
         (["--token-file", str(tmp_path / "no-token")], "--token-file"),
         (["--grpc-cert", str(tmp_path / "c"), "--grpc-key", str(tmp_path / "k")], "--grpc-cert"),
         (["--drain", "nan"], "--drain must be a finite number"),
+        (["--config-reload-interval", "-1"], "--config-reload-interval must be a finite"),
         (["--max-connections", "0"], "--max-connections must be an integer >= 1, got 0"),
         (["--idle-timeout", "nan"], "--idle-timeout must be a number of seconds > 0"),
         (["--header-timeout", "-1"], "--header-timeout must be a number of seconds > 0"),

@@ -29,11 +29,18 @@ rules it takes these steps, each a store call:
 
 Queue and degrade tiers are left out of the rate-limit headers: a queued
 request is not refused, and a degraded one learns its level from its own header.
+
+What ``log_only`` does (`ShadowLog`): a line on the ``ratewarden.rules`` logger
+at WARNING for each rule and key whose limit would have denied, itself limited
+so that a flood of keys cannot flood the log or grow memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Literal, TypeAlias
 
@@ -41,6 +48,7 @@ import msgspec
 
 from .._clock import Clock
 from .._decision import Decision
+from .._errors import ConfigurationError
 from .._flow import Call, Flow, adrive
 from .._headers import Policy, rate_limit_headers
 from .._rate import Rate
@@ -51,6 +59,7 @@ from ._schema import Response
 __all__ = [
     "Counted",
     "Outcome",
+    "ShadowLog",
     "Verdict",
     "await_out",
     "classed",
@@ -65,6 +74,7 @@ __all__ = [
 
 Verdict = Literal["allow", "reject", "delay", "shadow_ban", "queue", "degrade"]
 _UNSHOWN = ("log_only", "degrade")  # limits the rate-limit headers leave out
+log = logging.getLogger("ratewarden.rules")
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -368,3 +378,99 @@ def _in_line(
     finally:
         if has_turn:
             turns.leave(line)
+
+
+# -- log_only ---------------------------------------------------------------------
+
+
+class ShadowLog:
+    """Logs what ``log_only`` rules would have denied, within bounds of its own.
+
+    One WARNING line on ``ratewarden.rules`` for a rule (its limit) and key
+    that would deny, then none for that pair for ``every`` seconds; at most
+    ``lines`` lines every ``every`` seconds in all. A line over that budget is
+    counted instead, and the count logged once the period is over. A pair is
+    remembered (by its hash: an attacker's long keys cost no memory) only for a
+    line that was written, and forgotten ``every`` seconds later, so memory
+    holds at most the lines of the last two periods. Time is ``clock``'s (the
+    store's), so tests move it by hand.
+
+    The line's fields (``extra={"fields": ...}``, which the service's JSON lines
+    carry): ``event`` ``log_only``, ``rule``, ``limit`` (the tier's name),
+    ``key``, ``cost``, ``limit_size``, ``retry_after``, ``degraded``.
+    """
+
+    def __init__(self, clock: Clock, *, every: float = 60.0, lines: int = 1000) -> None:
+        if not every > 0:
+            raise ConfigurationError(f"every must be > 0 seconds, got {every!r}")
+        if type(lines) is not int or lines < 1:
+            raise ConfigurationError(f"lines must be an integer >= 1, got {lines!r}")
+        self.clock = clock
+        self.every = every
+        self.lines = lines
+        self._every_ns = round(every * 1e9)
+        self._lock = threading.Lock()  # a sync engine's checks run in many threads
+        # hash((limit, key)) -> when its line was written, oldest first
+        self._logged: OrderedDict[int, int] = OrderedDict()
+        self._period_start: int | None = None
+        self._written = 0  # lines of the current period
+        self._suppressed = 0  # lines over the budget in the current period
+
+    def __len__(self) -> int:
+        """The pairs remembered now."""
+        return len(self._logged)
+
+    def would_deny(self, shadow: Decision, limits: Sequence[Applicable]) -> None:
+        """``shadow`` (the log_only tiers' Decision) denied: log it, if due."""
+        name = shadow.rule or ""
+        applicable = next((a for a in limits if a.limit.name == name), None)
+        key = "" if applicable is None else applicable.key
+        pair = hash((name, key))
+        now = self.clock.time_ns()
+        with self._lock:
+            last = self._logged.get(pair)
+            if last is not None and now - last < self._every_ns:
+                return
+            suppressed = self._new_period(now)
+            if self._written >= self.lines:
+                self._suppressed += 1
+                return
+            self._written += 1
+            self._logged[pair] = now
+            self._logged.move_to_end(pair)
+            horizon = now - self._every_ns
+            while self._logged and next(iter(self._logged.values())) <= horizon:
+                self._logged.popitem(last=False)
+        if suppressed:
+            log.warning(
+                "log_only: %d more would-deny lines left out in the last %gs",
+                suppressed, self.every,
+                extra={"fields": {"event": "log_only_suppressed", "suppressed": suppressed}},
+            )  # fmt: skip
+        rule = None if applicable is None else applicable.rule.name
+        fields = {
+            "event": "log_only", "rule": rule, "limit": name, "key": key,
+            "cost": None if applicable is None else applicable.cost,
+            "limit_size": shadow.limit, "retry_after": shadow.retry_after,
+            "degraded": shadow.degraded,
+        }  # fmt: skip
+        # %r: a key is the client's own text, and a newline in it must not forge a line
+        log.warning(
+            "log_only rule %r would deny key %r (%s)", rule, key, name, extra={"fields": fields}
+        )
+
+    def _new_period(self, now: int) -> int:
+        """Start a new budget period if the last one is over; the lines the last
+        one left out (to log now), else 0."""
+        start = self._period_start
+        if start is not None and 0 <= now - start < self._every_ns:
+            return 0
+        suppressed, self._suppressed = self._suppressed, 0
+        self._period_start, self._written = now, 0
+        return suppressed
+
+    def __repr__(self) -> str:
+        return (
+            f"<ShadowLog a line per rule and key every {self.every:g}s, at most {self.lines}; "
+            f"{len(self._logged)} remembered>"
+        )

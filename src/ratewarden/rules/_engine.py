@@ -25,7 +25,8 @@ Per request:
    limits deny would have been denied anyway and is not counted there. Shadow
    tiers are atomic among themselves: while one is over, the others do not
    count either. (In a Redis Cluster, when the tiers span slots, the shadow set
-   is a second call.);
+   is a second call.) When they would deny, `ShadowLog` logs it (a line per rule
+   and key, within its own limits);
 4. a denial is answered with the action of the rule that denied (the tier
    with the longest ``retry_after``): ``reject`` with its status; ``delay`` with
    the wait when it fits in ``max_wait`` (``check(..., wait=True)`` waits on the
@@ -34,13 +35,14 @@ Per request:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -56,12 +58,12 @@ from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
 from ..stores import AsyncStore, Store
 from . import _actions as act
-from ._actions import Outcome
+from ._actions import Outcome, ShadowLog
 from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
 from ._engine_overrides import AsyncOverridable, Overridable
 from ._override_stores import Snapshot
 from ._override_view import OverrideView
-from ._watcher import Watcher
+from ._watcher import AsyncWatcher, Watcher
 
 __all__ = [
     "AsyncRuleEngine",
@@ -169,6 +171,8 @@ class _Core(Generic[L, S]):
         self._install(ruleset)
         self._setup_overrides(store, overrides, overrides_namespace)
         self._lines = self._lines_class(clock)  # delayed requests of priority_from rules
+        # what log_only rules would deny, logged; replace it to log more or less
+        self.shadow_log = ShadowLog(clock)
 
     def _limiter(self, spec: LimitSpec) -> L:
         store: Any = self.store  # of the limiter's kind, as the shell's type says
@@ -326,6 +330,8 @@ class _Core(Generic[L, S]):
         shadow: Decision | None,
     ) -> Outcome:
         limits = tuple(applicable) if applicable else _NO_LIMITS
+        if shadow is not None and not shadow.allowed:
+            self.shadow_log.would_deny(shadow, limits)
         if decision is None or decision.allowed:
             return Outcome(True, "allow", decision, shadow=shadow, limits=limits)
         rule = ruleset.by_limit_name.get(decision.rule or "")
@@ -397,6 +403,21 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore], AsyncOverridable):
         again = functools.partial(self._acheck_once, attributes, cost)
         sleep = self.store.clock.asleep
         return await adrive(act.holding(self._lines, outcome, attributes, again, sleep))
+
+    def awatch(
+        self,
+        interval: float = 1.0,
+        *,
+        reload: Callable[[], Awaitable[object]] | None = None,
+    ) -> AsyncWatcher:
+        """A watcher of the rule file for the event loop: ``run()`` it as a task
+        (cancel the task to stop it); every ``interval`` seconds it looks, and on
+        a change awaits ``reload`` (default: `reload` in a thread, since a large
+        file takes seconds to compile). A file that does not load is logged and
+        the rules in force stay."""
+        if reload is None:
+            reload = functools.partial(asyncio.to_thread, self.reload)
+        return AsyncWatcher(self.path, interval, reload)
 
     async def _acheck_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
         if self._follow_pending:  # a Redis store's overrides: followed from the first check

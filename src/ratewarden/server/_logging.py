@@ -18,7 +18,9 @@ HEADER_LOGGERS = ("hpack", "h2")
 
 
 class JSONFormatter(logging.Formatter):
-    """One JSON object a line: time, level, logger, message, and the exception."""
+    """One JSON object a line: time, level, logger, message, the exception, and
+    a record's own ``fields`` (``extra={"fields": {...}}``, as the rule engine's
+    log_only lines carry), which never replace the ones above."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -29,6 +31,9 @@ class JSONFormatter(logging.Formatter):
             "message": record.getMessage(),
             "pid": record.process,
         }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update((k, v) for k, v in fields.items() if k not in entry)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)

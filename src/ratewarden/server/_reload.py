@@ -1,7 +1,9 @@
 """Loading the service's configuration again while it serves: the rule file and
-the envoy files (``POST /v1/reload``, SIGHUP), or the envoy files alone (the
-``--envoy-config`` watcher). A bad file raises `ConfigurationError` and leaves
-everything in force as it was.
+the envoy files (``POST /v1/reload``, SIGHUP), the rule file alone (the
+``--config`` watcher), or the envoy files alone (the ``--envoy-config``
+watcher). A bad file raises `ConfigurationError` and leaves everything in force
+as it was. One reload at a time (``service.reloading``): an older, slower load
+must not put its rules in force after a newer one did.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ..rules import load
 if TYPE_CHECKING:
     from ._service import Service
 
-__all__ = ["load_envoy", "reload", "reload_envoy"]
+__all__ = ["load_envoy", "reload", "reload_envoy", "reload_rules"]
 
 log = logging.getLogger("ratewarden.server")
 
@@ -39,6 +41,18 @@ def load_envoy(service: Service) -> AsyncEnvoyConfig | None:
 
 async def reload(service: Service) -> dict[str, Any]:
     """Load the rule file (and envoy files) again; what ``/v1/reload`` answers."""
+    async with service.reloading:
+        return await _reload(service, envoy=True)
+
+
+async def reload_rules(service: Service) -> dict[str, Any]:
+    """Load the rule file again, not the envoy files (they have a watcher of
+    their own, and a bad one must not hold back an edit of the rules)."""
+    async with service.reloading:
+        return await _reload(service, envoy=False)
+
+
+async def _reload(service: Service, *, envoy: bool) -> dict[str, Any]:
     engine = service.engine
     try:
         if engine.path is None:
@@ -46,7 +60,7 @@ async def reload(service: Service) -> dict[str, Any]:
         # compiling 10,000 rules takes seconds: not on the event loop. Both files
         # load before either goes in force: a bad envoy file keeps the old rules.
         ruleset = await asyncio.to_thread(load, engine.path)
-        envoy = await asyncio.to_thread(load_envoy, service)
+        envoy_config = await asyncio.to_thread(load_envoy, service) if envoy else None
     except ConfigurationError as exc:
         engine.last_error = exc
         service.metrics.reloads.labels("failed").inc()
@@ -56,8 +70,8 @@ async def reload(service: Service) -> dict[str, Any]:
     engine.last_error = None
     for warning in ruleset.warnings:
         log.warning("%s", warning)
-    if envoy is not None:
-        service.envoy = envoy  # the same limiter names and keys: counters carry on
+    if envoy_config is not None:
+        service.envoy = envoy_config  # the same limiter names and keys: counters carry on
     service.metrics.reloads.labels("ok").inc()
     service.dashboard.reload_done(None)
     service.metrics.rules.set(len(ruleset))
@@ -67,11 +81,12 @@ async def reload(service: Service) -> dict[str, Any]:
 
 async def reload_envoy(service: Service) -> None:
     """Load the envoy files again, not the rules."""
-    try:
-        envoy = await asyncio.to_thread(load_envoy, service)
-    except ConfigurationError:
-        service.metrics.reloads.labels("failed").inc()
-        raise
-    service.envoy = envoy
+    async with service.reloading:
+        try:
+            envoy = await asyncio.to_thread(load_envoy, service)
+        except ConfigurationError:
+            service.metrics.reloads.labels("failed").inc()
+            raise
+        service.envoy = envoy
     service.metrics.reloads.labels("ok").inc()
     log.info("envoy config reloaded: domains %s", sorted(envoy.domains) if envoy else [])

@@ -1,6 +1,7 @@
 """``ratewarden serve``: the options, the store, uvicorn and our HTTP/2 gRPC server on one event
-loop, SIGTERM drains, SIGHUP reloads. The process around it (the open-file limit, the
-event loop, ``--workers``) is `_process`'s.
+loop, SIGTERM drains, SIGHUP reloads, and watchers reload the rule file and the envoy
+files when they change. The process around it (the open-file limit, the event loop,
+``--workers``) is `_process`'s.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class ServeOptions:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     quota_member_metrics: bool = False
     envoy: EnvoyOptions = field(default_factory=EnvoyOptions)
+    reload_interval: float = 1.0  # seconds between looks at the rule file; 0: never
 
 
 _LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(ConnectionLimits)}
@@ -75,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", "--rules", dest="config", metavar="RULES.yaml",
         help="the rule file (default: the repository's examples/rules.yaml)")  # fmt: skip
+    add("--config-reload-interval", type=float, default=1.0, metavar="SECONDS",
+        help="look for a changed rule file this often and reload it (default 1; 0: only on "
+        "SIGHUP and /v1/reload)")  # fmt: skip
     add("--store", default="memory", metavar="URL",
         help="memory (default), redis://, rediss://, unix://, redis+cluster://h:p,h:p "
         "or redis+sentinel://h:p/service")  # fmt: skip
@@ -168,6 +173,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         limits=limits_from(args),
         quota_member_metrics=args.quota_member_metrics,
         envoy=envoy_options(args),
+        reload_interval=args.config_reload_interval,
     )
 
 
@@ -234,6 +240,11 @@ def check_options(options: ServeOptions) -> None:
         )
     if options.workers > 1 and options.grpc is not None and options.grpc.endswith(":0"):
         raise ConfigurationError("--workers needs a fixed --grpc port (the workers share it)")
+    if not (math.isfinite(options.reload_interval) and options.reload_interval >= 0):
+        raise ConfigurationError(
+            "--config-reload-interval must be a finite number >= 0, got "
+            f"{options.reload_interval!r}"
+        )
     if not (math.isfinite(options.drain) and options.drain >= 0):
         raise ConfigurationError(f"--drain must be a finite number >= 0, got {options.drain!r}")
     for address, what in ((options.http, "--http"), (options.grpc, "--grpc")):
@@ -349,13 +360,19 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
     service = Service(options.config, store, envoy_files=options.envoy_config,
                       domain=options.domain, quota_member_metrics=options.quota_member_metrics,
                       envoy_options=options.envoy)  # fmt: skip
+    # made now, so that an edit while the servers start is seen
+    watchers: list[Any] = []
+    if options.reload_interval > 0:
+        watchers.append(service.engine.awatch(options.reload_interval, reload=service.reload_rules))
+    if options.envoy_config and options.envoy.reload_interval > 0:
+        watchers.append(service.envoy_watcher(options.envoy.reload_interval))
     servers = _Servers(options, http_socket)
     # The compiled rules and the imported modules live as long as the process:
     # moved out of the collector's reach, they do not lengthen every full
     # collection (a pause each request in flight then waits out)
     gc.collect()
     gc.freeze()
-    watching: asyncio.Task[None] | None = None
+    watching: list[asyncio.Task[None]] = []
     try:
         await servers.start(service)
         stop = asyncio.Event()
@@ -363,9 +380,7 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, _reload_soon, service)
-        if options.envoy_config and options.envoy.reload_interval > 0:
-            watcher = service.envoy_watcher(options.envoy.reload_interval)
-            watching = loop.create_task(watcher.run())
+        watching = [loop.create_task(watcher.run()) for watcher in watchers]
         memory = " (memory: counters live in this process only)" if (
             options.store == "memory") else ""  # fmt: skip
         print(f"ratewarden {os.getpid()}: {', '.join(servers.where)}; rules {options.config}; "
@@ -374,8 +389,8 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         await servers.run_until(stop, service)
         log.info("stopped")
     finally:
-        if watching is not None:
-            watching.cancel()
+        for task in watching:
+            task.cancel()
         await servers.close()
         await service.aclose()
 

@@ -5,11 +5,12 @@ metrics, the dashboard's figures and, with Redis, the fleet quota reader.
 The service holds these parts and no request logic: the checks are
 `_checks`'s, reloading `_reload`'s, the admin operations `_admin`'s and
 `_admin_api`'s. Its methods are the ways in that callers outside the front
-ends use (tests, an embedding, the envoy watcher, SIGHUP).
+ends use (tests, an embedding, the file watchers, SIGHUP).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Sequence
@@ -58,6 +59,7 @@ class Service:
     ) -> None:
         self.store = store
         self.engine = AsyncRuleEngine(rules, store)
+        self.reloading = asyncio.Lock()  # one reload at a time, whoever asks (see _reload)
         self.envoy_files = tuple(Path(p) for p in envoy_files)
         self.envoy_options = EnvoyOptions() if envoy_options is None else envoy_options
         # one set of counters for the process: a reload keeps them counting
@@ -117,6 +119,11 @@ class Service:
         """Load the envoy files again (not the rules); a bad file raises
         `ConfigurationError` and the configuration in force stays."""
         await _reload.reload_envoy(self)
+
+    async def reload_rules(self) -> dict[str, Any]:
+        """Load the rule file again (not the envoy files); a bad file raises
+        `ConfigurationError` and the rules in force stay."""
+        return await _reload.reload_rules(self)
 
     def envoy_watcher(self, interval: float) -> EnvoyWatcher:
         """A watcher reloading the envoy files when they change (`EnvoyWatcher`)."""
