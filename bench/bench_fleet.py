@@ -71,10 +71,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "fleet"))
 
+import redis
 from skewed_clock import SkewedClock, offsets
 from tests.redis_server import redis_server
 
-import redis
 from ratewarden import RateLimitTimeout
 from ratewarden.fleet import AsyncFleetQuota, Coordinator, FleetQuota, QuotaConfig
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import redis
 import throttled
 from limits import parse, storage, strategies
 from limits.aio import storage as aio_storage
@@ -48,7 +49,6 @@ from pyrate_limiter import Limiter as PyrateLimiter
 from pyrate_limiter import Rate as PyrateRate
 from tests.redis_server import redis_server
 
-import redis
 from ratewarden import AsyncLimiter, Limiter, hit_many
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 

@@ -32,9 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import redis
 from tests.redis_server import redis_cluster
 
-import redis
 from ratewarden import AsyncLimiter, Limiter
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 

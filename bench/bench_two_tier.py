@@ -32,9 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import redis
 from tests.redis_server import redis_server
 
-import redis
 from ratewarden import Limiter
 from ratewarden.stores.redis import RedisStore, TwoTierSettings
 

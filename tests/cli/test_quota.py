@@ -9,8 +9,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-
 import redis
+
 from ratewarden.cli import main
 from ratewarden.fleet import Coordinator, QuotaConfig, set_quota, show_quota
 from tests.redis_server import RedisServer, free_port

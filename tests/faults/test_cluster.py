@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.crc import key_slot
 
-import redis
 from ratewarden import AsyncLimiter, Decision, Limiter
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from ratewarden.stores.redis.connection import QUIET

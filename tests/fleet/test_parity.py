@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import redis
 from ratewarden.fleet import Coordinator, QuotaConfig
 from ratewarden.fleet.alloc import ALLOCATORS, MAX_PIECES
 from ratewarden.fleet.coordinator import keys

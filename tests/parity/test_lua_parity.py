@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import given
 
-import redis
 from ratewarden.algorithms import Algorithm, Params, State, peek
 from ratewarden.stores.redis.scripts import Scripts, pack, script_args
 from tests.models import ALGOS

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-import redis
 from ratewarden import (
     AsyncLimiter,
     Decision,

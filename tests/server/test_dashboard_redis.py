@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import redis
+
 from ratewarden.fleet import Coordinator, QuotaConfig, set_quota
 from ratewarden.server import App, Service
 from ratewarden.stores.redis import AsyncRedisStore

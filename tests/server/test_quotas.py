@@ -15,9 +15,9 @@ import httpx
 import jsonschema_rs
 import msgspec
 import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-import redis
 from ratewarden import AsyncMemoryStore
 from ratewarden.fleet import Coordinator, QuotaConfig, QuotaStatus, set_quota, show_quota
 from ratewarden.server import App, Service, openapi

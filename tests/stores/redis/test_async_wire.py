@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.utils
 import uvloop
 from redis.asyncio.connection import Connection, ConnectionPool
 
-import redis
 from ratewarden import AsyncLimiter, Decision, Limiter, StoreUnavailable
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from ratewarden.stores.redis._wire import usable

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 import redis
+
 from ratewarden import (
     AsyncLimiter,
     ConfigurationError,

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from redis.connection import Connection, ConnectionPool
 
-import redis
 from ratewarden import Decision, Limiter, StoreUnavailable
 from ratewarden.stores.redis import RedisStore
 from ratewarden.stores.redis._syncwire import Wire, usable

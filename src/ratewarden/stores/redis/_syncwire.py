@@ -39,6 +39,7 @@ import weakref
 from ssl import SSLSocket
 from typing import Any
 
+import redis
 from redis._parsers import BaseParser
 from redis.connection import (
     Connection,
@@ -49,8 +50,6 @@ from redis.connection import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-
-import redis
 
 from ._wire import Unsupported, plain_replies
 

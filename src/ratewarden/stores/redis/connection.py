@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -20,8 +21,6 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
-
-import redis
 
 from ..._errors import ConfigurationError, StoreUnavailable
 
