@@ -371,3 +371,31 @@ def test_blocking_threads_are_served_alike_by_a_real_coordinator(
             quota.close()
     assert sum(served) >= 0.9 * 200 * 3.0
     assert served[0] == pytest.approx(served[1], rel=0.15), served
+
+
+def test_a_thread_or_task_made_for_each_call_is_a_new_caller() -> None:
+    """A caller is its thread or task object, not its number: a thread started
+    for each call often gets a finished one's number, and would read as that
+    one coming back after waiting (a demand it does not have)."""
+    import threading  # noqa: PLC0415 - only these tests run threads
+
+    from ratewarden.fleet._shell import current_caller  # noqa: PLC0415
+
+    seen: list[object] = []
+    for _ in range(2):
+        thread = threading.Thread(target=lambda: seen.append(current_caller()))
+        thread.start()
+        thread.join()
+    assert seen[0] is not seen[1]
+
+    async def main() -> list[object]:
+        async def one() -> object:
+            return current_caller()
+
+        first = await asyncio.create_task(one())
+        second = await asyncio.create_task(one())
+        return [first, second, current_caller()]
+
+    tasks = asyncio.run(main())
+    assert len({id(task) for task in tasks}) == 3
+    assert all(isinstance(task, asyncio.Task) for task in tasks)

@@ -107,12 +107,14 @@ def _config(config: QuotaConfig | str | None) -> QuotaConfig | None:
 
 def current_caller() -> object:
     """Who calls: its asyncio task, else its thread; a caller that comes back
-    shows how much its waiting held it back (see `_share`)."""
+    shows how much its waiting held it back (see `_share`). The object itself,
+    not its number: a thread made for each call may get a finished one's
+    number, and would read as that one coming back."""
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no event loop in this thread
         task = None
-    return threading.get_ident() if task is None else id(task)
+    return threading.current_thread() if task is None else task
 
 
 def check_cost(cost: int) -> None:
