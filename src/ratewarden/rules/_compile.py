@@ -23,7 +23,8 @@ with a fallback (``by: ip``, or no ``by`` for one counter shared by all), and
 ``ratewarden explain`` shows which rule each request falls to.
 
 Warnings for rules that can never apply: an earlier-ranked rule of their group
-matches every request they match.
+matches every request they match; or they read an attribute that no front end
+gives and the file does not declare (`_schema.undeclared`).
 
 Not part of matching: compiling a rule file runs it once so that ``ratewarden
 check`` and a reload can say which rules are dead weight.
@@ -50,10 +51,7 @@ from ._rule import (
     normal_method,
     text_of,
 )
-from ._schema import (
-    RuleFile,
-    from_document,
-)
+from ._schema import RuleFile, from_document, undeclared
 from .source import Document, Problem, parse_text, read_file
 
 __all__ = [
@@ -130,7 +128,8 @@ class RuleSet:
         self._attribute_tables = tuple(self._by_attribute.items())
         self._exact_paths = self._paths.exact
         self._trie = self._paths.root if self._paths.trie_used else None
-        self.warnings: tuple[Problem, ...] = tuple(unreachable(rules, self.source or "<rules>"))
+        warnings = unreachable(rules, self.source or "<rules>") + undeclared(rule_file, document)
+        self.warnings: tuple[Problem, ...] = tuple(sorted(warnings, key=lambda w: w.line or 0))
 
     def __len__(self) -> int:
         return len(self.rules)

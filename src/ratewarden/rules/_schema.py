@@ -1,9 +1,14 @@
 """The rule file as typed objects, and every check that is not about types.
 
-msgspec checks the shape (unknown fields, wrong types, bad enum values) and
-stops at the first mismatch; `validate` then checks meaning (rates, algorithms,
-path patterns, which options go with which action, duplicate names) and reports
-*every* problem at once, each with its line, rule and field.
+msgspec checks the shape (unknown fields, wrong types, bad enum values) in one
+call, which stops at the first mismatch; when there is one, `_Shape` walks the
+file field by field to find them all (an unknown field names the closest known
+one, a bad enum value lists the valid ones) and keeps what has the right shape.
+`_check` then checks the meaning of what was kept (rates, algorithms, path
+patterns, which options go with which action, duplicate names): *every* problem
+is reported at once, each with its line, rule and field. `undeclared` finds the
+attributes a rule reads that no front end gives and the file does not declare:
+warnings, since an application may give any attribute it likes.
 
 The Structs hold what the file says, as written (a single rate stays a string,
 a list stays a list), so ``load -> dump -> load`` gives back equal objects; the
@@ -13,10 +18,12 @@ compiler (`_compile`) normalises.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import ipaddress
 import math
 import re
-from typing import Literal, Protocol
+import typing
+from typing import Any, Literal, Protocol
 
 import msgspec
 import yaml
@@ -30,6 +37,7 @@ from ._paths import parse_pattern
 from .source import Document, Problem, RuleFileError
 
 __all__ = [
+    "FRONT_END_ATTRIBUTES",
     "Action",
     "AdaptiveLimit",
     "ClientIP",
@@ -43,6 +51,7 @@ __all__ = [
     "RuleFile",
     "dump",
     "from_document",
+    "undeclared",
 ]
 
 Action = Literal["reject", "log_only", "delay", "shadow_ban", "degrade", "queue"]
@@ -170,6 +179,21 @@ class RuleFile(_Base, frozen=True):
     version: Literal[1] = 1
     defaults: Defaults = msgspec.field(default_factory=Defaults)
     client_ip: ClientIP = msgspec.field(default_factory=ClientIP)
+    # attributes the application gives beyond the front ends' own: rules may read
+    # them without a warning
+    attributes: list[str] = []
+
+
+# What the front ends put in a request's attributes, and so what a rule can read
+# without the file declaring it: every framework integration (method, path, ip,
+# headers, body_size, route), the identity that ``identify`` returns as the docs
+# and the service's /auth headers name it (user, api_key, org, plan, host), and
+# the envoy gRPC API (the domain, envoy's source and destination clusters).
+FRONT_END_ATTRIBUTES = frozenset((
+    "method", "path", "ip", "headers", "body_size", "route",
+    "user", "api_key", "org", "plan", "host",
+    "domain", "source", "dest",
+))  # fmt: skip
 
 
 def as_list(value: str | list[str]) -> list[str]:
@@ -189,11 +213,186 @@ def from_document(document: Document) -> RuleFile:
     try:
         rule_file = msgspec.convert(document.data, RuleFile)
     except msgspec.ValidationError as exc:
-        raise _type_problem(document, str(exc)) from None
-    problems = list(_check(rule_file, document))
+        shape = _Shape(document)
+        clean = shape.file(document.data)
+        try:
+            rule_file = msgspec.convert(clean, RuleFile)
+        except msgspec.ValidationError:
+            # the walk keeps only values msgspec took one by one: this is a shape
+            # it has no case for, so say what msgspec says of the whole
+            raise _type_problem(document, str(exc)) from None
+        problems = shape.problems + _check(rule_file, document, shape)
+        raise RuleFileError(*_in_order(problems)) from None
+    problems = _check(rule_file, document, None)
     if problems:
-        raise RuleFileError(*problems)
+        raise RuleFileError(*_in_order(problems))
     return rule_file
+
+
+def _in_order(problems: list[Problem]) -> list[Problem]:
+    """As an operator reads the file: top to bottom (those without a line first)."""
+    return sorted(problems, key=lambda p: p.line or 0)
+
+
+def _closest(word: object, choices: typing.Iterable[object]) -> str | None:
+    names = {str(c): c for c in choices}
+    found = difflib.get_close_matches(str(word), list(names), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _struct_in(kind: Any) -> type[msgspec.Struct] | None:
+    """The Struct a field's type holds (``Match | None``, ``int | CostFrom``), if any."""
+    if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+        return kind
+    for arg in typing.get_args(kind):
+        if isinstance(arg, type) and issubclass(arg, msgspec.Struct):
+            return arg
+    return None
+
+
+def _literals(kind: Any) -> list[object]:
+    """The values a field's ``Literal`` type (maybe within ``| None``) allows."""
+    if typing.get_origin(kind) is Literal:
+        return list(typing.get_args(kind))
+    return [value for arg in typing.get_args(kind) for value in _literals(arg)]
+
+
+class _Shape:
+    """Every shape problem of a file msgspec refused, and the part of it that has
+    the right shape, so that `_check` can look at that too.
+
+    A mapping's fields are taken one at a time: an unknown field is reported
+    (with the closest known name) and left out, a value of the wrong type is
+    reported and left out, a missing required field is reported unless an unknown
+    one is its misspelling. A rule that lacks a required field cannot be checked
+    further and is left out whole; ``kept`` holds the file index of each rule that
+    stays. ``dropped`` holds, per kept rule, the fields that were left out or
+    misspelt: what the file meant for them is unknown, so `_check` does not judge
+    the fields that go with them. ``partial``: the fields whose own mapping lost
+    a part."""
+
+    def __init__(self, document: Document) -> None:
+        self.document = document
+        self.problems: list[Problem] = []
+        self.kept: list[int] = []
+        self.dropped: list[set[str]] = []
+        self.partial: list[set[str]] = []
+        self.file_dropped: set[str] = set()
+        self.rules_given = False  # the file has a list of rules, not empty
+        self.defaults_unsure = False  # the defaults that rules go by lost a part
+
+    def _problem(self, path: str, rule: str | None, field: str | None, reason: str) -> None:
+        line = self.document.line_of(path)
+        self.problems.append(Problem(self.document.filename, line, rule, field, reason))
+
+    def file(self, data: object) -> dict[str, object]:
+        if not isinstance(data, dict):
+            reason = "the file must be a mapping with a 'rules:' list, e.g. 'rules: [...]'"
+            self._problem("$", None, None, reason)
+            self.file_dropped.add("rules")
+            return {"rules": []}
+        clean, self.file_dropped, partial = self._mapping(
+            data, RuleFile, "$", "", rule=None, skip={"rules"}
+        )
+        self.defaults_unsure = bool(partial.get("defaults", set()) & {"algorithm", "store"})
+        rules = data.get("rules")
+        kept: list[dict[str, object]] = []
+        if isinstance(rules, list):
+            self.rules_given = bool(rules)
+            for i, item in enumerate(rules):
+                at = f"$.rules[{i}]"
+                rule = _rule_name(item, i)
+                if not isinstance(item, dict):
+                    self._type(item, Rule, at, rule, None)
+                    continue
+                fields, dropped, lost = self._mapping(item, Rule, at, "", rule=rule)
+                if fields is not None:
+                    kept.append(fields)
+                    self.kept.append(i)
+                    self.dropped.append(dropped)
+                    self.partial.append(set(lost))
+        elif "rules" in data:
+            self._type(rules, list[Rule], "$.rules", None, "rules")
+            self.file_dropped.add("rules")
+        else:
+            if "rules" not in self.file_dropped:  # else a misspelling says it
+                self._problem("$", None, "rules", "missing required field 'rules'")
+            self.file_dropped.add("rules")
+        return {**(clean or {}), "rules": kept}
+
+    def _mapping(
+        self, data: dict[Any, Any], struct: type[msgspec.Struct], at: str, prefix: str, *,
+        rule: str | None, skip: frozenset[str] | set[str] = frozenset(),
+    ) -> tuple[dict[str, object] | None, set[str], dict[str, set[str]]]:  # fmt: skip
+        """The fields of ``data`` that have the right shape (None if a required one
+        is missing or wrong), the fields left out or misspelt, and for each field
+        whose own mapping lost a part, the parts it lost."""
+        fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+        clean: dict[str, object] = {}
+        dropped: set[str] = set()
+        partial: dict[str, set[str]] = {}
+        for key, value in data.items():
+            field = fields.get(key) if isinstance(key, str) else None
+            if field is None:
+                closest = _closest(key, fields)
+                if closest is not None:
+                    dropped.add(closest)
+                    hint = f": did you mean {closest!r}?"
+                else:
+                    hint = f" (the fields here: {', '.join(fields)})"
+                line = self.document.line_of_key(at, key)
+                reason = f"unknown field {key!r}{hint}"
+                self.problems.append(Problem(self.document.filename, line, rule, f"{prefix}{key}",
+                                             reason))  # fmt: skip
+                continue
+            if key in skip:
+                continue
+            inner = _struct_in(field.type)
+            if inner is not None and isinstance(value, dict):
+                here = f"{at}.{key}"
+                nested, lost, _ = self._mapping(value, inner, here, f"{prefix}{key}.", rule=rule)
+                if nested is None:
+                    dropped.add(key)
+                else:
+                    clean[key] = nested
+                    if lost or len(nested) < len(value):
+                        partial[key] = lost
+            elif self._type(value, field.type, f"{at}.{key}", rule, f"{prefix}{key}"):
+                clean[key] = value
+            else:
+                dropped.add(key)
+        whole = True
+        for field in fields.values():
+            name = field.encode_name
+            if field.required and name not in clean and name not in skip:
+                whole = False
+                if name not in data and name not in dropped and name not in skip:
+                    self._problem(at, rule, f"{prefix}{name}", f"missing required field {name!r}")
+        return (clean if whole else None), dropped, partial
+
+    def _type(self, value: object, kind: Any, at: str, rule: str | None, field: str | None) -> bool:
+        """Whether ``value`` is a ``kind``; if not, the problem is reported."""
+        try:
+            msgspec.convert(value, kind)
+        except msgspec.ValidationError as exc:
+            text, _, inside = str(exc).partition(" - at `")
+            # "$[1]": an item of a list; "$[...]": a value of a mapping, no line of its own
+            where = at + inside.rstrip("`").removeprefix("$").replace("[...]", "")
+            choices = _literals(kind)
+            if text.startswith("Invalid enum value") and choices:
+                text += f": expected one of {', '.join(map(str, choices))}"
+                closest = _closest(value, choices)
+                if closest is not None:
+                    text += f"; did you mean {closest!r}?"
+            self._problem(where, rule, field, text)
+            return False
+        return True
+
+
+def _rule_name(item: object, index: int) -> str:
+    """How a problem names a rule: its name, else its place (``#3``)."""
+    name = item.get("name") if isinstance(item, dict) else None
+    return name if isinstance(name, str) else f"#{index + 1}"
 
 
 def _type_problem(document: Document, message: str) -> RuleFileError:
@@ -231,13 +430,77 @@ def _rule_and_field(data: object, path: str, text: str) -> tuple[str | None, str
     return rule, field
 
 
-def _check(rule_file: RuleFile, document: Document) -> list[Problem]:
+# Rule fields that no check of another field reads: a rule that lost one of these
+# to a shape problem is still judged whole; one that lost any other field is not
+# judged on how its fields go together (a misspelt 'action' would otherwise make
+# every option of the intended action look out of place).
+_ON_THEIR_OWN = frozenset(
+    ("name", "description", "group", "priority", "by", "match", "global", "cost", "on_failure")
+)
+
+
+def _check(rule_file: RuleFile, document: Document, shape: _Shape | None) -> list[Problem]:
+    """The meaning of a file (of its part with the right shape, given ``shape``)."""
     problems: list[Problem] = []
     filename = document.filename
 
     def problem(path: str, rule: str | None, field: str | None, reason: str) -> None:
         problems.append(Problem(filename, document.line_of(path), rule, field, reason))
 
+    _check_file_level(rule_file, problem)
+    # a list of rules that is missing or of the wrong shape is reported already
+    if not rule_file.rules and (
+        shape is None or not (shape.rules_given or "rules" in shape.file_dropped)
+    ):
+        problem("$.rules", None, "rules", "no rules: a rule file needs at least one")
+
+    first_line: dict[str, int | None] = {}
+    for i, rule in enumerate(rule_file.rules):
+        at = f"$.rules[{i if shape is None else shape.kept[i]}]"
+        name = rule.name
+        # what the file meant for fields it got wrong is unknown: see _ON_THEIR_OWN
+        whole = shape is None or not (shape.dropped[i] - _ON_THEIR_OWN or shape.defaults_unsure)
+        partial = set() if shape is None else shape.partial[i]
+
+        def bad(field: str, reason: str, path: str | None = None, name: str = name) -> None:
+            problem(path or f"{at}.{field}", name, field, reason)  # noqa: B023
+
+        if not _NAME.match(name):
+            bad("name", "a name is letters, digits, '_', '.', '-', starting with a letter or digit")
+        if name in first_line:
+            bad("name", f"duplicate rule name (first at line {first_line[name]})")
+        else:
+            first_line[name] = document.line_of(f"{at}.name")
+        _check_rates(rule, bad, at)
+        if whole:
+            _check_counting(rule, rule_file.defaults, bad)
+        for j, who in enumerate(as_list(rule.by)):
+            reason = _check_by(who)
+            if reason:
+                bad("by", reason, f"{at}.by" if isinstance(rule.by, str) else f"{at}.by[{j}]")
+        if rule.match is not None:
+            if rule.global_:
+                bad("global", "a global rule applies everywhere: drop 'match' or 'global'")
+            _check_match(rule.match, bad, f"{at}.match", whole="match" not in partial)
+        if rule.group is not None and not rule.group:
+            bad("group", "an empty group name: leave 'group' out for a rule of its own")
+        if isinstance(rule.cost, int):
+            if rule.cost < 1:
+                bad("cost", f"cost must be a positive integer, got {rule.cost}")
+        else:
+            if not _ATTRIBUTE.match(rule.cost.attribute):
+                bad("cost", f"bad attribute name {rule.cost.attribute!r}", f"{at}.cost.attribute")
+            if rule.cost.default < 1:
+                bad("cost", "the default cost must be a positive integer", f"{at}.cost.default")
+        if whole:
+            _check_action(rule, bad)
+            _check_shaping(rule, rule_file.defaults, bad)
+            if rule.adaptive is not None:
+                _check_adaptive(rule, rule.adaptive, rule_algorithm(rule, rule_file.defaults), bad)
+    return problems
+
+
+def _check_file_level(rule_file: RuleFile, problem: _Problem) -> None:
     try:
         get_algorithm(rule_file.defaults.algorithm)
     except ConfigurationError as exc:
@@ -250,50 +513,17 @@ def _check(rule_file: RuleFile, document: Document) -> list[Problem]:
         except ValueError as exc:
             field = "client_ip.trusted_proxies"
             problem(f"$.client_ip.trusted_proxies[{i}]", None, field, str(exc))
-    if not rule_file.rules:
-        problem("$.rules", None, "rules", "no rules: a rule file needs at least one")
-
-    first_line: dict[str, int | None] = {}
-    for i, rule in enumerate(rule_file.rules):
-        at = f"$.rules[{i}]"
-        name = rule.name
-
-        def bad(field: str, reason: str, path: str | None = None, name: str = name) -> None:
-            problem(path or f"{at}.{field}", name, field, reason)  # noqa: B023
-
-        if not _NAME.match(name):
-            bad("name", "a name is letters, digits, '_', '.', '-', starting with a letter or digit")
-        if name in first_line:
-            bad("name", f"duplicate rule name (first at line {first_line[name]})")
-        else:
-            first_line[name] = document.line_of(f"{at}.name")
-        _check_rates(rule, rule_file.defaults, bad, at)
-        for j, who in enumerate(as_list(rule.by)):
-            reason = _check_by(who)
-            if reason:
-                bad("by", reason, f"{at}.by" if isinstance(rule.by, str) else f"{at}.by[{j}]")
-        if rule.match is not None:
-            if rule.global_:
-                bad("global", "a global rule applies everywhere: drop 'match' or 'global'")
-            _check_match(rule.match, bad, f"{at}.match")
-        if rule.group is not None and not rule.group:
-            bad("group", "an empty group name: leave 'group' out for a rule of its own")
-        if isinstance(rule.cost, int):
-            if rule.cost < 1:
-                bad("cost", f"cost must be a positive integer, got {rule.cost}")
-        else:
-            if not _ATTRIBUTE.match(rule.cost.attribute):
-                bad("cost", f"bad attribute name {rule.cost.attribute!r}", f"{at}.cost.attribute")
-            if rule.cost.default < 1:
-                bad("cost", "the default cost must be a positive integer", f"{at}.cost.default")
-        _check_action(rule, bad)
-        _check_shaping(rule, rule_file.defaults, bad)
-        if rule.adaptive is not None:
-            _check_adaptive(rule, rule.adaptive, rule_algorithm(rule, rule_file.defaults), bad)
-    return problems
+    seen: set[str] = set()
+    for i, declared in enumerate(rule_file.attributes):
+        if not _ATTRIBUTE.match(declared):
+            reason = f"bad attribute name {declared!r}: letters, digits, '_', '.', '-'"
+            problem(f"$.attributes[{i}]", None, "attributes", reason)
+        elif declared in seen:
+            problem(f"$.attributes[{i}]", None, "attributes", f"{declared!r} is declared twice")
+        seen.add(declared)
 
 
-def _check_rates(rule: Rule, defaults: Defaults, bad: _Bad, at: str) -> None:
+def _check_rates(rule: Rule, bad: _Bad, at: str) -> None:
     rates = as_list(rule.rate)
     if not rates:
         bad("rate", "no rate: give one like '100/minute' or a list of them")
@@ -308,6 +538,10 @@ def _check_rates(rule: Rule, defaults: Defaults, bad: _Bad, at: str) -> None:
         if rate in seen:
             bad("rate", f"rate {text!r} is given twice", path)
         seen.add(rate)
+
+
+def _check_counting(rule: Rule, defaults: Defaults, bad: _Bad) -> None:
+    """The algorithm and what goes with it: refill, store, shards, burst."""
     algorithm = rule_algorithm(rule, defaults)
     try:
         get_algorithm(algorithm, refill=rule.refill)
@@ -360,7 +594,9 @@ def _check_by(who: str) -> str | None:
     return None
 
 
-def _check_match(match: Match, bad: _Bad, at: str) -> None:
+def _check_match(match: Match, bad: _Bad, at: str, *, whole: bool = True) -> None:
+    """``whole``: the match lost no part to a shape problem, so an empty one is
+    empty in the file too."""
     paths = as_list(match.paths)
     for j, pattern in enumerate(paths):
         try:
@@ -380,7 +616,7 @@ def _check_match(match: Match, bad: _Bad, at: str) -> None:
                 f"{at}.attributes.{key}")  # fmt: skip
         if not as_list(values):
             bad("match.attributes", f"no values for {key!r}", f"{at}.attributes.{key}")
-    if not (paths or as_list(match.methods) or match.attributes):
+    if whole and not (paths or as_list(match.methods) or match.attributes):
         bad("match", "an empty match: leave 'match' out (or say 'global: true') for everything")
 
 
@@ -486,6 +722,60 @@ def _check_adaptive(rule: Rule, adaptive: AdaptiveLimit, algorithm: str, bad: _B
 
 class _Bad(Protocol):  # the per-rule reporter the helpers are given
     def __call__(self, field: str, reason: str, path: str | None = None) -> None: ...
+
+
+class _Problem(Protocol):  # the reporter of the file's own fields
+    def __call__(self, path: str, rule: str | None, field: str | None, reason: str) -> None: ...
+
+
+# What a rule does when an attribute it reads is never given, by the field that reads it
+_WITHOUT = {
+    "by": "the rule never applies",
+    "match.attributes": "the rule never matches",
+    "cost": "every request costs the default",
+    "priority_from": "every request waits in the last class",
+}
+
+
+def undeclared(rule_file: RuleFile, document: Document | None) -> list[Problem]:
+    """Warnings for the attributes rules read (``by``, ``match.attributes``, the
+    attribute of ``cost`` and of ``priority_from``) that no front end gives
+    (`FRONT_END_ATTRIBUTES`) and the file's ``attributes`` does not declare: most
+    often a typo (``by: usr``), which leaves a rule that silently never applies.
+    Each names the closest attribute known, if one is close."""
+    known = FRONT_END_ATTRIBUTES | set(rule_file.attributes)
+    filename = "<rules>" if document is None else document.filename
+    warnings = []
+    for i, rule in enumerate(rule_file.rules):
+        at = f"$.rules[{i}]"
+        # (attribute, field, path, key): a match attribute's line is its key's
+        read: list[tuple[str, str, str, str | None]] = [
+            (who, "by", f"{at}.by" + ("" if isinstance(rule.by, str) else f"[{j}]"), None)
+            for j, who in enumerate(as_list(rule.by))
+        ]
+        if rule.match is not None:
+            read += [(name, "match.attributes", f"{at}.match.attributes", name)
+                     for name in rule.match.attributes]  # fmt: skip
+        if isinstance(rule.cost, CostFrom):
+            read.append((rule.cost.attribute, "cost", f"{at}.cost.attribute", None))
+        if rule.priority_from is not None:
+            attribute = rule.priority_from.attribute
+            read.append((attribute, "priority_from", f"{at}.priority_from.attribute", None))
+        for name, field, path, key in read:
+            if name in known or name.startswith("header:"):
+                continue
+            line = None
+            if document is not None:
+                line = document.line_of(path) if key is None else document.line_of_key(path, key)
+            closest = _closest(name, sorted(known))
+            guess = "if" if closest is None else f"did you mean {closest!r}? If"
+            reason = (
+                f"no front end gives attribute {name!r}, nor does the file declare it (without"
+                f" it {_WITHOUT[field]}): {guess} the application gives it, declare it:"
+                f" 'attributes: [{name}]'"
+            )
+            warnings.append(Problem(filename, line, rule.name, field, reason))
+    return warnings
 
 
 def dump(rule_file: RuleFile) -> str:

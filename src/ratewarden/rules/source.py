@@ -93,6 +93,29 @@ class Document:
         """The 1-based line of the value at ``path`` (``$.rules[2].match``), or of the
         nearest enclosing value that exists; for msgspec's "unknown field `x`"
         message, the line of the key ``x`` itself."""
+        node = self._node(path)
+        if node is None:
+            return None
+        unknown = _UNKNOWN_FIELD.search(message)
+        if unknown and isinstance(node, yaml.MappingNode):
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == unknown[1]:
+                    return int(key.start_mark.line) + 1
+        return int(node.start_mark.line) + 1
+
+    def line_of_key(self, path: str, key: object) -> int | None:
+        """The line of the key ``key`` in the mapping at ``path``; else that of the
+        mapping (or the nearest enclosing value that exists)."""
+        node = self._node(path)
+        if node is None:
+            return None
+        if isinstance(node, yaml.MappingNode):
+            for name, _ in node.value:
+                if isinstance(name, yaml.ScalarNode) and _same_key(name, key):
+                    return int(name.start_mark.line) + 1
+        return int(node.start_mark.line) + 1
+
+    def _node(self, path: str) -> yaml.Node | None:
         node = self.root
         if node is None:
             return None
@@ -101,12 +124,19 @@ class Document:
             if child is None:
                 break
             node = child
-        unknown = _UNKNOWN_FIELD.search(message)
-        if unknown and isinstance(node, yaml.MappingNode):
-            for key, _ in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.value == unknown[1]:
-                    return int(key.start_mark.line) + 1
-        return int(node.start_mark.line) + 1
+        return node
+
+
+def _same_key(node: yaml.ScalarNode, key: object) -> bool:
+    """Whether a key node is the key ``key`` of the data: a string key is its text;
+    any other (``1``, ``true``, ``on``) is compared as the loader would read it."""
+    if isinstance(key, str):
+        return node.tag == "tag:yaml.org,2002:str" and node.value == key
+    construct = yaml.SafeLoader.yaml_constructors.get(node.tag)
+    try:
+        return construct is not None and bool(construct(_NUMBER_MAKER, node) == key)
+    except (yaml.YAMLError, ValueError):
+        return False
 
 
 def _child(node: yaml.Node, part: str | int) -> yaml.Node | None:
