@@ -151,6 +151,21 @@ def test_a_blocked_pool_wants_the_total() -> None:
     assert share.report(S)[0] == 40_000
 
 
+def test_a_caller_still_waiting_is_seen_before_it_comes_back() -> None:
+    """A pool not served yet (a member that joined with nothing) shows itself:
+    a caller waiting for more than half the period counts as one that would
+    come back at once; one that waits briefly counts once."""
+    share = Share(S, now=0)
+    share.apply(0, 0, (), 0, settled=True, line=40_000)
+    ms = S // 1000
+    share.ask(100 * ms, 1, "worker")  # waits from 0.1 s, past the report at 1 s
+    assert share.report(S)[0] == 40_000  # up to the whole line
+    brief = Share(S, now=0)
+    brief.apply(0, 0, (), 0, settled=True, line=40_000)
+    brief.ask(600 * ms, 1, "brief")  # waiting for 0.4 s of the period
+    assert brief.report(S)[0] == 1_000
+
+
 def test_callers_that_do_not_come_back_count_once() -> None:
     """Open-loop callers (a task or a thread per call, or none named) count once
     however long they waited: they would not have asked sooner."""

@@ -41,8 +41,8 @@ to returning (the wait), and it asked again ``Z`` after that (its own work).
 Unhindered it would ask every ``Z``, so its call counts ``(W + Z) / Z`` times. A
 pool of workers blocked on ``acquire`` asks only as fast as it is served, yet
 reads as wanting far more than it holds, while callers that wait little or
-work long count about once, as open-loop callers do. A caller still waiting
-since before the period began counts as one that would come back at once: a
+work long count about once, as open-loop callers do. A caller that has waited
+for more than half the period counts as one that would come back at once: a
 pool that has not been served yet is seen too. The part that only waiting adds
 is capped at the total: nobody can spend more. A rate from a handful of calls
 is noise, so earlier periods (up to four) join in until the estimate rests on
@@ -313,12 +313,12 @@ class Share:
         # a rate from a handful of calls is noise (3 a second counts 0 to 7 in
         # a second): earlier periods join in until the calls number 20, unless
         # theirs was another rate (callers that stopped have stopped)
-        # a caller waiting since before this period began is held back, whatever
-        # its rhythm: it counts as one that would come back at once
+        # a caller still waiting after half the period is held back, whatever its
+        # rhythm: it counts as one that would come back at once
         floor = self.window_ns // 1000
         for began, cost in self._calls.values():
-            if began < self.period_start:
-                self.extra += cost * elapsed / floor
+            if now - began >= elapsed // 2:
+                self.extra += cost * (now - max(began, self.period_start)) / floor
         asked, extra, span = self.asked, self.extra, elapsed
         for earlier_asked, earlier_extra, earlier_span in reversed(self.history):
             if asked >= SAMPLE or not _alike(asked, span, earlier_asked, earlier_span):
