@@ -87,6 +87,53 @@ def test_strict_fails_on_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert f"warning: {path}:3: rule 'some': never applies: 'all' (line 2)" in err
 
 
+def test_check_config_names_an_unknown_field_with_every_other_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - name: a\n"
+        "    rate: 10/parsec\n"
+        "    match: {path: /api/login}\n"
+        "  - name: b\n"
+        "    rate: 1/second\n"
+        "    action: logonly\n"
+    )
+    assert main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"error: {path}:3: rule 'a', field 'rate': unknown unit 'parsec' in rate '10/parsec':"
+        " use one of second, minute, hour, day, week, month, year",
+        f"error: {path}:4: rule 'a', field 'match.path': unknown field 'path':"
+        " did you mean 'paths'?",
+        f"error: {path}:7: rule 'b', field 'action': Invalid enum value 'logonly': expected one"
+        " of reject, log_only, delay, shadow_ban, degrade, queue; did you mean 'log_only'?",
+        f"{path}: not loaded (3 problem(s))",
+    ]
+
+
+def test_strict_fails_on_an_attribute_nothing_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text("rules:\n  - name: per-user\n    rate: 100/minute\n    by: usr\n")
+    assert main(["check-config", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == f"{path}: 1 rules, 1 limits, 1 warning(s)"
+    assert err == (
+        f"warning: {path}:4: rule 'per-user', field 'by': no front end gives attribute 'usr',"
+        " nor does the file declare it (without it the rule never applies): did you mean"
+        " 'user'? If the application gives it, declare it: 'attributes: [usr]'\n"
+    )
+    assert main(["check-config", "--strict", "--json", str(path)]) == 1
+    (warning,) = json.loads(capsys.readouterr().out)["warnings"]
+    assert warning.startswith(f"{path}:4: rule 'per-user', field 'by': ")
+    path.write_text("attributes: [usr]\n" + path.read_text())
+    assert main(["check-config", "--strict", str(path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_explain_shows_why(capsys: pytest.CaptureFixture[str]) -> None:
     code = main([
         "explain", EXAMPLE, "--attr", "method=POST", "--attr", "path=/api/login",
