@@ -198,7 +198,8 @@ def test_a_real_fleet_through_an_outage_longer_than_a_lease() -> None:
     of the test's own, which stops answering for a lease and 3 s (SIGSTOP) and
     then comes back with every record ended. Sampled every 5 ms, what the
     members may spend never adds up to more than the total; what they admit in
-    any second of real time stays within it, but for a permit a member (pacing)."""
+    any second of real time stays within it, but for a permit a member (pacing).
+    Their grants are what they were within 1.5 s (six refreshes) of Redis answering."""
     config = QuotaConfig("200/second", "fair_share", refresh=0.25, lease=1.0, safe="equal")
     admitted: dict[int, int] = {}
     stop = threading.Event()
@@ -220,8 +221,10 @@ def test_a_real_fleet_through_an_outage_longer_than_a_lease() -> None:
             worst = max(worst, _watch(quotas, 4.0))
             assert all(q._member.fallen_back for q in quotas)
             os.kill(pid, signal.SIGCONT)
-            worst = max(worst, _watch(quotas, 3.0))
+            worst = max(worst, _watch(quotas, 1.5))  # two refreshes of rebuild, and one
             assert not any(q._member.fallen_back for q in quotas)
+            assert [round(q.grant) for q in quotas] == [150, 30, 20]
+            worst = max(worst, _watch(quotas, 1.5))
         finally:
             stop.set()
             os.kill(pid, signal.SIGCONT)

@@ -45,6 +45,12 @@ local function freed(cfg)
   cfg.freed_ms = tostring(now)
 end
 
+-- how long a rebuild lasts: every member that still spends tries a refresh
+-- every interval (10% jitter), so two intervals see them all; at most a lease
+local function rebuild_span(cfg)
+  return math.min(num(cfg, 'lease_ms'), 2 * num(cfg, 'refresh_ms'))
+end
+
 -- the live members, sorted by join order; the dead ones are deleted
 local function live_members(cfg)
   local flat = redis.call('HGETALL', MEMBERS)
@@ -306,8 +312,8 @@ if not found then
     cfg[ARGV[i]] = ARGV[i + 1]
   end
   -- rebuilt from what a member knew: until every live member has reported once
-  -- (a lease), nobody gets more than it says it holds
-  cfg.rebuild_ms = tostring(now + num(cfg, 'lease_ms'))
+  -- (rebuild_span), nobody gets more than it says it holds
+  cfg.rebuild_ms = tostring(now + rebuild_span(cfg))
   cfg.seq = '0'
   redis.call('HSET', CFG, 'rebuild_ms', cfg.rebuild_ms, 'seq', 0)
   freed(cfg)  -- where the members spend is not known yet
@@ -326,9 +332,9 @@ if not me then
   table.sort(members, function(a, b) return a.seq < b.seq end)
   if reported > 0 then
     -- it spends space this script forgot (its record ended while Redis was away
-    -- from it), and so may others: until they have reported (a lease), nobody
-    -- gets more than it says it holds
-    cfg.rebuild_ms = tostring(math.max(num(cfg, 'rebuild_ms'), now + num(cfg, 'lease_ms')))
+    -- from it), and so may others: until they have reported (rebuild_span),
+    -- nobody gets more than it says it holds
+    cfg.rebuild_ms = tostring(math.max(num(cfg, 'rebuild_ms'), now + rebuild_span(cfg)))
     redis.call('HSET', CFG, 'rebuild_ms', cfg.rebuild_ms)
     freed(cfg)
   end

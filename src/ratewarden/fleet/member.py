@@ -17,7 +17,7 @@ the resource's channel. The cases:
   has shrunk;
 - the resource is gone from Redis (restarted empty): the next refresh carries
   the configuration the member last knew, and the coordinator rebuilds from it,
-  granting nobody more than it says it holds until a lease has passed;
+  granting nobody more than it says it holds for two refresh intervals;
 - a message: the total was cut; the grant shrinks in proportion at once, and a
   refresh follows.
 

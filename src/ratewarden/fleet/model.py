@@ -101,10 +101,14 @@ class Model:
             cfg["eff_m"] = str(min(ceiling, eff + max(1000, ceiling // 50)))
             cfg["raise_ms"] = str(now)
 
+    def _rebuild_span(self) -> int:
+        """How long a rebuild lasts (see fleet.lua): two refresh intervals, at most a lease."""
+        return min(self._num("lease_ms"), 2 * self._num("refresh_ms"))
+
     def _rebuild(self, now: int) -> None:
-        """Members spend space the model forgot: for a lease, nobody gets more
-        than it says it holds (see fleet.lua)."""
-        rebuild = max(self._num("rebuild_ms"), now + self._num("lease_ms"))
+        """Members spend space the model forgot: until they have all reported,
+        nobody gets more than it says it holds (see fleet.lua)."""
+        rebuild = max(self._num("rebuild_ms"), now + self._rebuild_span())
         self.cfg["rebuild_ms"] = str(rebuild)
         self._freed(now)
 
@@ -167,7 +171,7 @@ class Model:
             if not restore:
                 return [0]
             cfg.update(restore)
-            cfg["rebuild_ms"] = str(now + self._num("lease_ms"))
+            cfg["rebuild_ms"] = str(now + self._rebuild_span())
             cfg["seq"] = "0"
             self._freed(now)  # where the members spend is not known yet
         members = self._live(now)
