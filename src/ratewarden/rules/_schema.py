@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import ipaddress
 import math
 import re
@@ -213,20 +214,26 @@ def from_document(document: Document) -> RuleFile:
     try:
         rule_file = msgspec.convert(document.data, RuleFile)
     except msgspec.ValidationError as exc:
-        shape = _Shape(document)
-        clean = shape.file(document.data)
-        try:
-            rule_file = msgspec.convert(clean, RuleFile)
-        except msgspec.ValidationError:
-            # the walk keeps only values msgspec took one by one: this is a shape
-            # it has no case for, so say what msgspec says of the whole
-            raise _type_problem(document, str(exc)) from None
-        problems = shape.problems + _check(rule_file, document, shape)
-        raise RuleFileError(*_in_order(problems)) from None
+        raise _shape_problems(document, str(exc)) from None
     problems = _check(rule_file, document, None)
     if problems:
         raise RuleFileError(*_in_order(problems))
     return rule_file
+
+
+def _shape_problems(document: Document, message: str) -> RuleFileError:
+    """Every problem of a file whose shape msgspec refused (with ``message``)."""
+    shape = _Shape(document)
+    clean = shape.file(document.data)
+    try:
+        rule_file = msgspec.convert(clean, RuleFile)
+    except msgspec.ValidationError:
+        rule_file = None
+    if rule_file is None or not shape.problems:
+        # the walk keeps only values msgspec took one by one: this is a shape it
+        # has no case for, so say what msgspec says of the whole
+        return _type_problem(document, message)
+    return RuleFileError(*_in_order(shape.problems + _check(rule_file, document, shape)))
 
 
 def _in_order(problems: list[Problem]) -> list[Problem]:
@@ -235,9 +242,20 @@ def _in_order(problems: list[Problem]) -> list[Problem]:
 
 
 def _closest(word: object, choices: typing.Iterable[object]) -> str | None:
-    names = {str(c): c for c in choices}
-    found = difflib.get_close_matches(str(word), list(names), n=1, cutoff=0.6)
+    return _closest_of(str(word), tuple(str(c) for c in choices))
+
+
+@functools.lru_cache(maxsize=1024)  # a file misspells the same few names again and again
+def _closest_of(word: str, choices: tuple[str, ...]) -> str | None:
+    found = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return found[0] if found else None
+
+
+@functools.cache
+def _fields(struct: type[msgspec.Struct]) -> dict[str, msgspec.structs.FieldInfo]:
+    """A Struct's fields by their names in the file (msgspec resolves the
+    annotations anew on every call)."""
+    return {f.encode_name: f for f in msgspec.structs.fields(struct)}
 
 
 def _struct_in(kind: Any) -> type[msgspec.Struct] | None:
@@ -327,7 +345,7 @@ class _Shape:
         """The fields of ``data`` that have the right shape (None if a required one
         is missing or wrong), the fields left out or misspelt, and for each field
         whose own mapping lost a part, the parts it lost."""
-        fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+        fields = _fields(struct)
         clean: dict[str, object] = {}
         dropped: set[str] = set()
         partial: dict[str, set[str]] = {}
