@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
 import redis.asyncio as aioredis
 
-import redis
 from ratewarden import ConfigurationError, FakeClock, RateLimitTimeout
 from ratewarden.fleet import AsyncFleetQuota, FleetQuota, QuotaConfig, set_quota
 from ratewarden.fleet.coordinator import Reply
