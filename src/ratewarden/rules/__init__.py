@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 # out a delay with await_out; `ratewarden override` writes to RedisOverrides;
 # LocalOverrides is the other kind of an engine's overrides_source; the tests cap
 # rule files at MAX_BYTES and write them back as text with dump.
-from ._actions import Outcome
+from ._actions import Outcome, ShadowLog
 from ._actions import await_out as await_out
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
 from ._engine import AsyncRuleEngine, RuleEngine
@@ -28,7 +28,7 @@ from ._override_stores import LocalOverrides as LocalOverrides
 from ._override_stores import RedisOverrides as RedisOverrides
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile
 from ._schema import dump as dump
-from ._watcher import Watcher
+from ._watcher import AsyncWatcher, Watcher
 from .overrides import AuditEntry, RuntimeOverride, UnknownRule
 from .source import MAX_BYTES as MAX_BYTES
 from .source import Problem, RuleFileError
@@ -55,6 +55,7 @@ __all__ = [
     "Applicable",
     "AsyncEnvoyConfig",
     "AsyncRuleEngine",
+    "AsyncWatcher",
     "AuditEntry",
     "ClientIP",
     "CompiledRule",
@@ -77,6 +78,7 @@ __all__ = [
     "RuleFileError",
     "RuleSet",
     "RuntimeOverride",
+    "ShadowLog",
     "UnknownRule",
     "Watcher",
     "load",
