@@ -22,7 +22,13 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 # lowest first; a module is placed by the longest prefix that names it
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("ratewarden._clock", "ratewarden._decision", "ratewarden._errors", "ratewarden._rate"),
+    (
+        "ratewarden._clock",
+        "ratewarden._decision",
+        "ratewarden._errors",
+        "ratewarden._rate",
+        "ratewarden._flow",
+    ),
     ("ratewarden.algorithms",),
     ("ratewarden.stores",),
     (

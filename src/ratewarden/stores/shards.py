@@ -43,13 +43,14 @@ from __future__ import annotations
 import itertools
 import random
 from binascii import crc_hqx
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from functools import cache, partial
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 from .._clock import Clock
 from .._decision import Decision
 from .._errors import ConfigurationError
+from .._flow import adrive, drive
 from .._rate import Rate
 from ..algorithms import Algorithm
 from .base import AsyncBound, AsyncStore, BindOptions, Bound, Check, Store, check_cost
@@ -75,8 +76,6 @@ _SAMPLE_NS = 1_000_000_000  # promotion measures a key's rate over a second
 _WHOLE = -1  # the "shard" that is the key's own, unsharded counter
 
 Flow: TypeAlias = Generator[tuple[int, str], Decision, Decision]
-_Step = TypeVar("_Step")
-_Done = TypeVar("_Done")
 
 
 @cache
@@ -283,13 +282,13 @@ def bind(
     limit, bounds = _bind_all(store, algorithm, rate, options, shards=shards, promote_at=promote_at)
 
     def hit(key: str, cost: int = 1) -> Decision:
-        return _drive(limit.flow(key, cost), lambda at: bounds[at[0]].hit(at[1], cost))
+        return drive(limit.flow(key, cost), lambda at: bounds[at[0]].hit(at[1], cost))
 
     def peek(key: str, cost: int = 1) -> Decision:
-        return _drive(limit.flow(key, cost), lambda at: bounds[at[0]].peek(at[1], cost))
+        return drive(limit.flow(key, cost), lambda at: bounds[at[0]].peek(at[1], cost))
 
     def reset(key: str) -> None:
-        _drive(limit.resets(key), lambda at: bounds[at[0]].reset(at[1]))
+        drive(limit.resets(key), lambda at: bounds[at[0]].reset(at[1]))
 
     return Bound(hit, peek, reset, limit)
 
@@ -302,13 +301,13 @@ def abind(
     limit, bounds = _bind_all(store, algorithm, rate, options, shards=shards, promote_at=promote_at)
 
     async def hit(key: str, cost: int = 1) -> Decision:
-        return await _adrive(limit.flow(key, cost), lambda at: bounds[at[0]].hit(at[1], cost))
+        return await adrive(limit.flow(key, cost), lambda at: bounds[at[0]].hit(at[1], cost))
 
     async def peek(key: str, cost: int = 1) -> Decision:
-        return await _adrive(limit.flow(key, cost), lambda at: bounds[at[0]].peek(at[1], cost))
+        return await adrive(limit.flow(key, cost), lambda at: bounds[at[0]].peek(at[1], cost))
 
     async def reset(key: str) -> None:
-        await _adrive(limit.resets(key), lambda at: bounds[at[0]].reset(at[1]))
+        await adrive(limit.resets(key), lambda at: bounds[at[0]].reset(at[1]))
 
     return AsyncBound(hit, peek, reset, limit)
 
@@ -393,31 +392,6 @@ def _settle(side: _Side) -> Generator[Request, Any, Decision]:
     return side.done
 
 
-def _drive(flow: Generator[_Step, Any, _Done], ask: Callable[[_Step], Any]) -> _Done:
-    """Runs ``flow``: each step it yields is asked of the store, the answer sent
-    back in, until it returns. Its asyncio twin is `_adrive`; what to ask is
-    written once, in ``ask`` (which returns an awaitable on an async store)."""
-    try:
-        step = next(flow)
-        while True:
-            step = flow.send(ask(step))
-    except StopIteration as done:
-        result: _Done = done.value
-        return result
-
-
-async def _adrive(
-    flow: Generator[_Step, Any, _Done], ask: Callable[[_Step], Awaitable[Any]]
-) -> _Done:
-    try:
-        step = next(flow)
-        while True:
-            step = flow.send(await ask(step))
-    except StopIteration as done:
-        result: _Done = done.value
-        return result
-
-
 def _call(store: Any, request: Request) -> Any:
     """A `Request` as ``store`` takes it: ``hit_many``, or ``hit_tiers``."""
     checks, shadow = request
@@ -426,19 +400,19 @@ def _call(store: Any, request: Request) -> Any:
 
 def hit_many(store: Store, checks: Sequence[Check]) -> Decision:
     """``store.hit_many`` with sharded tiers among ``checks``."""
-    return _drive(_many(checks), partial(_call, store))
+    return drive(_many(checks), partial(_call, store))
 
 
 async def ahit_many(store: AsyncStore, checks: Sequence[Check]) -> Decision:
-    return await _adrive(_many(checks), partial(_call, store))
+    return await adrive(_many(checks), partial(_call, store))
 
 
 def hit_tiers(store: Store, checks: Sequence[Check], shadow: Sequence[Check]) -> Answers:
     """``store.hit_tiers`` with sharded tiers among ``checks`` or ``shadow``."""
-    return _drive(_tiers(checks, shadow), partial(_call, store))
+    return drive(_tiers(checks, shadow), partial(_call, store))
 
 
 async def ahit_tiers(
     store: AsyncStore, checks: Sequence[Check], shadow: Sequence[Check]
 ) -> Answers:
-    return await _adrive(_tiers(checks, shadow), partial(_call, store))
+    return await adrive(_tiers(checks, shadow), partial(_call, store))
