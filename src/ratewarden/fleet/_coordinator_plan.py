@@ -72,6 +72,9 @@ class Reply:
     members: int
     now_ms: int
     fields: dict[str, str]
+    # what the member falls back to without Redis: its part of the safe shares,
+    # which add up to at most the total (None: compute it from the fields)
+    safe: int | None = None
 
     @property
     def effective_total(self) -> int:
@@ -154,7 +157,9 @@ def parse_refresh(raw: list[Any]) -> Reply | None:
         return None
     flat = [int(x) for x in raw[3]]
     pieces = tuple(zip(flat[::2], flat[1::2], strict=True))
-    return Reply(int(raw[1]), int(raw[2]), pieces, int(raw[4]), int(raw[5]), _fields(list(raw[6])))
+    safe = int(raw[7]) if len(raw) > 7 else None
+    fields = _fields(list(raw[6]))
+    return Reply(int(raw[1]), int(raw[2]), pieces, int(raw[4]), int(raw[5]), fields, safe)
 
 
 def parse_show(name: str, raw: list[Any]) -> QuotaStatus | None:

@@ -3,8 +3,9 @@
 -- and ratewarden/fleet/_alloc.py (the allocation functions).
 --
 -- KEYS[1]: the resource's configuration (hash); KEYS[2]: its members (hash:
--- member id -> seq, expires_ms, wants_m, has_m, used_m and its number of pieces,
--- then each piece's start and length, packed as big-endian doubles: one C call
+-- member id -> seq, expires_ms, wants_m, has_m, used_m, safe_m (what it falls
+-- back to without Redis) and its number of pieces, then each piece's start and
+-- length, packed as big-endian doubles: one C call
 -- to read, where parsing text cost 40% of the script's time). Both keys carry
 -- one hash tag. A member's grant lies in its pieces of the line [0, total); no
 -- two live members' pieces overlap (see _alloc.place).
@@ -51,29 +52,45 @@ local function rebuild_span(cfg)
   return math.min(num(cfg, 'lease_ms'), 2 * num(cfg, 'refresh_ms'))
 end
 
--- the live members, sorted by join order; the dead ones are deleted
+-- until now + rebuild_span, nobody is granted more than it says it holds,
+-- nor a larger safe share than it had: members spend space this script does
+-- not know of (Redis lost the resource, or their records ended while Redis was
+-- away from them), and every one of them reports within the span
+local function rebuild(cfg)
+  cfg.rebuild_ms = tostring(math.max(num(cfg, 'rebuild_ms'), now + rebuild_span(cfg)))
+  redis.call('HSET', CFG, 'rebuild_ms', cfg.rebuild_ms)
+  freed(cfg)
+end
+
+local RECORD = '>ddddddd'  -- seq, expires, wants, has, used, safe, pieces
+
+-- the live members, sorted by join order; the dead ones are deleted. A record
+-- that ended while its member held a share (or that cannot be read) starts a
+-- rebuild: the member may still be spending, on its grant or its safe share
 local function live_members(cfg)
   local flat = redis.call('HGETALL', MEMBERS)
-  local members, dead, gone = {}, {}, false
+  local members, dead, lapsed = {}, {}, false
   for i = 1, #flat, 2 do
-    local ok, seq, expires, wants, has, used, n, rest =
-      pcall(struct.unpack, '>dddddd', flat[i + 1])
+    local record = flat[i + 1]
+    local ok, seq, expires, wants, has, used, safe, n, rest =
+      pcall(struct.unpack, RECORD, record)
+    ok = ok and #record == 56 + 16 * n
     local pieces = {}
     if ok and n > 0 then
-      local got = {pcall(struct.unpack, '>' .. string.rep('d', 2 * n), flat[i + 1], rest)}
+      local got = {pcall(struct.unpack, '>' .. string.rep('d', 2 * n), record, rest)}
       ok = got[1]
       for k = 1, n do pieces[k] = {got[2 * k], got[2 * k + 1]} end
     end
     if ok and expires > now then
       members[#members + 1] = {id = flat[i], seq = seq, expires = expires,
-        wants = wants, has = has, used = used, pieces = pieces}
+        wants = wants, has = has, used = used, safe = safe, pieces = pieces}
     else
       dead[#dead + 1] = flat[i]
-      if not ok or has > 0 then gone = true end
+      if not ok or has > 0 or safe > 0 then lapsed = true end
     end
   end
   if #dead > 0 then redis.call('HDEL', MEMBERS, unpack(dead)) end
-  if gone then freed(cfg) end
+  if lapsed then rebuild(cfg) end
   table.sort(members, function(a, b) return a.seq < b.seq end)
   return members
 end
@@ -84,8 +101,8 @@ local function save(m)
     flat[#flat + 1] = p[1]
     flat[#flat + 1] = p[2]
   end
-  redis.call('HSET', MEMBERS, m.id, struct.pack('>dddddd' .. string.rep('d', #flat),
-    m.seq, m.expires, m.wants, m.has, m.used, #m.pieces, unpack(flat)))
+  redis.call('HSET', MEMBERS, m.id, struct.pack(RECORD .. string.rep('d', #flat),
+    m.seq, m.expires, m.wants, m.has, m.used, m.safe, #m.pieces, unpack(flat)))
 end
 
 -- allocation (see _alloc.py)
@@ -251,7 +268,7 @@ local function cut(cfg, new_eff, members)
           has = has + length
         end
       end
-      m.pieces, m.has = pieces, has
+      m.pieces, m.has, m.safe = pieces, has, fdiv(m.safe * new_eff, old)
       save(m)
     end
   end
@@ -311,12 +328,10 @@ if not found then
     redis.call('HSET', CFG, ARGV[i], ARGV[i + 1])
     cfg[ARGV[i]] = ARGV[i + 1]
   end
-  -- rebuilt from what a member knew: until every live member has reported once
-  -- (rebuild_span), nobody gets more than it says it holds
-  cfg.rebuild_ms = tostring(now + rebuild_span(cfg))
+  -- rebuilt from what a member knew: where the members spend is not known yet
   cfg.seq = '0'
-  redis.call('HSET', CFG, 'rebuild_ms', cfg.rebuild_ms, 'seq', 0)
-  freed(cfg)  -- where the members spend is not known yet
+  redis.call('HSET', CFG, 'seq', 0)
+  rebuild(cfg)
 end
 
 local members = live_members(cfg)
@@ -327,17 +342,10 @@ end
 if not me then
   local seq = redis.call('HINCRBY', CFG, 'seq', 1)
   cfg.seq = tostring(seq)
-  me = {id = id, seq = seq, has = 0, pieces = {}}
+  me = {id = id, seq = seq, has = 0, safe = 0, pieces = {}}
   members[#members + 1] = me
   table.sort(members, function(a, b) return a.seq < b.seq end)
-  if reported > 0 then
-    -- it spends space this script forgot (its record ended while Redis was away
-    -- from it), and so may others: until they have reported (rebuild_span),
-    -- nobody gets more than it says it holds
-    cfg.rebuild_ms = tostring(math.max(num(cfg, 'rebuild_ms'), now + rebuild_span(cfg)))
-    redis.call('HSET', CFG, 'rebuild_ms', cfg.rebuild_ms)
-    freed(cfg)
-  end
+  if reported > 0 then rebuild(cfg) end  -- it spends space this script forgot
 end
 me.expires = now + num(cfg, 'lease_ms')
 me.wants, me.used = wants, used
@@ -423,8 +431,21 @@ for _, p in ipairs(me.pieces) do
   flat[#flat + 1] = p[1]
   flat[#flat + 1] = p[2]
 end
+-- what it falls back to without Redis: an equal part of the members it sees
+-- (or the configured number), within what the others' safe shares leave, so
+-- that the members' safe shares add up to at most the total even while some
+-- still hold a part of a smaller membership; not more than it had in a rebuild
+local safe = math.min(num(cfg, 'safe') * 1000, total)
+if cfg.safe == 'equal' then safe = fdiv(total, #members) end
+local others_safe = 0
+for _, m in ipairs(members) do
+  if m ~= me then others_safe = others_safe + m.safe end
+end
+safe = math.max(0, math.min(safe, total - others_safe))
+if now < num(cfg, 'rebuild_ms') then safe = math.min(safe, me.safe) end
+me.safe = safe
 save(me)
 
 local held = 0
 for _, m in ipairs(members) do held = held + m.has end
-return {1, me.has, held, flat, #members, now, cfg_list(cfg)}
+return {1, me.has, held, flat, #members, now, cfg_list(cfg), me.safe}

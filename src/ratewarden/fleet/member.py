@@ -89,6 +89,7 @@ class Member:
         self.share = Share(window, pace=pace, now=clock.time_ns())
         self.lease_until = 0  # ns of the member's clock; 0: no grant yet
         self.members = 0
+        self.safe: int | None = None  # the coordinator's word on its safe share
         self.throttled = 0  # provider refusals since the last report
         self.fallen_back = False
         self.safe_from = 0  # ns of the member's clock: from when the whole safe share applies
@@ -152,6 +153,7 @@ class Member:
             self.share.scale(reply.effective_total, self.share.line)
         self.known = fields
         self.members = reply.members
+        self.safe = reply.safe
         freed = int(fields.get("freed_ms", "0"))
         settled = reply.now_ms - freed >= 2 * config.window_ns // 1_000_000
         self.share.apply(
@@ -174,15 +176,12 @@ class Member:
         config = QuotaConfig.from_fields(self.known)
         total = int(self.known.get("eff_m", "0"))
         share = self.share
-        if config.safe == "equal":  # the slot of the line its pieces began in
-            count = max(1, self.members)
-            grant = total // count
-            first = share.position[0][0] if share.position else 0
-            place = min(count - 1, first * count // total) if total else 0
-            held, start = grant * count, grant * place
+        if self.safe is not None:  # the coordinator's: the members' add up to the total at most
+            grant = min(self.safe, total)
+        elif config.safe == "equal":
+            grant = total // max(1, self.members)
         else:
             grant = min(int(config.safe) * MILLI, total)
-            held, start = grant, 0
         if not self.fallen_back:
             kept = min(grant, share.grant)  # inside what it spends now: less, at once
             log.warning(
@@ -199,7 +198,9 @@ class Member:
             self.fallen_back = True
             self.safe_from = now + round(config.lease * 1e9)
             return
-        share.apply(grant, held, ((start, grant),) if grant else (), now, line=total)
+        # around its own pieces: where it spent, the others did not
+        pieces = tuple(alloc_place(total, share.pieces, grant, ()))
+        share.apply(grant, max(share.held, grant), pieces, now, line=total)
         self.safe_from = 0
 
     def on_message(self, data: Any) -> bool:
@@ -209,6 +210,8 @@ class Member:
         except ValueError:
             return False
         self.share.scale(new, old)
+        if self.safe is not None and old > 0:
+            self.safe = self.safe * new // old
         if self.known is not None:
             self.known = {**self.known, "eff_m": str(new)}
         return True

@@ -28,24 +28,27 @@ class _Member:
     wants: int = 0
     has: int = 0
     used: int = 0
+    safe: int = 0
     pieces: list[Piece] = field(default_factory=list)
 
 
-# as fleet.lua packs a member: six big-endian doubles (the sixth: how many
+# as fleet.lua packs a member: seven big-endian doubles (the seventh: how many
 # pieces), then each piece's start and length
-_RECORD = struct.Struct(">6d")
+_RECORD = struct.Struct(">7d")
 
 
 def _record(m: _Member) -> bytes:
     flat = [x for piece in m.pieces for x in piece]
-    head = _RECORD.pack(m.seq, m.expires, m.wants, m.has, m.used, len(m.pieces))
+    head = _RECORD.pack(m.seq, m.expires, m.wants, m.has, m.used, m.safe, len(m.pieces))
     return head + struct.pack(f">{len(flat)}d", *flat)
 
 
 def _unpack(record: bytes) -> tuple[list[int], list[Piece]]:
     head = [int(x) for x in _RECORD.unpack_from(record)]
-    flat = [int(x) for x in struct.unpack_from(f">{2 * head[5]}d", record, _RECORD.size)]
-    return head[:5], list(zip(flat[::2], flat[1::2], strict=True))
+    if len(record) != _RECORD.size + 16 * head[6]:
+        raise struct.error("a record of another layout")
+    flat = [int(x) for x in struct.unpack_from(f">{2 * head[6]}d", record, _RECORD.size)]
+    return head[:6], list(zip(flat[::2], flat[1::2], strict=True))
 
 
 @dataclass
@@ -64,21 +67,21 @@ class Model:
 
     def _live(self, now: int) -> list[_Member]:
         live = []
-        freed = False
+        lapsed = False
         for member_id, record in list(self.members.items()):
             try:
-                (seq, expires, wants, has, used), pieces = _unpack(record)
+                (seq, expires, wants, has, used, safe), pieces = _unpack(record)
             except struct.error:  # unreadable: dropped, as the script drops it
                 del self.members[member_id]
-                freed = True
+                lapsed = True
                 continue
             if expires > now:
-                live.append(_Member(member_id, seq, expires, wants, has, used, pieces))
+                live.append(_Member(member_id, seq, expires, wants, has, used, safe, pieces))
             else:
                 del self.members[member_id]
-                freed = freed or has > 0
-        if freed:
-            self._freed(now)
+                lapsed = lapsed or has > 0 or safe > 0
+        if lapsed:  # it may still be spending (see fleet.lua)
+            self._rebuild(now)
         live.sort(key=lambda m: m.seq)
         return live
 
@@ -123,6 +126,7 @@ class Model:
             for m in members:
                 m.pieces = scaled(m.pieces, new_eff, old)
                 m.has = sum(length for _, length in m.pieces)
+                m.safe = m.safe * new_eff // old
                 self._save(m)
         self.published.append(f"{self.cfg.get('version', '0')} {new_eff} {old}")
 
@@ -171,9 +175,8 @@ class Model:
             if not restore:
                 return [0]
             cfg.update(restore)
-            cfg["rebuild_ms"] = str(now + self._rebuild_span())
             cfg["seq"] = "0"
-            self._freed(now)  # where the members spend is not known yet
+            self._rebuild(now)  # where the members spend is not known yet
         members = self._live(now)
         me = next((m for m in members if m.id == member_id), None)
         if me is None:
@@ -209,10 +212,22 @@ class Model:
         if not within(had, me.pieces):
             self._freed(now)
         me.has = sum(length for _, length in me.pieces)
+        me.safe = self._safe(now, me, members, total)
         self._save(me)
         held = sum(m.has for m in members)
         flat = [x for piece in me.pieces for x in piece]
-        return [1, me.has, held, flat, len(members), now, _flat(cfg)]
+        return [1, me.has, held, flat, len(members), now, _flat(cfg), me.safe]
+
+    def _safe(self, now: int, me: _Member, members: list[_Member], total: int) -> int:
+        """What it falls back to without Redis (see fleet.lua)."""
+        safe = min(self._num("safe") * 1000, total)
+        if self.cfg.get("safe") == "equal":
+            safe = total // len(members)
+        others = sum(m.safe for m in members if m is not me)
+        safe = max(0, min(safe, total - others))
+        if now < self._num("rebuild_ms"):
+            safe = min(safe, me.safe)
+        return safe
 
 
 def _sound(pieces: Sequence[Piece], total: int) -> bool:
