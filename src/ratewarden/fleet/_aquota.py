@@ -24,6 +24,7 @@ import asyncio
 # unasync: sync
 # import threading
 # unasync: end
+import math
 import time
 from collections.abc import Callable
 from contextlib import AsyncContextDecorator, closing, suppress
@@ -51,6 +52,8 @@ class AsyncFleetQuota(Line, Shell):
     across it. ``clock``: the member's clock (tests and simulations).
     ``wants``: a function that gives this member's demand in permits a window,
     asked at each refresh (None from it: what the calls show); see also `demand`.
+    ``replace_config``: when the stored configuration differs from ``config``,
+    store ``config`` (else the stored one applies, with a warning).
 
     Joining makes a first refresh at once (`start`, or entering ``async with``), then a
     task refreshes every interval and listens for changes of the total.
@@ -70,6 +73,7 @@ class AsyncFleetQuota(Line, Shell):
         coordinator_clock: Clock | None = None,
         background: bool = True,
         wants: Callable[[], float | None] | None = None,
+        replace_config: bool = False,
     ) -> None:
         self._setup(
             name,
@@ -80,6 +84,7 @@ class AsyncFleetQuota(Line, Shell):
             clock=clock,
             background=background,
             wants=wants,
+            replace_config=replace_config,
         )
         self.client = (
             connect(redis, timeout, asynchronous=True) if isinstance(redis, str) else redis
@@ -100,13 +105,23 @@ class AsyncFleetQuota(Line, Shell):
             return self
         self._started = True
         try:
-            if not await self.refresh() and self._member.config is not None:
-                await self.coordinator.set(self._member.config)
+            member = self._member
+            if not await self.refresh() and member.config is not None:
+                await self.coordinator.set(member.config)
+                await self.refresh()
+            elif member.replace_config and member.config_differs():
+                assert member.config is not None
+                log.warning(
+                    "quota %r: storing config= (%s) in place of the stored one (replace_config)",
+                    self.name,
+                    member.config.describe(),
+                )
+                await self.coordinator.set(member.config)
                 await self.refresh()
             if self._member.known is not None:
                 await self.refresh()  # with an equal share's demand, until it is measured
-        except StoreUnavailable as exc:  # keep trying in the background
-            log.warning("quota %r: cannot reach the coordinator yet: %s", self.name, exc)
+        except StoreUnavailable:  # logged by the member; keep trying in the background
+            pass
         else:
             if self._member.known is None:
                 raise ConfigurationError(
@@ -229,12 +244,16 @@ class AsyncFleetQuota(Line, Shell):
 
     # -- permits ----------------------------------------------------------------
 
-    async def acquire(self, max_wait: float, cost: int = 1, *, priority: int | str = 0) -> None:
+    async def acquire(
+        self, max_wait: float | None, cost: int = 1, *, priority: int | str = 0
+    ) -> None:
         """A permit (``cost`` permits), waiting up to ``max_wait`` seconds, else
-        `RateLimitTimeout`; ``max_wait=0`` tries once. ``priority``: the
+        `RateLimitTimeout` (its ``retry_after`` says when to ask again);
+        ``max_wait=0`` tries once, ``None`` waits as long as it takes. ``priority``: the
         caller's class (an int, higher first): waiting callers stand in one line
         in class order, and only its head waits for the share (see `_line`)."""
         rank = check_priority(priority)
+        max_wait = math.inf if max_wait is None else max_wait
         caller = current_caller()
         line = self._line
         if line.busy(LINE):  # others wait already: join them in class order, never barge
@@ -260,8 +279,9 @@ class AsyncFleetQuota(Line, Shell):
         finally:
             self._done(caller)
 
-    def slot(self, max_wait: float, cost: int = 1) -> AsyncQuotaSlot:
+    def slot(self, max_wait: float | None, cost: int = 1) -> AsyncQuotaSlot:
         """`acquire` as a context manager or decorator."""
+        max_wait = math.inf if max_wait is None else max_wait
         check_max_wait(max_wait)
         check_cost(cost)
         return AsyncQuotaSlot(self, max_wait, cost)

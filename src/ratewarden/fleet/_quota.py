@@ -11,6 +11,7 @@ touches the network.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +40,8 @@ class FleetQuota(Line, Shell):
     across it. ``clock``: the member's clock (tests and simulations).
     ``wants``: a function that gives this member's demand in permits a window,
     asked at each refresh (None from it: what the calls show); see also `demand`.
+    ``replace_config``: when the stored configuration differs from ``config``,
+    store ``config`` (else the stored one applies, with a warning).
 
     Joining makes a first refresh at once (`start`, or entering ``with``), then a
     thread refreshes every interval and listens for changes of the total.
@@ -58,6 +61,7 @@ class FleetQuota(Line, Shell):
         coordinator_clock: Clock | None = None,
         background: bool = True,
         wants: Callable[[], float | None] | None = None,
+        replace_config: bool = False,
     ) -> None:
         self._setup(
             name,
@@ -68,6 +72,7 @@ class FleetQuota(Line, Shell):
             clock=clock,
             background=background,
             wants=wants,
+            replace_config=replace_config,
         )
         self.client = (
             connect(redis, timeout, asynchronous=False) if isinstance(redis, str) else redis
@@ -88,13 +93,23 @@ class FleetQuota(Line, Shell):
             return self
         self._started = True
         try:
-            if not self.refresh() and self._member.config is not None:
-                self.coordinator.set(self._member.config)
+            member = self._member
+            if not self.refresh() and member.config is not None:
+                self.coordinator.set(member.config)
+                self.refresh()
+            elif member.replace_config and member.config_differs():
+                assert member.config is not None
+                log.warning(
+                    "quota %r: storing config= (%s) in place of the stored one (replace_config)",
+                    self.name,
+                    member.config.describe(),
+                )
+                self.coordinator.set(member.config)
                 self.refresh()
             if self._member.known is not None:
                 self.refresh()  # with an equal share's demand, until it is measured
-        except StoreUnavailable as exc:  # keep trying in the background
-            log.warning("quota %r: cannot reach the coordinator yet: %s", self.name, exc)
+        except StoreUnavailable:  # logged by the member; keep trying in the background
+            pass
         else:
             if self._member.known is None:
                 raise ConfigurationError(
@@ -201,12 +216,14 @@ class FleetQuota(Line, Shell):
 
     # -- permits ----------------------------------------------------------------
 
-    def acquire(self, max_wait: float, cost: int = 1, *, priority: int | str = 0) -> None:
+    def acquire(self, max_wait: float | None, cost: int = 1, *, priority: int | str = 0) -> None:
         """A permit (``cost`` permits), waiting up to ``max_wait`` seconds, else
-        `RateLimitTimeout`; ``max_wait=0`` tries once. ``priority``: the
+        `RateLimitTimeout` (its ``retry_after`` says when to ask again);
+        ``max_wait=0`` tries once, ``None`` waits as long as it takes. ``priority``: the
         caller's class (an int, higher first): waiting callers stand in one line
         in class order, and only its head waits for the share (see `_line`)."""
         rank = check_priority(priority)
+        max_wait = math.inf if max_wait is None else max_wait
         caller = current_caller()
         line = self._line
         if line.busy(LINE):  # others wait already: join them in class order, never barge
@@ -232,8 +249,9 @@ class FleetQuota(Line, Shell):
         finally:
             self._done(caller)
 
-    def slot(self, max_wait: float, cost: int = 1) -> QuotaSlot:
+    def slot(self, max_wait: float | None, cost: int = 1) -> QuotaSlot:
         """`acquire` as a context manager or decorator."""
+        max_wait = math.inf if max_wait is None else max_wait
         check_max_wait(max_wait)
         check_cost(cost)
         return QuotaSlot(self, max_wait, cost)

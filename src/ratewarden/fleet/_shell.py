@@ -69,11 +69,7 @@ class Line:
         if math.isinf(max_wait):
             return math.inf
         if max_wait == 0:
-            raise RateLimitTimeout(
-                f"quota {self.name!r}: no permit now (next in {wait / 1e9:.6g}s)",
-                key=self.name,
-                retry_after=wait / 1e9,
-            )
+            raise _timeout(self._member, max_wait, wait)
         return now + round(max_wait * 1e9)
 
     def _left(self, deadline: float) -> float:
@@ -122,10 +118,24 @@ def check_cost(cost: int) -> None:
         raise ConfigurationError(f"cost must be a positive integer, got {cost!r}")
 
 
-def _timeout(name: str, max_wait: float, wait_ns: int) -> RateLimitTimeout:
+def _timeout(member: Member, max_wait: float, wait_ns: int) -> RateLimitTimeout:
+    """Why a caller gave up, and when to ask again: when the next permit falls
+    due, or, for a member that holds no permits at all, at its next refresh."""
+    within = "now" if max_wait == 0 else f"within max_wait={max_wait:g}s"
+    share = member.share
+    if share.grant == 0 and share.pending is None:
+        retry = member.next_delay()
+        return RateLimitTimeout(
+            f"quota {member.name!r}: no permit {within}: {member.why_nothing()};"
+            f" retry_after={retry:.3g}s (its next refresh)",
+            key=member.name,
+            retry_after=retry,
+        )
     return RateLimitTimeout(
-        f"quota {name!r}: no permit within max_wait={max_wait}s (next in {wait_ns / 1e9:.6g}s)",
-        key=name,
+        f"quota {member.name!r}: no permit {within}: the next one is due in"
+        f" {wait_ns / 1e9:.3g}s, past the deadline (this member holds {member.grant:.6g}"
+        " permits a window); retry_after is when it falls due",
+        key=member.name,
         retry_after=wait_ns / 1e9,
     )
 
@@ -150,6 +160,7 @@ class Shell:
         clock: Clock | None,
         background: bool,
         wants: Callable[[], float | None] | None = None,
+        replace_config: bool = False,
     ) -> None:
         self.background = background
         self.clock = SystemClock() if clock is None else clock
@@ -160,7 +171,10 @@ class Shell:
             pace=pace,
             config=_config(config),
             wants=wants,
+            replace_config=replace_config,
         )
+        if replace_config and config is None:
+            raise ConfigurationError("replace_config=True needs config=, the one to store")
         self.name = self._member.name
         self._owns_client = isinstance(redis, str)
         self._lock = threading.Lock()  # held for microseconds, never across an await
@@ -185,7 +199,7 @@ class Shell:
         now = clock.time_ns()
         deadline = math.inf if math.isinf(max_wait) else now + round(max_wait * 1e9)
         if now + wait > deadline:
-            raise _timeout(self.name, max_wait, wait)
+            raise _timeout(self._member, max_wait, wait)
         while True:
             share = self._member.share  # a new window length replaces it
             with lock:
@@ -195,7 +209,7 @@ class Shell:
                     yield wait / 1e9
                 return
             if now + wait > deadline:
-                raise _timeout(self.name, max_wait, wait)
+                raise _timeout(self._member, max_wait, wait)
             yield wait / 1e9
             now = clock.time_ns()
 

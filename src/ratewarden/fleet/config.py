@@ -54,10 +54,11 @@ class QuotaConfig:
     (jittered by up to 10%); ``lease``: seconds a member's share outlives its
     last report (a dead member's share is free again after it). ``safe``: the
     share a member falls back to when its lease ran out without reaching Redis:
-    ``"equal"`` (the total over the membership it last saw), ``0``, or a number
-    of permits a window. ``adaptive``: lower the total when the provider refuses
-    members that kept their shares, raise it back additively up to ``rate``,
-    never below ``floor`` permits a window.
+    ``"equal"`` (the total over the membership), ``0``, or a number of permits a
+    window; the coordinator keeps the members' safe shares within the total.
+    ``adaptive``: lower the total when the provider refuses members that kept
+    their shares, raise it back additively up to ``rate``, never below ``floor``
+    permits a window.
     """
 
     rate: Rate
@@ -166,6 +167,16 @@ class QuotaConfig:
             )
         except (KeyError, ValueError) as exc:
             raise ConfigurationError(f"unreadable quota configuration {fields!r}: {exc}") from exc
+
+    def describe(self) -> str:
+        """One line for logs: rate, algorithm and the settings that differ from the defaults."""
+        parts = [str(self.rate), self.algorithm]
+        parts += [f"refresh {self.refresh:g}s", f"lease {self.lease:g}s", f"safe {self.safe}"]
+        if self.cap:
+            parts.append(f"cap {self.cap}")
+        if self.adaptive:
+            parts.append(f"adaptive, floor {self.floor}")
+        return ", ".join(parts)
 
     def but(self, **changes: Any) -> QuotaConfig:
         return replace(self, **changes)

@@ -7,7 +7,8 @@ the resource's channel. The cases:
 - a reply: the grant applies (a smaller one at once, a larger one from the next
   window edge) and the lease runs from the moment the refresh was *sent*, so the
   member's idea of its lease ends no later than the coordinator's;
-- a failure: the member keeps its grant until its lease ends, then falls back to
+- a failure: logged at once, then once a minute while it lasts, and again when
+  the coordinator answers. The member keeps its grant until its lease ends, then falls back to
   the resource's safe share (0, a number, or an equal split of the last
   membership it saw) in two steps. First, for one more lease, the safe share or
   what it holds, whichever is smaller, at once and inside its own pieces: the
@@ -35,6 +36,7 @@ import math
 import os
 import random
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -69,8 +71,10 @@ class Member:
         pace: bool = False,
         config: QuotaConfig | None = None,
         wants: Callable[[], float | None] | None = None,
+        replace_config: bool = False,
     ) -> None:
         self.name = check_name(name)
+        self.replace_config = replace_config  # its config wins over the stored one
         if wants is not None and not callable(wants):
             raise ConfigurationError(f"wants must be a function or None, got {wants!r}")
         self.wants = wants
@@ -95,6 +99,10 @@ class Member:
         self.safe_from = 0  # ns of the member's clock: from when the whole safe share applies
         self.refreshes = 0
         self.failures = 0
+        self.unreachable_since: float | None = None  # wall-clock seconds; None: answering
+        self.last_error: str = ""
+        self._said_at = 0  # ns of the member's clock: the last "still unreachable" line
+        self._told_config = False
 
     # -- refresh ----------------------------------------------------------------
 
@@ -147,6 +155,15 @@ class Member:
         now = self.clock.time_ns()
         fields = reply.fields
         config = QuotaConfig.from_fields(fields)
+        if self.unreachable_since is not None:
+            log.warning(
+                "quota %r: the coordinator answers again, after %.3g s and %d failed refreshes",
+                self.name,
+                max(0.0, self.clock.time_ns() / 1e9 - self.unreachable_since),
+                self.failures,
+            )
+            self.unreachable_since = None
+        self._check_config(config)
         if config.window_ns != self.share.window_ns:
             self.share = Share(config.window_ns, pace=self.pace, now=now)
         elif reply.effective_total < self.share.line:  # a cut it did not hear of yet
@@ -164,11 +181,95 @@ class Member:
         self.safe_from = 0
         self.refreshes += 1
 
+    def _check_config(self, stored: QuotaConfig) -> None:
+        """Say once when the configuration this member was given is not the
+        stored one: the stored one applies (``ratewarden quota set`` changes it)."""
+        if self._told_config or not self.config_differs(stored) or self.replace_config:
+            return
+        mine = self.config
+        assert mine is not None
+        self._told_config = True
+        log.warning(
+            "quota %r: config= given here (%s) differs from the one stored in Redis (%s);"
+            " the stored one applies. Change it with `ratewarden quota set`, or pass"
+            " replace_config=True to make this member's win",
+            self.name,
+            mine.describe(),
+            stored.describe(),
+        )
+
+    def why_nothing(self) -> str:
+        """Why this member holds no permits, for a caller that gave up."""
+        if self.unreachable_since is not None:
+            since = time.strftime("%H:%M:%S", time.gmtime(self.unreachable_since))
+            why = (
+                f"this member holds no permits: Redis (the coordinator) has been unreachable"
+                f" since {since} UTC, {self.failures} failed refreshes ({self.last_error})"
+            )
+            if self.known is None:
+                why += "; it never joined, and an equal safe share needs the membership"
+            return why
+        if self.known is None:
+            return "this member holds no permits: it has not joined yet (start() it first)"
+        return (
+            "the coordinator granted this member nothing: the other members hold the"
+            " total, or its demand is not measured yet"
+        )
+
+    def config_differs(self, stored: QuotaConfig | None = None) -> bool:
+        """True when a ``config`` was given and the stored one is another."""
+        if stored is None:
+            if self.known is None:
+                return False
+            stored = QuotaConfig.from_fields(self.known)
+        return self.config is not None and self.config.fields() != stored.fields()
+
+    def _unreachable(self, error: Exception, now: int) -> None:
+        """Log a lost coordinator once, then once a minute while it lasts."""
+        self.last_error = str(error)
+        if self.unreachable_since is None:
+            self.unreachable_since = self.clock.time_ns() / 1e9
+            self._said_at = now
+            if self.known is None and self.share.grant:
+                what = f"spending the safe share, {self.share.grant / MILLI:.6g} permits a window"
+            elif self.known is None:
+                what = "nothing is admitted until it answers (safe share: equal, or none given)"
+            else:
+                what = "keeping its grant until its lease ends, then the safe share"
+            log.warning("quota %r: cannot reach the coordinator (%s); %s", self.name, error, what)
+        elif now - self._said_at >= 60 * 10**9:
+            self._said_at = now
+            log.warning(
+                "quota %r: still cannot reach the coordinator, for %.0f s and %d failed"
+                " refreshes (%s); granted %.6g permits a window",
+                self.name,
+                self.clock.time_ns() / 1e9 - self.unreachable_since,
+                self.failures,
+                error,
+                self.share.grant / MILLI,
+            )
+
+    def _before_joining(self, now: int) -> None:
+        """No reply yet: the failure policy applies from the start. A number as
+        the safe share (of the ``config`` given) is spent at once; an equal part
+        needs the membership, so nothing is, until the coordinator answers."""
+        config = self.config
+        if self.fallen_back or config is None or config.safe == "equal":
+            return
+        total = config.rate.limit * MILLI
+        grant = min(int(config.safe) * MILLI, total)
+        if grant:
+            self.share.apply(grant, grant, ((0, grant),), now, settled=True, line=total)
+            self.fallen_back = True
+
     def on_failure(self, error: Exception) -> None:
         """A refresh failed: keep the grant while the lease lasts, then the safe
         share in two steps (see the module docstring)."""
         self.failures += 1
         now = self.clock.time_ns()
+        if self.known is None:
+            self._before_joining(now)
+        self._unreachable(error, now)
         if self.known is None or now < self.lease_until:
             return
         if self.fallen_back and (not self.safe_from or now < self.safe_from):
@@ -219,7 +320,7 @@ class Member:
     def next_delay(self) -> float:
         """Seconds to the next refresh: the resource's interval, jittered by 10%
         so that a fleet started together does not refresh in step."""
-        refresh = 1.0
+        refresh = 1.0 if self.config is None else self.config.refresh
         if self.known is not None:
             refresh = int(self.known.get("refresh_ms", "1000")) / 1000
         return refresh * random.uniform(0.9, 1.1)
