@@ -262,7 +262,7 @@ def test_the_page_and_its_files_are_served_without_a_token_under_a_strict_policy
             assert refused.status_code == 401
             wrong_method = await client.post("/v1/events")
             assert wrong_method.status_code == 405
-            assert wrong_method.headers["allow"] == "GET"
+            assert wrong_method.headers["allow"] == "GET, HEAD"
 
     asyncio.run(main())
 
@@ -456,3 +456,13 @@ def test_the_stats_read_the_metrics_counters_through_their_public_face() -> None
     metrics.store_errors.inc()
     assert metrics.store_error_count() == 2
     assert stats._store_errors() == 2
+
+
+def test_the_page_has_a_banner_for_a_store_that_does_not_answer() -> None:
+    """The snapshot's ``store.ok`` shows or hides a banner at the top of the page."""
+    folder = Path(__file__).resolve().parents[2] / "src" / "ratewarden" / "server" / "dashboard"
+    page = (folder / "index.html").read_text()
+    assert re.search(r'<p id="store-banner"[^>]* role="alert" hidden>', page)
+    assert page.index('id="store-banner"') < page.index('id="login"')  # above everything
+    script = (folder / "app.js").read_text()
+    assert "banner.hidden = store.ok;" in script

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
@@ -135,10 +135,9 @@ class App:
             ("/v1/load/", "PUT", self._set_load, "load", "admin"),
         )
         self._paths = {path for _, path in self._routes} | {"/auth", "/v1/events"}
-        self._allowed = {
-            path: ", ".join(sorted(m for m, p in self._routes if p == path)) for path in self._paths
-        }
-        self._allowed["/v1/events"] = "GET"  # a stream, answered outside the routes
+        self._allowed = {path: _allow(m for m, p in self._routes if p == path)
+                         for path in self._paths}  # fmt: skip
+        self._allowed["/v1/events"] = "GET, HEAD"  # a stream, answered outside the routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -153,6 +152,10 @@ class App:
         method: str = scope["method"]
         path: str = scope["path"]
         endpoint = "other"
+        # HEAD is answered as GET would be, without the body (/auth has its own HEAD)
+        head = method == "HEAD" and path != "/auth"
+        if head:
+            method = "GET"
         try:
             if path == "/auth":
                 endpoint = "auth"
@@ -165,8 +168,11 @@ class App:
                 endpoint = "events"
                 # the token even with open checks: it carries the keys clients are limited by
                 self._authorize(scope, "admin")
-                await self.dashboard.stream(scope, receive, send)  # HTTPError before it starts
-                return  # a stream's length is no latency
+                if head:  # what the stream would start with, and no stream
+                    status, headers, body = 200, self.dashboard.STREAM_HEADERS, b""
+                else:
+                    await self.dashboard.stream(scope, receive, send)  # HTTPError before it starts
+                    return  # a stream's length is no latency
             else:
                 route = self._routes.get((method, path))
                 if route is None:
@@ -184,7 +190,7 @@ class App:
         # with a length, uvicorn sends the body as it is instead of chunking it
         headers = [*headers, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.body", "body": b"" if head else body})
         self._observe(endpoint, time.perf_counter() - started)
 
     def _prefixed_route(self, method: str, path: str) -> tuple[_Handler, str, str]:
@@ -196,7 +202,7 @@ class App:
                 allowed.append(verb)
         if allowed:
             raise HTTPError(405, f"{method} is not allowed on {path}",
-                            [(b"allow", ", ".join(sorted(allowed)).encode())])  # fmt: skip
+                            [(b"allow", _allow(allowed).encode())])  # fmt: skip
         allow = self._allowed.get(path)
         if allow is not None:
             raise HTTPError(405, f"{method} is not allowed on {path}",
@@ -348,7 +354,10 @@ class App:
             return 503, _JSON, _encode({"status": "draining"})
         problem = await store_problem(self.service.store)
         if problem is not None:
-            return 503, _JSON, _encode({"status": problem})
+            health = self.service.health
+            said = {"status": "store unreachable", "reason": problem, "store": health.where,
+                    "meanwhile": health.policies()}  # fmt: skip
+            return 503, _JSON, _encode(said)
         return 200, _JSON, b'{"status":"ready"}'
 
     async def _metrics(self, scope: Scope, receive: Receive) -> _Answer:
@@ -403,6 +412,14 @@ def _loopback_host(headers: Headers) -> bool:
                 host = host.partition(b":")[0]
             return host in _LOOPBACK_NAMES
     return False
+
+
+def _allow(methods: Iterable[str]) -> str:
+    """An Allow header's methods: HEAD wherever GET is."""
+    allowed = set(methods)
+    if "GET" in allowed:
+        allowed.add("HEAD")
+    return ", ".join(sorted(allowed))
 
 
 _Answer = tuple[int, Headers, bytes]

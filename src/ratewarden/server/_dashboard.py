@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
@@ -95,6 +95,10 @@ class Dashboard:
     """The page and the event stream of one `App`."""
 
     ASSETS = tuple(_ASSETS)
+    STREAM_HEADERS: ClassVar[list[tuple[bytes, bytes]]] = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no"),
+        (b"x-content-type-options", b"nosniff")]  # fmt: skip
 
     def __init__(self, service: Service, *, max_streams: int = MAX_STREAMS) -> None:
         if type(max_streams) is not int or max_streams < 1:
@@ -136,10 +140,8 @@ class Dashboard:
             if self._publisher is None or self._publisher.done():
                 self._published = asyncio.Event()  # of this loop, and not yet set
                 self._publisher = asyncio.ensure_future(self._publish())
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no"),
-                (b"x-content-type-options", b"nosniff")]})  # fmt: skip
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": self.STREAM_HEADERS})  # fmt: skip
             sent: Point | None = None  # the last sample this client has
             rules_sent: object = None
             if not self._shared:

@@ -17,12 +17,14 @@ import signal
 import socket
 from collections.abc import Generator
 from dataclasses import dataclass, field, fields
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError
 from ..envoy import EnvoyOptions, apply_environment, envoy_options
 from ..envoy import add_arguments as envoy_arguments
+from ..rules import RuleFile, RuleSet
 from ..stores import AsyncMemoryStore, AsyncStore
 from ._connection_limits import ConnectionLimits
 
@@ -30,24 +32,31 @@ __all__ = ["ServeOptions", "add_arguments", "options_from", "serve"]
 
 log = logging.getLogger("ratewarden.server")
 
-DEFAULT_HTTP = "127.0.0.1:8080"
-DEFAULT_GRPC = "127.0.0.1:8081"
+LOOPBACK = "127.0.0.1"  # where the listeners are by default, and a bare port
+DEFAULT_HTTP = f"{LOOPBACK}:8080"
+DEFAULT_GRPC = f"{LOOPBACK}:8081"
 DEFAULT_LIMITS = ConnectionLimits()
 
 
-def default_rules() -> str:
-    """The example rule file of the repository (a checkout or an editable install)."""
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "examples" / "rules.yaml"
-        if candidate.is_file():
-            return str(candidate)
-    raise ConfigurationError("no --config given and no examples/rules.yaml found")
+def demo_rules() -> str:
+    """The example rule file shipped in the package (``--demo``): the same as the
+    repository's examples/rules.yaml, found in an installed package too."""
+    demo = resources.files("ratewarden.server").joinpath("demo", "rules.yaml")
+    if not demo.is_file():
+        raise ConfigurationError("--demo: the example rules are not in this installation")
+    return str(demo)
+
+
+def no_rules() -> RuleSet:
+    """The rules of a service started without --config or --demo: none (envoy
+    config files may still decide their domains)."""
+    return RuleSet(RuleFile(rules=[]), [], None)
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    config: str
+    config: str | None = None  # the rule file; None: no rules
+    demo: bool = False  # config is the shipped example file
     store: str = "memory"
     http: str | None = DEFAULT_HTTP
     grpc: str | None = DEFAULT_GRPC
@@ -76,7 +85,10 @@ _LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(Connecti
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", "--rules", dest="config", metavar="RULES.yaml",
-        help="the rule file (default: the repository's examples/rules.yaml)")  # fmt: skip
+        help="the rule file (default none: no rules; --demo for the shipped ones)")  # fmt: skip
+    add("--demo", action="store_true",
+        help="serve the example rules shipped with ratewarden (examples/rules.yaml), "
+        "for trying the service out")  # fmt: skip
     add("--config-reload-interval", type=float, default=1.0, metavar="SECONDS",
         help="look for a changed rule file this often and reload it (default 1; 0: only on "
         "SIGHUP and /v1/reload)")  # fmt: skip
@@ -84,19 +96,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="memory (default), redis://, rediss://, unix://, redis+cluster://h:p,h:p "
         "or redis+sentinel://h:p/service")  # fmt: skip
     add("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
-        help=f"the HTTP API (default {DEFAULT_HTTP}; 'off' for none)")  # fmt: skip
+        help=f"the HTTP API (default {DEFAULT_HTTP}; a bare PORT is {LOOPBACK}:PORT; "
+        "'off' for none)")  # fmt: skip
     add("--grpc", default=DEFAULT_GRPC, metavar="HOST:PORT",
-        help=f"Envoy's RLS v3 over gRPC (default {DEFAULT_GRPC}; 'off' for none)")  # fmt: skip
+        help=f"Envoy's RLS v3 over gRPC (default {DEFAULT_GRPC}; a bare PORT is "
+        f"{LOOPBACK}:PORT; 'off' for none)")  # fmt: skip
     add("--envoy-config", action="append", default=[], metavar="FILE|DIR",
-        help="an envoyproxy/ratelimit config file, or a directory of them (repeat)")  # fmt: skip
+        help="an envoyproxy/ratelimit config file, or a directory of them (repeat; "
+        "default none)")  # fmt: skip
     add("--domain", default="ratewarden",
-        help="the envoy domain whose descriptors the rule file decides")  # fmt: skip
+        help="the envoy domain whose descriptors the rule file decides (default "
+        "ratewarden)")  # fmt: skip
     add("--token-file", metavar="FILE",
         help="a bearer token every endpoint but health needs (or $RATEWARDEN_TOKEN)")  # fmt: skip
     add("--open-checks", action="store_true",
         help="with a token: checks, /auth, rules and metrics need none "
         "(reload and key resets still do)")  # fmt: skip
-    add("--max-body", type=int, default=64 * 1024, metavar="BYTES")
+    add("--max-body", type=int, default=64 * 1024, metavar="BYTES",
+        help="the largest request body the HTTP API reads; a larger one is a 413 "
+        "(default 65536)")  # fmt: skip
     limits = DEFAULT_LIMITS
     add("--max-connections", type=int, default=limits.max_connections, metavar="N",
         help="open connections each listener keeps; one more is refused at once "
@@ -112,21 +130,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"HTTP/2 a reset stream; default {limits.body_timeout:g})")  # fmt: skip
     add("--max-header-bytes", type=int, default=limits.max_header_bytes, metavar="BYTES",
         help=f"a request's headers (HTTP 431; default {limits.max_header_bytes})")  # fmt: skip
-    add("--max-keys", type=int, default=1_000_000,
-        help="the memory store's bound (least recently used keys go first)")  # fmt: skip
-    add("--store-timeout", type=float, default=0.05, metavar="SECONDS")
-    add("--workers", type=int, default=1,
-        help="processes (a Redis store only: the memory store is per process)")  # fmt: skip
+    add("--max-keys", type=int, default=1_000_000, metavar="N",
+        help="the memory store's bound: least recently used keys go first (default "
+        "1000000)")  # fmt: skip
+    add("--store-timeout", type=float, default=0.05, metavar="SECONDS",
+        help="a Redis store call may take this long before the rules' on_failure "
+        "decides (default 0.05)")  # fmt: skip
+    add("--workers", type=int, default=1, metavar="N",
+        help="processes sharing the ports (default 1; more only with a Redis store: "
+        "the memory store is per process)")  # fmt: skip
     add("--instances", type=int, default=None, metavar="N",
         help="processes sharing the Redis store's limits, all hosts together: while Redis "
         "is unreachable, rules with on_failure: local_fallback enforce limit / N in each "
         "(default: --workers)")  # fmt: skip
     add("--drain", type=float, default=10.0, metavar="SECONDS",
-        help="on SIGTERM, how long requests in flight may take to finish")  # fmt: skip
-    add("--log-format", choices=("json", "text"), default="json")
+        help="on SIGTERM, how long requests in flight may take to finish (default 10)")  # fmt: skip
+    add("--log-format", choices=("json", "text"), default="json",
+        help="log lines on stderr as JSON or plain text (default json)")  # fmt: skip
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"),
-        help="debug is ratewarden's own; libraries stay at info, those that log "
-        "headers at warning")  # fmt: skip
+        help="default info; debug is ratewarden's own: libraries stay at info, those that "
+        "log headers at warning")  # fmt: skip
     add("--grpc-cert", metavar="PEM", help="TLS for gRPC: certificate chain")
     add("--grpc-key", metavar="PEM", help="TLS for gRPC: private key")
     add("--grpc-client-ca", metavar="PEM",
@@ -152,11 +175,14 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             raise ConfigurationError(f"--token-file {args.token_file}: {exc}") from exc
         if not token:
             raise ConfigurationError(f"{args.token_file} holds no token")
+    if args.demo and args.config is not None:
+        raise ConfigurationError("--demo serves the example rules: give it or --config, not both")
     return ServeOptions(
-        config=args.config or default_rules(),
+        config=demo_rules() if args.demo else args.config,
+        demo=args.demo,
         store=args.store,
-        http=None if args.http == "off" else args.http,
-        grpc=None if args.grpc == "off" else args.grpc,
+        http=listen_address(args.http, "--http"),
+        grpc=listen_address(args.grpc, "--grpc"),
         envoy_config=tuple(args.envoy_config),
         domain=args.domain,
         token=token,
@@ -212,11 +238,27 @@ def check_store_url(url: str) -> None:
         raise ConfigurationError(f"--store takes 'memory' or a Redis URL, got {url!r}")
 
 
+def listen_address(text: str, what: str) -> str | None:
+    """An address option as given, a bare port on the loopback host of the
+    defaults (``18481`` is ``127.0.0.1:18481``), or None for ``off``."""
+    if text == "off":
+        return None
+    address = f"{LOOPBACK}:{text}" if text.isascii() and text.isdigit() else text
+    try:
+        parse_address(address, what)
+    except ConfigurationError:
+        parse_address(text, what)  # the error names what was given
+        raise
+    return address
+
+
 def parse_address(text: str, what: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8081`` for IPv6); an empty host listens everywhere."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ConfigurationError(f"{what} takes HOST:PORT, got {text!r}")
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ConfigurationError(
+            f"{what} takes HOST:PORT, a PORT ({LOOPBACK}:PORT) or 'off', got {text!r}"
+        )
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -357,12 +399,14 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
 
     disable_created_metrics()  # type: ignore[no-untyped-call]  # a *_created series per rule doubles /metrics for nothing
     store = make_store(options.store, options)
-    service = Service(options.config, store, envoy_files=options.envoy_config,
+    rules = no_rules() if options.config is None else options.config
+    service = Service(rules, store, envoy_files=options.envoy_config,
                       domain=options.domain, quota_member_metrics=options.quota_member_metrics,
-                      envoy_options=options.envoy)  # fmt: skip
+                      envoy_options=options.envoy,
+                      store_url=_redact(options.store))  # fmt: skip
     # made now, so that an edit while the servers start is seen
     watchers: list[Any] = []
-    if options.reload_interval > 0:
+    if options.reload_interval > 0 and options.config is not None:
         watchers.append(service.engine.awatch(options.reload_interval, reload=service.reload_rules))
     if options.envoy_config and options.envoy.reload_interval > 0:
         watchers.append(service.envoy_watcher(options.envoy.reload_interval))
@@ -381,9 +425,11 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, _reload_soon, service)
         watching = [loop.create_task(watcher.run()) for watcher in watchers]
+        watching.append(loop.create_task(service.health.run()))
         memory = " (memory: counters live in this process only)" if (
             options.store == "memory") else ""  # fmt: skip
-        print(f"ratewarden {os.getpid()}: {', '.join(servers.where)}; rules {options.config}; "
+        rules = _rules_said(options, service)
+        print(f"ratewarden {os.getpid()}: {', '.join(servers.where)}; {rules}; "
               f"store {_redact(options.store)}{memory}", flush=True)  # fmt: skip
         log.info("serving: %s", ", ".join(servers.where))
         await servers.run_until(stop, service)
@@ -408,6 +454,22 @@ def _reload_soon(service: Any) -> None:
 
 
 _background: set[asyncio.Task[None]] = set()
+
+
+def _rules_said(options: ServeOptions, service: Any) -> str:
+    """Which rules the banner says are in force: none, the file, or the demo's,
+    and the envoy domains the --envoy-config files gave."""
+    count = len(service.engine.ruleset)
+    if options.config is None:
+        said = "rules: none (give --config FILE, or --demo for the example rules)"
+    elif options.demo:
+        said = f"rules: the demo's, {count} on domain {service.domain} ({options.config})"
+    else:
+        said = f"rules: {options.config}, {count} on domain {service.domain}"
+    if options.envoy_config:
+        domains = [] if service.envoy is None else sorted(service.envoy.domains)
+        said += f"; envoy domains: {', '.join(domains) or 'none'}"
+    return said
 
 
 def _redact(url: str) -> str:

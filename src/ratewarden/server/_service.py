@@ -25,6 +25,7 @@ from . import _admin, _checks, _reload
 from ._check_json import check_of, check_result
 from ._dashstats import DashboardStats
 from ._metrics import Metrics
+from ._readiness import StoreHealth, policies_said
 
 if TYPE_CHECKING:
     from ..envoy import EnvoyWatcher
@@ -56,6 +57,7 @@ class Service:
         domain: str = "ratewarden",
         quota_member_metrics: bool = False,
         envoy_options: EnvoyOptions | None = None,
+        store_url: str | None = None,
     ) -> None:
         self.store = store
         self.engine = AsyncRuleEngine(rules, store)
@@ -83,6 +85,8 @@ class Service:
             from ._quota_reader import QuotaReader  # noqa: PLC0415 - the redis extra
 
             self.quotas = QuotaReader(client)
+        # logs the store not answering at start, and each change after (see `start`)
+        self.health = StoreHealth(store, store_url or repr(store), self._policies)
 
     # -- checks, for callers that are not a front end -----------------------------
 
@@ -139,11 +143,17 @@ class Service:
 
     async def start(self) -> None:
         """Put the store's overrides in force before the first request and follow
-        them; a store that cannot be reached leaves that to the follower."""
+        them; a store that cannot be reached leaves that to the follower, and is
+        logged with the failure policies that answer meanwhile."""
+        await self.health.start()
         try:
             await self.engine.astart()
         except StoreError as exc:
             log.warning("runtime overrides not read yet: %s", exc)
+
+    def _policies(self) -> str:
+        limits = self.engine.ruleset.limits
+        return policies_said([spec.on_failure for spec in limits], self.envoy is not None)
 
     async def aclose(self) -> None:
         await self.engine.aclose()

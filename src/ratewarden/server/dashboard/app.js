@@ -504,6 +504,11 @@
     const out = $("store");
     out.textContent = store.ok ? `${store.type}: answering` : `${store.type}: ${store.problem}`;
     out.className = store.ok ? "ok" : "error";
+    // the banner: a store that does not answer is the first thing an operator sees
+    const banner = $("store-banner");
+    banner.hidden = store.ok;
+    banner.textContent = store.ok ? "" :
+      `The store does not answer (${store.problem}): checks follow each rule's on_failure.`;
     const errors = state.points.reduce((sum, p) => sum + p.store_errors, 0);
     $("store-errors").textContent =
       `${errors} checks in the last 5 minutes were answered by a failure policy (store errors).`;
