@@ -8,18 +8,27 @@ that does not (a rejection's problem body, a shadow ban's pretended success).
 The client address is the peer's (``ip``); the rule file's ``client_ip``
 settings (trusted proxies, X-Forwarded-For or Forwarded) find the real client
 behind proxies, so the proxy logic lives in one place, the rule engine.
+
+The rule engine needs PyYAML (the ``rules`` extra) and is imported only where an
+engine is used: the ASGI and WSGI middleware also take a plain `Limiter`, one limit
+per client address (`LimitOutcome`), and then run on the core alone.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
 
 import msgspec
 
+from .._decision import Decision
 from .._errors import ConfigurationError
-from ..rules import AsyncRuleEngine, Outcome, RuleEngine
+from .._headers import Policy, rate_limit_headers
+from .._limiter import AsyncLimiter, Limiter
+
+if TYPE_CHECKING:
+    from ..rules import AsyncRuleEngine, Outcome, RuleEngine
 
 __all__ = [
     "DEGRADE",
@@ -27,12 +36,15 @@ __all__ = [
     "PROBLEM_TYPE",
     "ROUTE_SPOKE",
     "HeaderMode",
+    "LimitOutcome",
     "Reply",
     "Responder",
     "attributes",
     "check_any_engine",
     "check_engine",
     "content_length",
+    "limit_policy",
+    "rule_engines",
 ]
 
 # Set (in the WSGI environ or the ASGI scope) by a per-route check that already put
@@ -46,7 +58,7 @@ ROUTE_SPOKE = "ratewarden.route_headers"
 DEGRADE = "ratewarden_degrade"
 DEGRADE_ENVIRON = "ratewarden.degrade"
 
-E = TypeVar("E", RuleEngine, AsyncRuleEngine)
+E = TypeVar("E", "RuleEngine", "AsyncRuleEngine")
 
 HeaderMode = Literal["all", "denied", "none"]
 _MODES = ("all", "denied", "none")
@@ -97,6 +109,60 @@ def content_length(value: str | bytes | None) -> int | None:
     return int(value)
 
 
+class LimitOutcome:
+    """A plain limiter's Decision, read by `Responder` as it reads the rule engine's
+    `Outcome`: allowed, or rejected with 429."""
+
+    __slots__ = ("decision", "policy")
+
+    degrade: float = 0.0
+    response: None = None
+    rule: None = None
+
+    def __init__(self, decision: Decision, policy: Policy) -> None:
+        self.decision = decision
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return f"LimitOutcome({self.decision!r}, {self.policy!r})"
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision.allowed
+
+    @property
+    def action(self) -> Literal["allow", "reject"]:
+        return "allow" if self.decision.allowed else "reject"
+
+    @property
+    def status(self) -> int:
+        return 200 if self.decision.allowed else 429
+
+    def headers(self, *, legacy: bool = True, ietf: bool = True) -> list[tuple[str, str]]:
+        return rate_limit_headers(self.decision, (self.policy,), legacy=legacy, ietf=ietf)
+
+    def degrade_headers(self) -> list[tuple[str, str]]:
+        return []
+
+
+def limit_policy(limiter: Limiter | AsyncLimiter) -> Policy:
+    """How ``RateLimit-Policy`` names a plain limiter's limit."""
+    return Policy(limiter.name or "default", limiter.effective_limit, limiter.rate.period)
+
+
+def rule_engines(engine: object, where: str) -> tuple[type[RuleEngine], type[AsyncRuleEngine]]:
+    """The rule engine's classes, imported on first use: the rules extra's PyYAML
+    is needed only by an application that uses an engine."""
+    try:
+        from ..rules import AsyncRuleEngine, RuleEngine  # noqa: PLC0415
+    except ImportError as exc:  # then ``engine`` cannot be one
+        raise ConfigurationError(
+            f"{where} needs a Limiter, or a rule engine (pip install 'ratewarden[rules]'),"
+            f" got {type(engine).__name__}"
+        ) from exc
+    return RuleEngine, AsyncRuleEngine
+
+
 def check_engine(engine: object, kind: type[E], where: str) -> E:
     """``engine`` if it is a ``kind``, else a `ConfigurationError` saying which to use."""
     if not isinstance(engine, kind):
@@ -110,7 +176,8 @@ def check_engine(engine: object, kind: type[E], where: str) -> E:
 
 def check_any_engine(engine: object, where: str) -> RuleEngine | AsyncRuleEngine:
     """``engine`` if it is a rule engine of either kind, else a `ConfigurationError`."""
-    if not isinstance(engine, RuleEngine | AsyncRuleEngine):
+    sync, asynchronous = rule_engines(engine, where)
+    if not isinstance(engine, sync | asynchronous):
         raise ConfigurationError(
             f"{where} needs a RuleEngine or AsyncRuleEngine, got {type(engine).__name__}"
         )
@@ -138,7 +205,7 @@ class Responder:
         self.ietf = bool(ietf)
         self.on_pass = headers == "all"
 
-    def passed(self, outcome: Outcome) -> list[tuple[str, str]]:
+    def passed(self, outcome: Outcome | LimitOutcome) -> list[tuple[str, str]]:
         """Headers to add to the application's response for an allowed request:
         the rate-limit headers as configured, and a degrade rule's own header
         (the rule asks for it, whatever ``headers`` says)."""
@@ -148,7 +215,7 @@ class Responder:
             return []
         return outcome.headers(legacy=self.legacy, ietf=self.ietf)
 
-    def refused(self, outcome: Outcome) -> Reply:
+    def refused(self, outcome: Outcome | LimitOutcome) -> Reply:
         """The answer to a request the limiter stops: the rule's configured success
         response for a shadow ban (no rate-limit headers: the client must not
         learn it is limited), else a problem+json rejection with its status."""
@@ -169,7 +236,7 @@ class Responder:
         return Reply(outcome.status, headers, problem(outcome))
 
 
-def problem(outcome: Outcome) -> bytes:
+def problem(outcome: Outcome | LimitOutcome) -> bytes:
     """The RFC 9457 problem body of a rejection, with the draft's
     ``violated-policies``: the limit that denied (the one whose retry is furthest
     away, so retrying after it passes them all)."""

@@ -6,12 +6,14 @@
 
     engine = AsyncRuleEngine("rules.yaml", AsyncMemoryStore())
     app = RateLimitMiddleware(app, engine, identify=lambda scope: {"user": ...})
+    app = RateLimitMiddleware(app, AsyncLimiter("100/minute"))   # per client address
 
 A plain ASGI class, not Starlette's ``BaseHTTPMiddleware`` (which runs the app in
 another task and breaks context variables): per request it builds the rule
 attributes, awaits the engine once and either calls the app, adding the
 rate-limit headers to its response, or answers in its place. No framework is
-imported: this module needs no extra.
+imported: this module needs no extra, and with a plain limiter not even the rule
+engine's (PyYAML).
 """
 
 from __future__ import annotations
@@ -20,20 +22,27 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
-from ..rules import AsyncRuleEngine, Outcome, RuleEngine, await_out
+from .._headers import Policy
+from .._limiter import AsyncLimiter, Limiter
 from ..stores import MemoryStore
 from ._request import (
     DEGRADE,
     ROUTE_SPOKE,
     HeaderMode,
+    LimitOutcome,
     Reply,
     Responder,
     attributes,
     check_any_engine,
     content_length,
+    limit_policy,
 )
+
+if TYPE_CHECKING:
+    from ..rules import AsyncRuleEngine, Outcome, RuleEngine
 
 __all__ = [
     "ASGIApp",
@@ -127,6 +136,8 @@ async def run_engine(
     hop), and on a worker thread for other stores (which may block) and for a
     delay (which sleeps). A delayed request counted nowhere, so checking it
     again on the thread counts it once."""
+    from ..rules import AsyncRuleEngine, await_out  # noqa: PLC0415 (an engine imported it)
+
     if isinstance(engine, AsyncRuleEngine):
         return await engine.acheck(attributes, wait=True)
     inline = isinstance(engine.store, MemoryStore)
@@ -139,6 +150,21 @@ async def run_engine(
     # The checks may hop to a thread; the waiting happens here, on the loop, with
     # the deadline set now: a delay never queues for one of the executor's threads.
     return await await_out(await check(), check, engine.store.clock)
+
+
+async def run_limiter(
+    limiter: AsyncLimiter | Limiter, policy: Policy, attributes: Mapping[str, object]
+) -> LimitOutcome:
+    """A plain limiter's hit for the client address, as `run_engine` runs a sync
+    engine: inline on a `MemoryStore`, else on a worker thread."""
+    key = str(attributes.get("ip"))
+    if isinstance(limiter, AsyncLimiter):
+        decision = await limiter.hit(key)
+    elif isinstance(limiter.store, MemoryStore):
+        decision = limiter.hit(key)
+    else:
+        decision = await asyncio.to_thread(limiter.hit, key)
+    return LimitOutcome(decision, policy)
 
 
 def tell_degrade(scope: Scope, level: float) -> None:
@@ -162,7 +188,9 @@ class RateLimitMiddleware:
     """Checks every HTTP request against ``engine`` before ``app`` sees it;
     websocket and lifespan scopes pass straight through. The engine is an
     `AsyncRuleEngine`, or a sync `RuleEngine` (see `run_engine`: fine on a
-    `MemoryStore`, a thread hop per request on Redis).
+    `MemoryStore`, a thread hop per request on Redis), or a plain `AsyncLimiter`
+    or `Limiter`: one limit per client address (the ``ip`` attribute), 429 when
+    over it, and no PyYAML needed.
 
     ``identify(scope)`` (plain or async) returns the attributes only the
     application knows (``user``, ``api_key``, ``plan``, ``org``, ...); method,
@@ -190,7 +218,7 @@ class RateLimitMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        engine: AsyncRuleEngine | RuleEngine,
+        engine: AsyncRuleEngine | RuleEngine | AsyncLimiter | Limiter,
         *,
         identify: IdentifyScope | None = None,
         headers: HeaderMode = "all",
@@ -198,7 +226,14 @@ class RateLimitMiddleware:
         ietf: bool = True,
     ) -> None:
         self.app = app
-        self.engine = check_any_engine(engine, "RateLimitMiddleware (ASGI)")
+        self.engine = engine
+        # a plain limiter or a rule engine, told apart once here rather than per request
+        self._decide: Callable[[Mapping[str, object]], Awaitable[Outcome | LimitOutcome]]
+        if isinstance(engine, AsyncLimiter | Limiter):
+            self._decide = partial(run_limiter, engine, limit_policy(engine))
+        else:
+            checked = check_any_engine(engine, "RateLimitMiddleware (ASGI)")
+            self._decide = partial(run_engine, checked)
         self.identify = identify
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
 
@@ -218,7 +253,7 @@ class RateLimitMiddleware:
             return
         await send_reply(send, self.responder.refused(outcome))
 
-    async def check(self, scope: Scope) -> Outcome | None:
+    async def check(self, scope: Scope) -> Outcome | LimitOutcome | None:
         """The engine's outcome for ``scope``, delays waited out; None when the
         limiter failed (logged): let the request through."""
         identity: Any = None
@@ -227,7 +262,7 @@ class RateLimitMiddleware:
             if inspect.isawaitable(identity):
                 identity = await identity
         try:
-            return await run_engine(self.engine, scope_attributes(scope, identity))
+            return await self._decide(scope_attributes(scope, identity))
         except Exception:
             log.exception("rate limiter failed; the request goes through unchecked")
             return None

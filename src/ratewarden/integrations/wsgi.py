@@ -5,32 +5,41 @@
     from ..rules import RuleEngine
 
     app = RateLimitMiddleware(app, RuleEngine("rules.yaml", MemoryStore()))
+    app = RateLimitMiddleware(app, Limiter("100/minute"))    # per client address
 
 WSGI serves a request on a thread of its own, so the engine is the sync
 `RuleEngine` and a ``delay`` holds that thread (on the store's clock). No
-framework is imported: this module needs no extra.
+framework is imported: this module needs no extra, and with a plain `Limiter`
+not even the rule engine's (PyYAML).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from ..rules import Outcome, RuleEngine
+from .._headers import Policy
+from .._limiter import Limiter
 from ._request import (
     DEGRADE_ENVIRON,
     HeaderMode,
+    LimitOutcome,
     Reply,
     Responder,
     attributes,
     check_engine,
     content_length,
+    limit_policy,
+    rule_engines,
 )
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+    from ..rules import Outcome, RuleEngine
 else:
     StartResponse = WSGIApplication = WSGIEnvironment = Any
 
@@ -123,13 +132,25 @@ def check(engine: RuleEngine, attributes: Mapping[str, object]) -> Outcome | Non
         return None
 
 
+def check_limit(
+    limiter: Limiter, policy: Policy, attributes: Mapping[str, object]
+) -> LimitOutcome | None:
+    """`check` for a plain limiter: its hit for the client address."""
+    try:
+        return LimitOutcome(limiter.hit(str(attributes.get("ip"))), policy)
+    except Exception:
+        log.exception("rate limiter failed; the request goes through unchecked")
+        return None
+
+
 def reply_headers(reply: Reply) -> list[tuple[str, str]]:
     return [*reply.headers, ("Content-Length", str(len(reply.body)))]
 
 
 class RateLimitMiddleware:
-    """Checks every request against ``engine`` (a `RuleEngine`) before ``app``
-    sees it. ``identify(environ)`` returns the attributes only the application
+    """Checks every request against ``engine`` (a `RuleEngine`, or a plain
+    `Limiter`: one limit per client address, 429 when over it, no PyYAML needed)
+    before ``app`` sees it. ``identify(environ)`` returns the attributes only the application
     knows (user, api_key, plan, org, ...); ``headers``, ``legacy`` and ``ietf``
     and the handling of each action are as for the ASGI middleware
     (`ratewarden.integrations.asgi.RateLimitMiddleware`); how much to degrade
@@ -138,7 +159,7 @@ class RateLimitMiddleware:
     def __init__(
         self,
         app: WSGIApplication,
-        engine: RuleEngine,
+        engine: RuleEngine | Limiter,
         *,
         identify: IdentifyEnviron | None = None,
         headers: HeaderMode = "all",
@@ -146,13 +167,21 @@ class RateLimitMiddleware:
         ietf: bool = True,
     ) -> None:
         self.app = app
-        self.engine = check_engine(engine, RuleEngine, "RateLimitMiddleware (WSGI)")
+        self.engine = engine
+        # a plain limiter or a rule engine, told apart once here rather than per request
+        self._decide: Callable[[Mapping[str, object]], Outcome | LimitOutcome | None]
+        if isinstance(engine, Limiter):
+            self._decide = partial(check_limit, engine, limit_policy(engine))
+        else:
+            where = "RateLimitMiddleware (WSGI)"
+            checked = check_engine(engine, rule_engines(engine, where)[0], where)
+            self._decide = partial(check, checked)
         self.identify = identify
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         identity = None if self.identify is None else self.identify(environ)
-        outcome = check(self.engine, environ_attributes(environ, identity))
+        outcome = self._decide(environ_attributes(environ, identity))
         if outcome is None or outcome.allowed:
             if outcome is not None:
                 environ[DEGRADE_ENVIRON] = outcome.degrade
