@@ -124,6 +124,11 @@ def test_list_and_show(rules_file: Path, redis_single: RedisServer, client: redi
             push = listed.json()["quotas"][1]
             assert (push["members"], push["wants"], push["granted"], push["used"]) == (
                 2, 1500, 1000, 1240)  # fmt: skip
+            # used over the total, and over what the fleet could use (both at most 1);
+            # utilisation as the first readers had it
+            assert push["used_of_total"] == pytest.approx(1240 / 2000)
+            assert push["demand_served"] == pytest.approx(1240 / 1500)
+            assert push["utilisation"] == pytest.approx(1240 / 1500)
             shown = await http.get(f"/v1/quotas/{NAME}", headers=AUTH)
             assert shown.status_code == 200, shown.text
             assert shown.headers["content-type"] == "application/json"

@@ -81,6 +81,21 @@ class Reply:
         return int(self.fields.get("eff_m", "0"))
 
 
+def _share(part: float, whole: float) -> float | None:
+    """``part / whole`` held to [0, 1]; None when ``whole`` is nothing.
+
+    Clamped because the figures come from different moments: a member's ``used``
+    is what it spent a window since its previous report, its ``has`` what the
+    coordinator granted at its last one, and the members' reports do not line
+    up; so a grant cut between two reports, or demand measured below what was
+    then spent, makes the ratio pass 1 without any window of the provider's
+    passing the total. The permits themselves stay as they were reported.
+    """
+    if whole <= 0:
+        return None
+    return min(1.0, max(0.0, part / whole))
+
+
 @dataclass(frozen=True, slots=True)
 class MemberStatus:
     """One member as the coordinator sees it; permits a window."""
@@ -91,6 +106,16 @@ class MemberStatus:
     used: float
     expires_in: float  # seconds
 
+    @property
+    def used_of_grant(self) -> float | None:
+        """Used over its grant, at most 1; None while it holds nothing."""
+        return _share(self.used, self.has)
+
+    @property
+    def demand_served(self) -> float | None:
+        """Used over what it wants, at most 1; None while it wants nothing."""
+        return _share(self.used, self.wants)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -98,6 +123,8 @@ class MemberStatus:
             "has": self.has,
             "used": self.used,
             "expires_in": self.expires_in,
+            "used_of_grant": self.used_of_grant,
+            "demand_served": self.demand_served,
         }
 
 
@@ -124,8 +151,22 @@ class QuotaStatus:
         return sum(m.used for m in self.members)
 
     @property
+    def used_of_total(self) -> float:
+        """Permits used over the effective total, at most 1: how much of the
+        provider's limit the fleet spends."""
+        return _share(self.used, self.effective_total) or 0.0
+
+    @property
+    def demand_served(self) -> float | None:
+        """Permits used over what the fleet could have used, min(effective total,
+        wants), at most 1; None while no member wants anything."""
+        return _share(self.used, min(self.effective_total, self.wants))
+
+    @property
     def utilisation(self) -> float:
-        """Permits used over what the fleet could have used: min(total, wants)."""
+        """`demand_served` before it is clamped (0 for no demand), as the first
+        readers of ``/v1/quotas`` got it; it passes 1 when members used more
+        than they wanted."""
         room = min(self.effective_total, self.wants)
         return self.used / room if room > 0 else 0.0
 
@@ -147,6 +188,8 @@ class QuotaStatus:
             "wants": self.wants,
             "granted": self.granted,
             "used": self.used,
+            "used_of_total": self.used_of_total,
+            "demand_served": self.demand_served,
             "utilisation": self.utilisation,
             "members": [m.as_dict() for m in self.members],
         }

@@ -36,18 +36,25 @@ MAX_SCRAPED = 100
 
 
 class QuotaMember(msgspec.Struct):
-    """A live member; permits a window, and seconds its lease has left."""
+    """A live member; permits a window, and seconds its lease has left.
+    ``used_of_grant``: used over has; ``demand_served``: used over wants; each
+    at most 1, and null while the part below is 0."""
 
     id: str
     wants: float
     has: float
     used: float
     expires_in: float
+    used_of_grant: float | None
+    demand_served: float | None
 
 
 class QuotaFigures(msgspec.Struct):
     """A resource's configuration and its members' sums, permits a window.
-    ``utilisation``: used over min(effective_total, wants)."""
+    ``used_of_total``: used over effective_total, at most 1. ``demand_served``:
+    used over min(effective_total, wants), at most 1, null when no member wants
+    anything. ``utilisation``: that ratio unclamped (0 for no demand), kept for
+    the readers that had it before ``demand_served``; it can pass 1."""
 
     name: str
     rate: str
@@ -64,6 +71,8 @@ class QuotaFigures(msgspec.Struct):
     wants: float
     granted: float
     used: float
+    used_of_total: float
+    demand_served: float | None
     utilisation: float
 
 

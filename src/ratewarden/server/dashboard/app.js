@@ -514,6 +514,11 @@
       `${errors} checks in the last 5 minutes were answered by a failure policy (store errors).`;
   }
 
+  function share(value) {
+    return value === null || value === undefined ? "-" :
+      `${Math.round(Math.min(1, Math.max(0, value)) * 100)}%`;
+  }
+
   function renderQuotas() {
     const quotas = state.snap.quotas;
     const out = $("quotas");
@@ -531,14 +536,19 @@
     for (const q of quotas.quotas) {
       const box = el("div", null, "quota");
       box.append(el("h3", `${q.name}: ${q.rate}, ${q.algorithm}`));
-      box.append(el("p", `effective total ${rate(q.effective_total)}, wants ${rate(q.wants)}, ` +
-        `granted ${rate(q.granted)}, used ${rate(q.used)} ` +
-        `(${Math.round(q.utilisation * 100)}% utilised), ${q.members} members`));
+      // shares come held to [0, 1] (null: nothing to divide by); reports taken at
+      // different moments can add up past a grant or the total, see docs/fleet.md
+      box.append(el("p", `used ${rate(q.used)} of an effective total of ` +
+        `${rate(q.effective_total)} (${share(q.used_of_total)}); demand served ` +
+        `${share(q.demand_served)} (wants ${rate(q.wants)}); granted ${rate(q.granted)}; ` +
+        `${q.members} members`));
       const table = el("table");
       table.append(row([el("th", "member"), el("th", "wants", "num"), el("th", "granted", "num"),
-        el("th", "used", "num"), el("th", "lease left", "num")]));
+        el("th", "used", "num"), el("th", "of grant", "num"), el("th", "demand served", "num"),
+        el("th", "lease left", "num")]));
       for (const m of q.members_shown) {
         table.append(row([m.id, num(rate(m.wants)), num(rate(m.has)), num(rate(m.used)),
+          num(share(m.used_of_grant)), num(share(m.demand_served)),
           num(duration(m.expires_in))]));
       }
       box.append(table);
