@@ -1,4 +1,10 @@
-"""``ratewarden quota``: fleet quotas set, shown and listed, in Redis."""
+"""``ratewarden quota``: fleet quotas set, shown, listed and deleted, in Redis.
+
+Every command ends by naming the Redis it asked, and where that URL came from
+(``--store``, ``$RATEWARDEN_REDIS`` or the default): a listing of the wrong
+Redis looks like an empty one otherwise. It is the last line of the text, and
+a line on stderr with ``--json``, whose stdout stays the service's JSON.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigurationError
-from ._common import MISSING, CliError, examples, print_json, table
+from .._errors import ConfigurationError, StoreError
+from ._common import MISSING, UNREACHABLE, CliError, examples, print_json, redact, table
 
 if TYPE_CHECKING:
     from ..fleet import MemberStatus, QuotaConfig, QuotaStatus
@@ -29,8 +35,9 @@ def _permits(value: float) -> str:
     return text.rstrip("0").rstrip(".")
 
 
-def _percent(part: float, whole: float) -> str:
-    return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
+def _percent(share: float | None) -> str:
+    """A share already held to [0, 1] (see `QuotaStatus.demand_served`), or "-"."""
+    return "-" if share is None else f"{100 * share:.0f}%"
 
 
 def _settings(config: QuotaConfig) -> list[tuple[str, str]]:
@@ -141,7 +148,8 @@ def quota_show(client: Any, args: argparse.Namespace) -> int:
     print(_resource_line(status))
     window = status.config.rate.period
     print(f"permits per {window:g}s window; utilisation: used over the grant (members),"
-          " over min(effective total, wants) (total)")  # fmt: skip
+          " over the effective total (total); demand served: used over wants (members),"
+          " over min(effective total, wants) (total); both at most 100%")  # fmt: skip
     if not status.members:
         print("no live members")
         return 0
@@ -149,14 +157,15 @@ def quota_show(client: Any, args: argparse.Namespace) -> int:
         members = sorted(status.members, key=lambda m: m.id)
     else:  # the largest holders first
         members = sorted(status.members, key=lambda m: (-m.has, m.id))
-    rows = [["member", "wants", "has", "used", "utilisation", "lease left"]]
+    rows = [["member", "wants", "has", "used", "utilisation", "demand served", "lease left"]]
     rows.extend(
-        [m.id, _permits(m.wants), _permits(m.has), _permits(m.used), _percent(m.used, m.has),
-         _lease_left(m)]
+        [m.id, _permits(m.wants), _permits(m.has), _permits(m.used), _percent(m.used_of_grant),
+         _percent(m.demand_served), _lease_left(m)]
         for m in members
     )  # fmt: skip
     rows.append([f"total ({len(members)})", _permits(status.wants), _permits(status.granted),
-                 _permits(status.used), f"{100 * status.utilisation:.0f}%", ""])  # fmt: skip
+                 _permits(status.used), _percent(status.used_of_total),
+                 _percent(status.demand_served), ""])  # fmt: skip
     print(table(rows))
     return 0
 
@@ -184,11 +193,11 @@ def quota_list(client: Any, args: argparse.Namespace) -> int:
         print("no quotas")
         return 0
     rows = [["name", "rate", "effective", "algorithm", "members", "wants", "granted", "used",
-             "utilisation", "version"]]  # fmt: skip
+             "utilisation", "demand served", "version"]]  # fmt: skip
     rows.extend(
         [s.name, str(s.config.rate), _permits(s.effective_total), s.config.algorithm,
          str(len(s.members)), _permits(s.wants), _permits(s.granted), _permits(s.used),
-         f"{100 * s.utilisation:.0f}%", str(s.version)]
+         _percent(s.used_of_total), _percent(s.demand_served), str(s.version)]
         for s in statuses
     )  # fmt: skip
     print(table(rows))
@@ -197,20 +206,77 @@ def quota_list(client: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def quota(args: argparse.Namespace) -> int:
-    """``ratewarden quota set|show|list``. Errors are raised for the command line
-    to report: a bad setting or no such quota (2), Redis not answering (3)."""
+def quota_delete(client: Any, args: argparse.Namespace) -> int:
+    """Remove the resource's configuration and member records. A configuration
+    that cannot be read is removed all the same: that is when one wants it gone."""
+    from ..fleet import show_quota  # noqa: PLC0415
+    from ..fleet.coordinator import keys  # noqa: PLC0415
+
+    config_key, members_key = keys(args.name)  # a name no quota can have fails here
+    records = int(client.hlen(members_key))  # before showing it, which drops ended ones
     try:
-        from ..stores.redis.connection import connect  # noqa: PLC0415 - the redis extra
+        status = show_quota(client, args.name)
+        unreadable = None
+    except ConfigurationError as exc:
+        status, unreadable = None, str(exc)
+    removed = int(client.delete(config_key, members_key))
+    if removed == 0:
+        raise ConfigurationError(f"no quota named {args.name!r}")
+    live = [] if status is None else sorted(m.id for m in status.members)
+    if args.json:
+        print_json({"deleted": args.name, "keys": [config_key, members_key],
+                    "member_records": records, "live_members": live})  # fmt: skip
+    else:
+        if status is not None:
+            what = f"its configuration ({status.config.rate}, version {status.version})"
+        elif unreadable is not None:
+            what = "its configuration (unreadable)"
+        else:
+            what = "no configuration"
+        print(f"deleted quota {args.name}: {what} and {_records(records)}")
+    if live:
+        shown = ", ".join(live[:5]) + (f" and {len(live) - 5} more" if len(live) > 5 else "")
+        print(f"warning: {_records(len(live), 'live member')} ({shown}) will create the quota "
+              "again from what they know at their next refresh: stop them first",
+              file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _records(n: int, what: str = "member record") -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _redis(args: argparse.Namespace) -> tuple[str, str]:
+    """The Redis URL to ask, and how to name it: the URL (its password hidden)
+    and where it came from."""
+    if args.redis:
+        return args.redis, f"{redact(args.redis)} (--store)"
+    if url := os.environ.get("RATEWARDEN_REDIS"):
+        return url, f"{redact(url)} ($RATEWARDEN_REDIS)"
+    return DEFAULT_REDIS, f"{DEFAULT_REDIS} (the default; --store URL to choose)"
+
+
+def quota(args: argparse.Namespace) -> int:
+    """``ratewarden quota set|show|list|delete``. Errors are raised for the command
+    line to report: a bad setting or no such quota (2), Redis not answering (3),
+    the latter naming the Redis asked."""
+    try:
+        from ..stores.redis.connection import FAILURES, connect  # noqa: PLC0415 - the redis extra
     except ImportError:
         raise CliError("ratewarden quota needs: pip install 'ratewarden[redis]'", MISSING) from None
-    url = args.redis or os.environ.get("RATEWARDEN_REDIS") or DEFAULT_REDIS
-    commands = {"set": quota_set, "show": quota_show, "list": quota_list}
-    client = connect(url, QUOTA_TIMEOUT)
+    url, asked = _redis(args)
+    commands = {"set": quota_set, "show": quota_show, "list": quota_list, "delete": quota_delete}
+    client = None
     try:
-        return commands[args.quota_command](client, args)
+        client = connect(url, QUOTA_TIMEOUT)
+        code = commands[args.quota_command](client, args)
+    except (StoreError, *FAILURES) as exc:
+        raise CliError(f"{exc}; asked {asked}", UNREACHABLE) from None
     finally:
-        client.close()
+        if client is not None:
+            client.close()
+    print(f"redis: {asked}", file=sys.stderr if args.json else sys.stdout)
+    return code
 
 
 SET_EXAMPLES = examples(
@@ -223,12 +289,17 @@ SHOW_EXAMPLES = examples(
     "ratewarden quota show no-such-quota --store redis://127.0.0.1:6379/0  # exits 2",
 )
 LIST_EXAMPLES = examples("ratewarden quota list --store redis://127.0.0.1:6379/0 --json")
+DELETE_EXAMPLES = examples(
+    "ratewarden quota set retired-api 10/second --store redis://127.0.0.1:6379/0",
+    "ratewarden quota delete retired-api --store redis://127.0.0.1:6379/0",
+    "ratewarden quota delete no-such-quota --store redis://127.0.0.1:6379/0  # exits 2",
+)
 
 
 def add_quota(sub: Any) -> None:
     quota = sub.add_parser(
         "quota",
-        help="fleet quotas in Redis: set, show, list",
+        help="fleet quotas in Redis: set, show, list, delete",
         description="Fleet quotas (one provider's limit shared by many instances), in the "
         "Redis their members coordinate through.",
         epilog=examples(
@@ -274,6 +345,16 @@ def add_quota(sub: Any) -> None:
                       help="members in order of id (default: the largest grant first)")  # fmt: skip
     listing = verbs.add_parser("list", help="every quota, summed up", epilog=LIST_EXAMPLES)
     listing.add_argument("--json", action="store_true", help="print them as JSON")
-    for verb in (change, show, listing):
+    remove = verbs.add_parser(
+        "delete",
+        help="remove a quota: its configuration and its members' records",
+        description="Remove a quota's configuration and its members' records from Redis. "
+        "A member still running creates the quota again at its next refresh, from the "
+        "configuration it knows: stop the members first.",
+        epilog=DELETE_EXAMPLES,
+    )
+    remove.add_argument("name")
+    remove.add_argument("--json", action="store_true", help="print what was removed as JSON")
+    for verb in (change, show, listing, remove):
         # --store as every command names its Redis; --redis as it was first spelled
         verb.add_argument("--store", "--redis", dest="redis", metavar="URL", help=store_help)
