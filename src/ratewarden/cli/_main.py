@@ -35,6 +35,7 @@ them as they are written:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
@@ -59,6 +60,10 @@ from ._quota import add_quota, quota
 from ._rules import check_config, explain
 
 __all__ = ["build_parser", "help_texts", "main"]
+
+# 128 + SIGPIPE: what a shell reports for a command whose reader closed the pipe
+# (`yes | head -1`), so `set -o pipefail` sees ratewarden as it sees any other
+CLOSED_PIPE = 141
 
 DESCRIPTION = "Rate limiting: a service, rule files, fleet quotas, and the tools around them."
 
@@ -296,6 +301,38 @@ def _unreachable() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; its exit code. Output cut short by its reader
+    (``ratewarden quota list | head -1``) ends the command quietly with
+    `CLOSED_PIPE`, as a command killed by SIGPIPE would in a shell."""
+    try:
+        code = _main(argv)
+        # what is still buffered reaches a closed pipe here, not at exit
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_output()
+        return CLOSED_PIPE
+    return code
+
+
+def _discard_output() -> None:
+    """Point stdout and stderr at devnull where their reader has gone: the
+    interpreter flushes them at exit, and a flush into a closed pipe would print
+    one more error."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):  # no file descriptor behind it (a test's capture)
+                pass
+        except (OSError, ValueError):  # closed, or not a file: nothing to flush at exit
+            pass
+
+
+def _main(argv: Sequence[str] | None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     # simulate's options import the fleet package: only when the command is simulate
     parser = build_parser(simulate_options=words[:1] == ["simulate"])
@@ -313,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = f"ratewarden {args.command}"
     try:
         return _run(args)
+    except BrokenPipeError:  # our reader went away: main() ends quietly
+        raise
     except CliError as exc:
         print(f"{where}: {exc}", file=sys.stderr)
         return exc.code
