@@ -94,9 +94,6 @@ def test_the_demo_file_is_in_the_package_and_the_same_as_the_example() -> None:
     assert shipped.read_bytes() == (ROOT / "examples" / "rules.yaml").read_bytes()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="pyproject.toml's package-data lacks server/demo/*.yaml (its owner's)"
-)
 def test_the_demo_file_is_package_data() -> None:
     """A wheel holds only the package data pyproject.toml names."""
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())
