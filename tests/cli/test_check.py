@@ -138,3 +138,32 @@ def test_bench_a_rule_file(redis_single: RedisServer, capsys: Capture) -> None:
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     # login-per-ip: 5 a minute for each of 7 addresses
     assert run["allowed"] == round(35 / run["checks"], 4)
+
+
+def test_times_shows_each_log_only_verdict(tmp_path: Path, capsys: Capture) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "version: 1\nrules:\n"
+        "  - {name: watched, rate: 1/minute, action: log_only}\n"
+        "  - {name: per-user, rate: 2/minute, by: user}\n"
+    )
+    assert main(["check", str(rules), "user=u1", "--times", "3"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "log_only"
+    # the second passes though watched would deny it; the third, denied by per-user,
+    # never reaches the log_only rule
+    assert [line.split("  ")[-1].strip() for line in lines[1:4]] == [
+        "would allow", "would deny: watched", "-",
+    ]  # fmt: skip
+    assert [row[1] for row in rows("\n".join(lines))] == ["yes", "yes", "no"]
+    assert (
+        lines[4]
+        == "log_only: rule watched would have denied #2; it only logs, so the answers stand"
+    )
+
+
+def test_no_log_only_column_without_a_log_only_rule(tmp_path: Path, capsys: Capture) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("version: 1\nrules:\n  - {name: per-user, rate: 2/minute, by: user}\n")
+    assert main(["check", str(rules), "user=u1", "--times", "3"]) == 1
+    assert "log_only" not in capsys.readouterr().out

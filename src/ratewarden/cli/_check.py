@@ -134,30 +134,50 @@ def _seconds(value: Any) -> str:
     return f"{value:.3g}s"
 
 
+def _log_only(result: dict[str, Any]) -> tuple[str, str | None]:
+    """The ``log_only`` column's cell, and the log_only rule that would have denied
+    the request (None when none would): a verdict shown, never acted on."""
+    shadow = result.get("shadow")
+    if not isinstance(shadow, dict):
+        return "-", None  # no log_only rule applied (or a real limit denied first)
+    if shadow.get("allowed") is not False:
+        return "would allow", None
+    rule = str(shadow.get("rule") or "?")
+    return f"would deny: {rule}", rule
+
+
 def _show(results: list[dict[str, Any]]) -> None:
-    rows = [["#", "allowed", "action", "status", "rule", "limit", "remaining", "reset after",
-             "retry after", "wait"]]  # fmt: skip
+    header = ["#", "allowed", "action", "status", "rule", "limit", "remaining", "reset after",
+              "retry after", "wait"]  # fmt: skip
+    # A log_only rule changes no answer, so its verdict needs a column of its own,
+    # shown where one applied
+    watched = any(isinstance(r.get("shadow"), dict) for r in results)
+    rows = [[*header, "log_only"] if watched else header]
+    denied_by: dict[str, list[str]] = {}
     for n, r in enumerate(results, 1):
-        rows.append(
-            [
-                str(n),
-                "yes" if r.get("allowed") else "no",
-                str(r.get("action")),
-                str(r.get("status")),
-                r.get("rule") or "-",
-                "-" if r.get("limit") is None else str(r["limit"]),
-                "-" if r.get("remaining") is None else str(r["remaining"]),
-                "-" if r.get("reset_after") is None else _seconds(r["reset_after"]),
-                _seconds(r.get("retry_after")),
-                _seconds(r.get("wait")),
-            ]
-        )
+        row = [
+            str(n),
+            "yes" if r.get("allowed") else "no",
+            str(r.get("action")),
+            str(r.get("status")),
+            r.get("rule") or "-",
+            "-" if r.get("limit") is None else str(r["limit"]),
+            "-" if r.get("remaining") is None else str(r["remaining"]),
+            "-" if r.get("reset_after") is None else _seconds(r["reset_after"]),
+            _seconds(r.get("retry_after")),
+            _seconds(r.get("wait")),
+        ]
+        if watched:
+            cell, rule = _log_only(r)
+            row.append(cell)
+            if rule is not None:
+                denied_by.setdefault(rule, []).append(f"#{n}")
+        rows.append(row)
     print(table(rows))
-    last = results[-1]
-    shadow = last.get("shadow")
-    if isinstance(shadow, dict) and not shadow.get("allowed"):
-        print(f"log_only: rule {shadow.get('rule')} would have denied it")
-    headers = last.get("headers") or {}
+    for rule, numbers in denied_by.items():
+        print(f"log_only: rule {rule} would have denied {', '.join(numbers)}; "
+              "it only logs, so the answers stand")  # fmt: skip
+    headers = results[-1].get("headers") or {}
     for name, value in headers.items():
         print(f"  {name}: {value}")
 
