@@ -56,7 +56,7 @@ def test_check_config_names_every_problem(
         " use one of second, minute, hour, day, week, month, year",
         f"error: {path}:4: rule 'b', field 'max_wait': action 'delay' needs 'max_wait'"
         " (seconds to hold a request)",
-        f"{path}: not loaded (2 problem(s))",
+        f"ratewarden check-config: {path}: not loaded (2 problem(s))",
     ]
 
 
@@ -109,7 +109,7 @@ def test_check_config_names_an_unknown_field_with_every_other_problem(
         " did you mean 'paths'?",
         f"error: {path}:7: rule 'b', field 'action': Invalid enum value 'logonly': expected one"
         " of reject, log_only, delay, shadow_ban, degrade, queue; did you mean 'log_only'?",
-        f"{path}: not loaded (3 problem(s))",
+        f"ratewarden check-config: {path}: not loaded (3 problem(s))",
     ]
 
 
@@ -269,3 +269,22 @@ def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert verdicts["login-per-ip"]["key"] == "10.0.0.5"
     assert verdicts["per-user"]["verdict"] == "skipped"
     assert verdicts["per-user"]["limits"] == []
+
+
+@pytest.mark.parametrize("command", ["check-config", "explain", "check", "bench"])
+def test_every_command_reports_a_bad_rule_file_the_same_way(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each problem on a line `error: FILE:LINE: ...`, then one line that names the
+    command, as every other error of a command does."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - name: a\n    rate: 10/parsec\n")
+    words = [] if command == "check-config" else ["path=/"]
+    assert main([command, str(bad), *words]) in (1, 2)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"error: {bad}:3: rule 'a', field 'rate': unknown unit 'parsec' in rate '10/parsec':"
+        " use one of second, minute, hour, day, week, month, year",
+        f"ratewarden {command}: {bad}: not loaded (1 problem(s))",
+    ]

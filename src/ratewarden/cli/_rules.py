@@ -74,16 +74,17 @@ def _envoy_rows(domain: str, level: Any, prefix: str, rows: list[dict[str, Any]]
         _envoy_rows(domain, node.children, here + " > ", rows)
 
 
-def _refused(path: str, what: str, problems: list[str], as_json: bool) -> int:
+def _refused(command: str, path: str, what: str, problems: list[str], as_json: bool = False) -> int:
     """A file that does not load: every problem on stderr (in the JSON, with
-    ``--json``), then a line that sums up; 1."""
+    ``--json``), then the line that sums it up, as check and bench end theirs; 1."""
     if as_json:
         print_json({"file": path, "format": what, "loaded": False, "errors": problems})
         return 1
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     kind = "" if what == "rules" else f"{what} configuration, "
-    print(f"{path}: {kind}not loaded ({len(problems)} problem(s))", file=sys.stderr)
+    print(f"ratewarden {command}: {path}: {kind}not loaded ({len(problems)} problem(s))",
+          file=sys.stderr)  # fmt: skip
     return 1
 
 
@@ -96,7 +97,7 @@ def check_envoy_config(path: str, *, as_json: bool = False) -> int:
         with spinning(f"loading {path}", json=as_json):
             config = EnvoyConfig.load(path)
     except RuleFileError as exc:
-        return _refused(path, ENVOY, [str(p) for p in exc.problems], as_json)
+        return _refused("check-config", path, ENVOY, [str(p) for p in exc.problems], as_json)
     limits: list[dict[str, Any]] = []
     for domain, root in config.domains.items():
         _envoy_rows(domain, root, "", limits)
@@ -124,7 +125,7 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
         with spinning(f"loading {path}", json=as_json):
             ruleset = load(path)
     except RuleFileError as exc:
-        return _refused(path, "rules", [str(p) for p in exc.problems], as_json)
+        return _refused("check-config", path, "rules", [str(p) for p in exc.problems], as_json)
     warnings = [str(w) for w in ruleset.warnings]
     code = 1 if strict and warnings else 0
     rules: list[dict[str, Any]] = [
@@ -222,9 +223,7 @@ def explain(
     try:
         ruleset = load(path)
     except RuleFileError as exc:
-        for problem in exc.problems:
-            print(f"error: {problem}", file=sys.stderr)
-        return 1
+        return _refused("explain", path, "rules", [str(p) for p in exc.problems])
     attributes = _attributes(pairs, headers)
     loads = _loads(signals or [])
     if as_json:
