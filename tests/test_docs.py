@@ -507,3 +507,48 @@ def test_output_and_commands_are_held_to_what_they_say(
     with pytest.raises(AssertionError, match="exited"):
         run_sh(failing, session)
     run_sh(Block(page, 1, "sh", "sh", "ratewarden check-config missing.yaml  # exits 1\n"), session)
+
+
+def test_the_cli_pages_commands_name_shipped_files_and_paths_their_rules_know() -> None:
+    """docs/cli.md's commands run (test_page_blocks_run) in a directory that holds the
+    repository's examples/; a reader runs them at the root of a clone. So the rule files
+    they name are the repository's, and a request's path is one a rule of that file
+    names (a path no rule knows would pass on the catch-all rules alone, and show
+    nothing the text says). ratelimit-config.yaml is no shipped file: the page shows it."""
+    from ratewarden.rules import load  # noqa: PLC0415
+
+    page = DOCS / "cli.md"
+    blocks = blocks_of(page)
+    assert any(b.language == "yaml" and b.code == ENVOY_CONFIG for b in blocks)
+    reads = {"check", "check-config", "explain", "bench"}
+    checked = 0
+    for block in blocks:
+        if block.language != "sh" or block.marker == "not run":
+            continue
+        served = None  # the rule file of the service the block started
+        for words, _ in commands_of(block.code):
+            if words[0] != "ratewarden":
+                continue
+            where = f"{page.name}: {shlex.join(words)}"
+            named = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--config", "--rules")]
+            if words[1] in reads and len(words) > 2 and "=" not in words[2] and words[2][0] != "-":
+                named.append(words[2])
+            named = [name for name in named if name != "ratelimit-config.yaml"]
+            for name in named:
+                assert (ROOT / name).is_file(), f"{where}: no {name} in the repository"
+            if words[1] == "serve":
+                served = named[0] if named else None
+            rules = served if "--url" in words else named[0] if named else None
+            attributes = dict(
+                w.split("=", 1) for i, w in enumerate(words[2:], 2)
+                if "=" in w and not w.startswith("-") and words[i - 1] != "--header"
+            )  # fmt: skip
+            if rules is None or "path" not in attributes:
+                continue
+            checked += 1
+            applies = [e.rule for e in load(ROOT / rules).explain(attributes)
+                       if e.verdict == "applies"]  # fmt: skip
+            assert any(rule.paths for rule in applies), (
+                f"{where}: no rule of {rules} names the path"
+            )
+    assert checked >= 6
