@@ -552,3 +552,41 @@ def test_the_cli_pages_commands_name_shipped_files_and_paths_their_rules_know() 
                 f"{where}: no rule of {rules} names the path"
             )
     assert checked >= 6
+
+
+def test_the_envoy_pages_http_answer_is_the_services(tmp_path: Path) -> None:
+    """docs/envoy-migration.md's answer to a check of descriptors over HTTP, field for
+    field, as the service gives it; only the seconds to the day's end differ."""
+    page = DOCS / "envoy-migration.md"
+    blocks = blocks_of(page)
+    at = next(i for i, b in enumerate(blocks) if b.language == "sh" and "/v1/check" in b.code)
+    block, shown = blocks[at], blocks[at + 1]
+    assert shown.language == "json", f"{shown.where}: the answer follows the command"
+    commands = [words for words, _ in commands_of(block.code)]
+    serve, curl = commands[0], commands[-1]
+    assert serve[:2] == ["ratewarden", "serve"]
+    body = curl[curl.index("-d") + 1]
+    fixtures(tmp_path)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("RATEWARDEN_TOKEN", None)
+    process, http = start_service(serve, env, tmp_path, block)
+    try:
+        asked = urllib.request.Request(
+            f"http://{http}/v1/check", data=body.encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(asked, timeout=10) as answer:
+            got = json.loads(answer.read())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+
+    def timeless(answer: dict[str, Any]) -> dict[str, Any]:
+        answer = json.loads(json.dumps(answer))
+        for status in [answer, *answer["statuses"]]:
+            if "reset_after" in status:
+                status["reset_after"] = "seconds"
+        answer["headers"]["X-RateLimit-Reset"] = "seconds"
+        return answer
+
+    assert timeless(got) == timeless(json.loads(shown.code))
