@@ -31,6 +31,11 @@ Per request:
    with the longest ``retry_after``): ``reject`` with its status; ``delay`` with
    the wait when it fits in ``max_wait`` (``check(..., wait=True)`` waits on the
    store's clock and checks again), else reject; ``shadow_ban`` with its response.
+
+A request whose caller could not be identified (``unidentified``, when the
+application's ``identify`` raised) is planned the same way on the attributes it
+has; a ``fail_closed`` rule that needs the identity and could apply refuses it
+first (`ratewarden.rules._unidentified`).
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
 from ._engine_overrides import AsyncOverridable, Overridable
 from ._override_stores import Snapshot
 from ._override_view import OverrideView
+from ._unidentified import IdentityRules, refusal
 from ._watcher import AsyncWatcher, Watcher
 
 __all__ = [
@@ -167,6 +173,7 @@ class _Core(Generic[L, S]):
             self.path = Path(source)
             ruleset = load(self.path)
         self.last_error: ConfigurationError | None = None
+        self._identity_rules: IdentityRules | None = None  # built on first need
         self._reloading = threading.Lock()
         self._install(ruleset)
         self._setup_overrides(store, overrides, overrides_namespace)
@@ -322,6 +329,20 @@ class _Core(Generic[L, S]):
             )
         return bound.ruleset, applicable, enforced, shadow
 
+    def _refused_unidentified(
+        self, ruleset: RuleSet, attributes: Mapping[str, object], applicable: list[Applicable]
+    ) -> Outcome | None:
+        """The refusal of a ``fail_closed`` rule that needs the identity the
+        request lacks, or None: the request is checked as usual."""
+        rules = self._identity_rules
+        if rules is None or rules.ruleset is not ruleset:
+            rules = self._identity_rules = IdentityRules(ruleset)
+        rule = rules.refusing(attributes, applicable)
+        if rule is None:
+            return None
+        bound = self._bound
+        return refusal(rule, bound.specs if bound.ruleset is ruleset else ruleset.limits)
+
     def _outcome(
         self,
         ruleset: RuleSet,
@@ -373,12 +394,36 @@ class RuleEngine(_Core[Limiter, Store], Overridable):
         outcome = self._check_once(attributes, cost)
         if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
-        again = functools.partial(self._check_once, attributes, cost)
+        return self._hold(outcome, attributes, cost, True)
+
+    def unidentified(
+        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
+    ) -> Outcome:
+        """`check` for a request whose caller could not be identified (the
+        application's ``identify`` raised): ``attributes`` are what the request
+        itself gives. A rule that needs the identity answers as its
+        ``on_failure`` says (``fail_closed`` refuses; see
+        `ratewarden.rules._unidentified`); the others apply as usual."""
+        outcome = self._check_once(attributes, cost, False)
+        if not wait or outcome.action not in _HELD:
+            return outcome
+        return self._hold(outcome, attributes, cost, False)
+
+    def _hold(
+        self, outcome: Outcome, attributes: Mapping[str, object], cost: int, identified: bool
+    ) -> Outcome:
+        again = functools.partial(self._check_once, attributes, cost, identified)
         sleep = self.store.clock.sleep
         return drive(act.holding(self._lines, outcome, attributes, again, sleep))
 
-    def _check_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
+    def _check_once(
+        self, attributes: Mapping[str, object], cost: int = 1, identified: bool = True
+    ) -> Outcome:
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
+        if not identified:
+            refused = self._refused_unidentified(ruleset, attributes, applicable)
+            if refused is not None:
+                return refused
         if ruleset.shaping and applicable:
             counted = drive(act.shaped(ruleset, enforced, shadow, hit_tiers, hit_many))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
@@ -400,7 +445,21 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore], AsyncOverridable):
         outcome = await self._acheck_once(attributes, cost)
         if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
-        again = functools.partial(self._acheck_once, attributes, cost)
+        return await self._ahold(outcome, attributes, cost, True)
+
+    async def aunidentified(
+        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
+    ) -> Outcome:
+        """The twin of `RuleEngine.unidentified`."""
+        outcome = await self._acheck_once(attributes, cost, False)
+        if not wait or outcome.action not in _HELD:
+            return outcome
+        return await self._ahold(outcome, attributes, cost, False)
+
+    async def _ahold(
+        self, outcome: Outcome, attributes: Mapping[str, object], cost: int, identified: bool
+    ) -> Outcome:
+        again = functools.partial(self._acheck_once, attributes, cost, identified)
         sleep = self.store.clock.asleep
         return await adrive(act.holding(self._lines, outcome, attributes, again, sleep))
 
@@ -419,10 +478,16 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore], AsyncOverridable):
             reload = functools.partial(asyncio.to_thread, self.reload)
         return AsyncWatcher(self.path, interval, reload)
 
-    async def _acheck_once(self, attributes: Mapping[str, object], cost: int = 1) -> Outcome:
+    async def _acheck_once(
+        self, attributes: Mapping[str, object], cost: int = 1, identified: bool = True
+    ) -> Outcome:
         if self._follow_pending:  # a Redis store's overrides: followed from the first check
             self._start_following()
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
+        if not identified:
+            refused = self._refused_unidentified(ruleset, attributes, applicable)
+            if refused is not None:
+                return refused
         if ruleset.shaping and applicable:
             counted = await adrive(act.shaped(ruleset, enforced, shadow, ahit_tiers, ahit_many))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
