@@ -3,8 +3,10 @@ limiter state the headers must agree with."""
 
 from __future__ import annotations
 
+import logging
 import math
 import textwrap
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -113,3 +115,34 @@ def expected_headers(decision: Decision, quota: int, window: int) -> dict[str, s
 
 RATE_HEADERS = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset",
                 "ratelimit-policy", "ratelimit", "retry-after")  # fmt: skip
+
+
+# For an identify that raises: a rule that needs the user and fails closed, one
+# that fails open, and one by ip that needs no identity.
+IDENTIFY_RULES = textwrap.dedent("""
+    rules:
+      - {name: private, rate: 5/minute, by: user, on_failure: fail_closed, status: 503,
+         match: {paths: /private}}
+      - {name: me, rate: 1/minute, by: user, on_failure: fail_open, match: {paths: /me}}
+      - {name: api, rate: 2/minute, algorithm: fixed_window, by: ip, match: {paths: "/api*"}}
+""")
+IDENTIFY_PATHS = ("/private", "/me", "/api/items")
+
+
+def broken_identify(request: object) -> Mapping[str, object]:
+    raise LookupError("the session store is down")
+
+
+def expect_unidentified(status_of: Callable[[str], int], caplog: pytest.LogCaptureFixture) -> None:
+    """What a front end answers while ``identify`` raises (``status_of(path)`` sends a
+    GET): the fail_closed rule refuses with its status, the fail_open one lets
+    every request through, the ip rule counts as usual, never a 500; one log line
+    with the traceback for the seven failures."""
+    caplog.set_level(logging.ERROR, "ratewarden.integrations")
+    assert status_of("/private") == 503
+    assert [status_of("/me") for _ in range(3)] == [200, 200, 200]
+    assert [status_of("/api/items") for _ in range(3)] == [200, 200, 429]
+    lines = [r for r in caplog.records if "identify raised LookupError" in r.getMessage()]
+    assert len(lines) == 1, caplog.text
+    assert lines[0].exc_info is not None
+    assert "session store is down" in caplog.text

@@ -18,13 +18,27 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket
 
-from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock, MemoryStore
+from ratewarden import (
+    AsyncLimiter,
+    AsyncMemoryStore,
+    ConfigurationError,
+    FakeClock,
+    Limiter,
+    MemoryStore,
+)
 from ratewarden.integrations.asgi import RateLimitMiddleware, Scope
 from ratewarden.integrations.asgi import scope_headers as headers_of
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleSet, loads
 from ratewarden.stores.redis import AsyncRedisStore
 
-from .conftest import RATE_HEADERS, expected_headers, state
+from .conftest import (
+    IDENTIFY_RULES,
+    RATE_HEADERS,
+    broken_identify,
+    expect_unidentified,
+    expected_headers,
+    state,
+)
 
 PROBLEM = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
@@ -343,3 +357,44 @@ rules:
         )
         assert int(responses[0].headers["retry-after"]) >= 1
     assert len(calls) == (3 if status == 200 else 0)
+
+
+async def abroken_identify(scope: Scope) -> Mapping[str, object]:
+    raise LookupError("the session store is down")
+
+
+@pytest.mark.parametrize("kind", ["async engine, async identify", "sync engine, plain identify"])
+def test_an_identify_that_raises_follows_the_rule_policy(
+    kind: str, clock: FakeClock, calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    ruleset = loads(IDENTIFY_RULES)
+    engine: Any
+    identify: Any
+    if kind.startswith("async"):
+        engine, identify = AsyncRuleEngine(ruleset, AsyncMemoryStore(clock=clock)), abroken_identify
+    else:
+        engine, identify = RuleEngine(ruleset, MemoryStore(clock=clock)), broken_identify
+    app = make_app(engine, calls, identify=identify)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        expect_unidentified(lambda path: client.get(path).status_code, caplog)
+    assert "/private" not in calls
+
+
+@pytest.mark.parametrize("limiter", [AsyncLimiter, Limiter])
+def test_a_plain_limiter_counts_the_address_when_identify_raises(
+    limiter: type[AsyncLimiter] | type[Limiter], calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app(limiter("2/minute"), calls, identify=broken_identify)  # type: ignore[arg-type]
+    with TestClient(app, raise_server_exceptions=False) as client:
+        statuses = [client.get("/api/items").status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    assert "identify raised LookupError" in caplog.text
+
+
+def test_an_identify_that_returns_no_mapping_is_logged_not_a_500(
+    aengine: AsyncRuleEngine, calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app(aengine, calls, identify=lambda scope: "alice")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.get("/api/items").status_code == 200
+    assert "identify must return a mapping of attributes or None, got 'alice'" in caplog.text

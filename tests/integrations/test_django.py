@@ -10,7 +10,7 @@ import django
 import pytest
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.test import AsyncClient, Client, override_settings
+from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.urls import path
 
 from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock, MemoryStore
@@ -18,7 +18,14 @@ from ratewarden.integrations.django import limit
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleSet, loads
 from ratewarden.stores.redis import AsyncRedisStore
 
-from .conftest import RATE_HEADERS, expected_headers, state
+from .conftest import (
+    IDENTIFY_RULES,
+    RATE_HEADERS,
+    broken_identify,
+    expect_unidentified,
+    expected_headers,
+    state,
+)
 
 if not settings.configured:
     settings.configure(
@@ -280,3 +287,37 @@ def test_adaptive_limit_applies_sync_and_async(kind: str, clock: FakeClock) -> N
     responses = sync + asynchronous
     assert [r.status_code for r in responses] == [200, 200, 429, 429]
     assert {r.headers["X-RateLimit-Limit"] for r in responses} == {"2"}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_identify_that_raises_follows_the_rule_policy(
+    mode: str, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    ruleset = loads(IDENTIFY_RULES)
+    engine: Any = (
+        RuleEngine(ruleset, MemoryStore(clock=clock))
+        if mode == "sync"
+        else AsyncRuleEngine(ruleset, AsyncMemoryStore(clock=clock))
+    )
+    config = {"ENGINE": engine, "IDENTIFY": broken_identify}
+    with override_settings(
+        MIDDLEWARE=MIDDLEWARE, RATEWARDEN=config, DEBUG_PROPAGATE_EXCEPTIONS=False
+    ):
+        if mode == "sync":
+            client = Client(REMOTE_ADDR="203.0.113.7", raise_request_exception=False)
+            expect_unidentified(lambda path: client.get(path).status_code, caplog)
+        else:
+            aclient = AsyncClient(REMOTE_ADDR="203.0.113.7", raise_request_exception=False)
+            expect_unidentified(
+                lambda path: asyncio.run(aclient.get(path)).status_code,
+                caplog,
+            )
+
+
+def test_the_view_decorator_follows_the_rule_policy_when_identify_raises(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = RuleEngine(loads(IDENTIFY_RULES), MemoryStore(clock=clock))
+    limited = limit(engine, identify=broken_identify)(view)
+    factory = RequestFactory(REMOTE_ADDR="203.0.113.7")
+    expect_unidentified(lambda path: limited(factory.get(path)).status_code, caplog)

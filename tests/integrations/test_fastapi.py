@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 from fastapi import Depends, FastAPI, Request
@@ -13,7 +13,7 @@ from ratewarden.integrations.asgi import RateLimitMiddleware
 from ratewarden.integrations.fastapi import RateLimit, install
 from ratewarden.rules import AsyncRuleEngine, RuleSet, loads
 
-from .conftest import expected_headers, state
+from .conftest import IDENTIFY_PATHS, IDENTIFY_RULES, expect_unidentified, expected_headers, state
 
 ROUTE_RULES = """
 rules:
@@ -141,3 +141,23 @@ def test_middleware_and_dependency_together_send_each_header_once(
         assert len(first.headers.get_list(name)) == 1, name
     assert first.headers["x-ratelimit-limit"] == "2"  # the route's limit, not the app's 3
     assert other.headers["x-ratelimit-limit"] == "3"  # no dependency: the middleware's
+
+
+def test_an_identify_that_raises_follows_the_rule_policy(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(request: Request) -> Mapping[str, object]:
+        raise LookupError("the session store is down")
+
+    limit = RateLimit(AsyncRuleEngine(loads(IDENTIFY_RULES), AsyncMemoryStore(clock=clock)),
+                      identify=broken)  # fmt: skip
+    app = FastAPI()
+    install(app)
+
+    async def endpoint() -> dict[str, bool]:
+        return {"ok": True}
+
+    for path in IDENTIFY_PATHS:
+        app.add_api_route(path, endpoint, dependencies=[Depends(limit)])
+    with TestClient(app, raise_server_exceptions=False) as client:
+        expect_unidentified(lambda path: client.get(path).status_code, caplog)

@@ -14,7 +14,15 @@ from ratewarden.integrations.flask import RateLimiter, limit
 from ratewarden.integrations.wsgi import RateLimitMiddleware
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleSet, loads
 
-from .conftest import RATE_HEADERS, expected_headers, state
+from .conftest import (
+    IDENTIFY_PATHS,
+    IDENTIFY_RULES,
+    RATE_HEADERS,
+    broken_identify,
+    expect_unidentified,
+    expected_headers,
+    state,
+)
 
 PEER = {"REMOTE_ADDR": "203.0.113.7"}
 
@@ -186,3 +194,23 @@ def test_extension_and_decorator_send_each_header_once(clock: FakeClock) -> None
         assert response.headers.getlist("X-RateLimit-Limit") == ["2"]  # the route's, once
         assert len(response.headers.getlist("RateLimit")) == 1
     assert response.status_code == 429
+
+
+@pytest.mark.parametrize("where", ["extension", "decorator"])
+def test_an_identify_that_raises_follows_the_rule_policy(
+    where: str, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = RuleEngine(loads(IDENTIFY_RULES), MemoryStore(clock=clock))
+    app = Flask(__name__)
+
+    def endpoint() -> Any:
+        return jsonify(ok=True)
+
+    if where == "decorator":
+        endpoint = limit(engine, identify=broken_identify)(endpoint)
+    else:
+        RateLimiter(app, engine, identify=broken_identify)
+    for path in IDENTIFY_PATHS:
+        app.add_url_rule(path, path, endpoint)
+    client = app.test_client()
+    expect_unidentified(lambda path: client.get(path, environ_base=PEER).status_code, caplog)

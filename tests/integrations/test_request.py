@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from ratewarden import ConfigurationError, Decision
-from ratewarden.integrations._request import Responder, attributes
+from ratewarden.integrations._request import IdentifyFailures, Responder, attributes
 from ratewarden.integrations.asgi import ScopeHeaders, scope_attributes
 from ratewarden.integrations.wsgi import EnvironHeaders, environ_attributes, status_line
 from ratewarden.rules import Outcome, Response
@@ -78,3 +80,32 @@ def test_a_shadow_ban_header_outside_latin1_is_replaced_not_raised() -> None:
     reply = Responder().refused(outcome)
     assert ("X-Note", "café ? ok") in reply.headers
     assert ("Content-Type", "text/plain; charset=utf-8") in reply.headers
+
+
+def test_identify_failures_log_once_a_minute_per_type_within_bounds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    failures = IdentifyFailures(every=60.0, types=2, clock=lambda: now[0])
+    caplog.set_level(logging.ERROR, "ratewarden.integrations")
+    for _ in range(1000):
+        failures.failed(KeyError("session"))
+    assert [r.exc_info is not None for r in caplog.records] == [True]  # the traceback
+    now[0] = 61.0
+    failures.failed(KeyError("session"))
+    assert "identify raised KeyError again" in caplog.records[-1].getMessage()
+    assert "999 more since the last line" in caplog.records[-1].getMessage()
+    assert caplog.records[-1].exc_info is None
+    # a new type has a line of its own; at most ``types`` types are remembered
+    for kind in (ValueError, TypeError, OSError):
+        failures.failed(kind("x"))
+        failures.failed(kind("x"))
+    assert len(caplog.records) == 5
+    assert len(failures) == 2
+
+
+def test_identify_failures_settings_are_checked() -> None:
+    with pytest.raises(ConfigurationError, match="every must be > 0"):
+        IdentifyFailures(every=0)
+    with pytest.raises(ConfigurationError, match="types must be an integer >= 1"):
+        IdentifyFailures(types=0)

@@ -9,6 +9,11 @@ The client address is the peer's (``ip``); the rule file's ``client_ip``
 settings (trusted proxies, X-Forwarded-For or Forwarded) find the real client
 behind proxies, so the proxy logic lives in one place, the rule engine.
 
+An ``identify`` that raises (or returns something other than a mapping) is
+logged by `IdentifyFailures`, within bounds, and the request is decided without
+its identity: the engine's ``unidentified`` lets each rule that needs it answer
+as its ``on_failure`` says; a plain limiter counts the client address as always.
+
 The rule engine needs PyYAML (the ``rules`` extra) and is imported only where an
 engine is used: the ASGI and WSGI middleware also take a plain `Limiter`, one limit
 per client address (`LimitOutcome`), and then run on the core alone.
@@ -16,8 +21,12 @@ per client address (`LimitOutcome`), and then run on the core alone.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Iterable, Mapping
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
 
 import msgspec
@@ -36,6 +45,8 @@ __all__ = [
     "PROBLEM_TYPE",
     "ROUTE_SPOKE",
     "HeaderMode",
+    "IdentifyFailures",
+    "Identity",
     "LimitOutcome",
     "Reply",
     "Responder",
@@ -43,7 +54,9 @@ __all__ = [
     "check_any_engine",
     "check_engine",
     "content_length",
+    "identity_of",
     "limit_policy",
+    "mapping_or_none",
     "rule_engines",
 ]
 
@@ -59,6 +72,7 @@ DEGRADE = "ratewarden_degrade"
 DEGRADE_ENVIRON = "ratewarden.degrade"
 
 E = TypeVar("E", "RuleEngine", "AsyncRuleEngine")
+T = TypeVar("T")
 
 HeaderMode = Literal["all", "denied", "none"]
 _MODES = ("all", "denied", "none")
@@ -67,6 +81,97 @@ _MODES = ("all", "denied", "none")
 PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 _TITLE = "Request cannot be satisfied as assigned quota has been exceeded"
 _PROBLEM_JSON = ("Content-Type", "application/problem+json")
+
+
+log = logging.getLogger("ratewarden.integrations")
+
+# What ``identify`` hands back: the attributes only the application knows, or None
+# for none; `identity_of` tells a failure (False) from an identified request (True).
+Identity = tuple["Mapping[str, object] | None", bool]
+
+
+class IdentifyFailures:
+    """Logs the exceptions of an application's ``identify``, within bounds.
+
+    One ERROR line on ``ratewarden.integrations`` per exception type every
+    ``every`` seconds: the first of a type carries its traceback, a later one
+    says how many of that type came since the line before. At most ``types``
+    types are remembered (the longest quiet one is forgotten first), so a flood
+    of failures writes at most ``types`` lines every ``every`` seconds and holds
+    that many entries. ``clock`` gives seconds (monotonic; tests pass their own).
+    """
+
+    __slots__ = ("_clock", "_lock", "_seen", "every", "types")
+
+    def __init__(
+        self, *, every: float = 60.0, types: int = 64, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not every > 0:
+            raise ConfigurationError(f"every must be > 0 seconds, got {every!r}")
+        if type(types) is not int or types < 1:
+            raise ConfigurationError(f"types must be an integer >= 1, got {types!r}")
+        self.every = every
+        self.types = types
+        self._clock = clock
+        self._lock = threading.Lock()  # WSGI and sync Django call from many threads
+        # exception type -> [when its last line was written, failures since]
+        self._seen: OrderedDict[type[BaseException], list[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        """The exception types remembered now."""
+        return len(self._seen)
+
+    def failed(self, exc: Exception) -> None:
+        """``identify`` raised ``exc``: log it, if due."""
+        kind = type(exc)
+        now = self._clock()
+        with self._lock:
+            seen = self._seen.get(kind)
+            if seen is not None and now - seen[0] < self.every:
+                seen[1] += 1
+                return
+            first = seen is None
+            more = 0 if seen is None else int(seen[1])
+            self._seen[kind] = [now, 0]
+            self._seen.move_to_end(kind)
+            while len(self._seen) > self.types:
+                self._seen.popitem(last=False)
+        name = kind.__qualname__
+        if first:
+            log.error(
+                "identify raised %s: %s; requests are decided without their identity (rules"
+                " that need it follow their on_failure) and further %s are logged once every"
+                " %gs",
+                name, exc, name, self.every, exc_info=exc,
+            )  # fmt: skip
+        else:
+            log.error(
+                "identify raised %s again: %s (%d more since the last line); requests are"
+                " decided without their identity",
+                name, exc, more,
+            )  # fmt: skip
+
+
+def mapping_or_none(identity: object) -> Mapping[str, object] | None:
+    """What ``identify`` returned, if it is attributes (a mapping, or None for
+    none); anything else is the application's mistake, a `TypeError` saying so."""
+    if identity is None or type(identity) is dict or isinstance(identity, Mapping):
+        return identity
+    raise TypeError(f"identify must return a mapping of attributes or None, got {identity!r}")
+
+
+def identity_of(
+    identify: Callable[[T], object] | None, request: T, failures: IdentifyFailures
+) -> Identity:
+    """``identify(request)`` as `Identity`: a failure is logged by ``failures``
+    and answered ``(None, False)``."""
+    if identify is None:
+        return None, True
+    try:
+        return mapping_or_none(identify(request)), True
+    except Exception as exc:
+        failures.failed(exc)
+        return None, False
 
 
 class Reply(NamedTuple):

@@ -32,6 +32,8 @@ from ._request import (
     DEGRADE,
     ROUTE_SPOKE,
     HeaderMode,
+    IdentifyFailures,
+    Identity,
     LimitOutcome,
     Reply,
     Responder,
@@ -39,6 +41,7 @@ from ._request import (
     check_any_engine,
     content_length,
     limit_policy,
+    mapping_or_none,
 )
 
 if TYPE_CHECKING:
@@ -48,6 +51,7 @@ __all__ = [
     "ASGIApp",
     "RateLimitMiddleware",
     "Scope",
+    "aidentity_of",
     "scope_attributes",
     "scope_headers",
     "send_reply",
@@ -127,25 +131,45 @@ def scope_attributes(scope: Scope, identity: Mapping[str, object] | None) -> dic
     )
 
 
+async def aidentity_of(
+    identify: Callable[[Any], object] | None, request: object, failures: IdentifyFailures
+) -> Identity:
+    """`_request.identity_of` for an ``identify`` that may be async."""
+    if identify is None:
+        return None, True
+    try:
+        identity = identify(request)
+        if inspect.isawaitable(identity):
+            identity = await identity
+        return mapping_or_none(identity), True
+    except Exception as exc:
+        failures.failed(exc)
+        return None, False
+
+
 async def run_engine(
-    engine: AsyncRuleEngine | RuleEngine, attributes: Mapping[str, object]
+    engine: AsyncRuleEngine | RuleEngine, attributes: Mapping[str, object], identified: bool = True
 ) -> Outcome:
     """The engine's outcome, delays waited out, without blocking the event loop:
     an `AsyncRuleEngine` is awaited; a sync `RuleEngine` runs inline on a
     `MemoryStore` (its lock is held for microseconds, far less than a thread
     hop), and on a worker thread for other stores (which may block) and for a
     delay (which sleeps). A delayed request counted nowhere, so checking it
-    again on the thread counts it once."""
+    again on the thread counts it once. Not ``identified``: the engine's
+    ``unidentified`` decides."""
     from ..rules import AsyncRuleEngine, await_out  # noqa: PLC0415 (an engine imported it)
 
     if isinstance(engine, AsyncRuleEngine):
+        if not identified:
+            return await engine.aunidentified(attributes, wait=True)
         return await engine.acheck(attributes, wait=True)
     inline = isinstance(engine.store, MemoryStore)
+    decide = engine.check if identified else engine.unidentified
 
     async def check() -> Outcome:
         if inline:
-            return engine.check(attributes)
-        return await asyncio.to_thread(engine.check, attributes)
+            return decide(attributes)
+        return await asyncio.to_thread(decide, attributes)
 
     # The checks may hop to a thread; the waiting happens here, on the loop, with
     # the deadline set now: a delay never queues for one of the executor's threads.
@@ -153,10 +177,14 @@ async def run_engine(
 
 
 async def run_limiter(
-    limiter: AsyncLimiter | Limiter, policy: Policy, attributes: Mapping[str, object]
+    limiter: AsyncLimiter | Limiter,
+    policy: Policy,
+    attributes: Mapping[str, object],
+    identified: bool = True,
 ) -> LimitOutcome:
     """A plain limiter's hit for the client address, as `run_engine` runs a sync
-    engine: inline on a `MemoryStore`, else on a worker thread."""
+    engine: inline on a `MemoryStore`, else on a worker thread. The client
+    address needs no identity: ``identified`` changes nothing."""
     key = str(attributes.get("ip"))
     if isinstance(limiter, AsyncLimiter):
         decision = await limiter.hit(key)
@@ -195,7 +223,11 @@ class RateLimitMiddleware:
     ``identify(scope)`` (plain or async) returns the attributes only the
     application knows (``user``, ``api_key``, ``plan``, ``org``, ...); method,
     path, peer ip, headers and body_size come from the scope. Place the middleware
-    after your authentication middleware to read what it put in the scope.
+    after your authentication middleware to read what it put in the scope. An
+    ``identify`` that raises is logged (`IdentifyFailures`: a line per exception
+    type a minute) and the request decided without its identity: each rule that
+    needs it answers as its ``on_failure`` says (``fail_closed`` refuses), the
+    others apply as usual.
 
     Per outcome: allowed, the app runs and its response gets the rate-limit
     headers (``headers="all"``; ``"denied"``: only rejections carry them,
@@ -228,13 +260,14 @@ class RateLimitMiddleware:
         self.app = app
         self.engine = engine
         # a plain limiter or a rule engine, told apart once here rather than per request
-        self._decide: Callable[[Mapping[str, object]], Awaitable[Outcome | LimitOutcome]]
+        self._decide: Callable[[Mapping[str, object], bool], Awaitable[Outcome | LimitOutcome]]
         if isinstance(engine, AsyncLimiter | Limiter):
             self._decide = partial(run_limiter, engine, limit_policy(engine))
         else:
             checked = check_any_engine(engine, "RateLimitMiddleware (ASGI)")
             self._decide = partial(run_engine, checked)
         self.identify = identify
+        self.identify_failures = IdentifyFailures()
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -256,13 +289,9 @@ class RateLimitMiddleware:
     async def check(self, scope: Scope) -> Outcome | LimitOutcome | None:
         """The engine's outcome for ``scope``, delays waited out; None when the
         limiter failed (logged): let the request through."""
-        identity: Any = None
-        if self.identify is not None:
-            identity = self.identify(scope)
-            if inspect.isawaitable(identity):
-                identity = await identity
+        identity, identified = await aidentity_of(self.identify, scope, self.identify_failures)
         try:
-            return await self._decide(scope_attributes(scope, identity))
+            return await self._decide(scope_attributes(scope, identity), identified)
         except Exception:
             log.exception("rate limiter failed; the request goes through unchecked")
             return None

@@ -37,11 +37,13 @@ from ..stores import AsyncMemoryStore
 from ._request import (
     DEGRADE,
     HeaderMode,
+    IdentifyFailures,
     Reply,
     Responder,
     attributes,
     check_any_engine,
     content_length,
+    identity_of,
 )
 from .asgi import run_engine
 from .wsgi import EnvironHeaders, log
@@ -84,19 +86,24 @@ def _sync_can_run(engine: Engine) -> None:
         )
 
 
-def _check_sync(engine: Engine, attrs: Mapping[str, object]) -> Outcome | None:
+def _check_sync(engine: Engine, attrs: Mapping[str, object], identified: bool) -> Outcome | None:
     try:
         if isinstance(engine, AsyncRuleEngine):
-            return async_to_sync(engine.acheck)(attrs, wait=True)
+            acheck = engine.acheck if identified else engine.aunidentified
+            return async_to_sync(acheck)(attrs, wait=True)
+        if not identified:
+            return engine.unidentified(attrs, wait=True)
         return engine.check(attrs, wait=True)
     except Exception:
         log.exception("rate limiter failed; the request goes through unchecked")
         return None
 
 
-async def _check_async(engine: Engine, attrs: Mapping[str, object]) -> Outcome | None:
+async def _check_async(
+    engine: Engine, attrs: Mapping[str, object], identified: bool
+) -> Outcome | None:
     try:
-        return await run_engine(engine, attrs)
+        return await run_engine(engine, attrs, identified)
     except Exception:
         log.exception("rate limiter failed; the request goes through unchecked")
         return None
@@ -124,11 +131,14 @@ class _Limits:
     ) -> None:
         self.engine: Engine = check_any_engine(engine, "ratewarden")
         self.identify = identify
+        self.identify_failures = IdentifyFailures()
         self.responder = responder
 
-    def attributes(self, request: HttpRequest) -> dict[str, object]:
-        identity = None if self.identify is None else self.identify(request)
-        return request_attributes(request, identity)
+    def attributes(self, request: HttpRequest) -> tuple[dict[str, object], bool]:
+        """The request's attributes, and whether ``identify`` gave its identity
+        (one that raises is logged; the engine's ``unidentified`` decides)."""
+        identity, identified = identity_of(self.identify, request, self.identify_failures)
+        return request_attributes(request, identity), identified
 
     def before(
         self, outcome: Outcome | None, request: HttpRequest
@@ -145,7 +155,7 @@ class _Limits:
         return self.responder.passed(outcome)
 
     def run(self, request: HttpRequest, handler: Handler) -> HttpResponseBase:
-        verdict = self.before(_check_sync(self.engine, self.attributes(request)), request)
+        verdict = self.before(_check_sync(self.engine, *self.attributes(request)), request)
         if isinstance(verdict, HttpResponse):
             return verdict
         return _with_headers(handler(request), verdict)
@@ -153,7 +163,8 @@ class _Limits:
     async def arun(
         self, request: HttpRequest, handler: Callable[[HttpRequest], Awaitable[Any]]
     ) -> HttpResponseBase:
-        verdict = self.before(await _check_async(self.engine, self.attributes(request)), request)
+        outcome = await _check_async(self.engine, *self.attributes(request))
+        verdict = self.before(outcome, request)
         if isinstance(verdict, HttpResponse):
             return verdict
         return _with_headers(await handler(request), verdict)

@@ -18,17 +18,23 @@ FastAPI parses anything, which is cheaper for requests it refuses.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 import msgspec
 from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException
 
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
-from ._request import DEGRADE, ROUTE_SPOKE, HeaderMode, Reply, Responder, check_any_engine
-from .asgi import log, run_engine, scope_attributes, tell_degrade
+from ._request import (
+    DEGRADE,
+    ROUTE_SPOKE,
+    HeaderMode,
+    IdentifyFailures,
+    Reply,
+    Responder,
+    check_any_engine,
+)
+from .asgi import aidentity_of, log, run_engine, scope_attributes, tell_degrade
 
 __all__ = ["RateLimit", "RateLimited", "install", "rate_limited_handler"]
 
@@ -71,8 +77,9 @@ class RateLimit:
     endpoint returns a Response of its own) and the `Outcome` is the dependency's
     value. Delays are waited out without blocking the loop. Refused (reject or
     shadow ban): raises `RateLimited`. ``identify(request)``, plain or async, adds
-    the attributes only the application knows. A limiter that fails lets the
-    request through (logged), as the middleware does.
+    the attributes only the application knows; one that raises is logged and
+    the request decided without its identity, as the middleware does. A limiter
+    that fails lets the request through (logged), as the middleware does.
     """
 
     def __init__(
@@ -86,16 +93,14 @@ class RateLimit:
     ) -> None:
         self.engine = check_any_engine(engine, "RateLimit")
         self.identify = identify
+        self.identify_failures = IdentifyFailures()
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
 
     async def __call__(self, request: Request, response: Response) -> Outcome | None:
-        identity: Any = None
-        if self.identify is not None:
-            identity = self.identify(request)
-            if inspect.isawaitable(identity):
-                identity = await identity
+        identity, identified = await aidentity_of(self.identify, request, self.identify_failures)
         try:
-            outcome = await run_engine(self.engine, scope_attributes(request.scope, identity))
+            attributes = scope_attributes(request.scope, identity)
+            outcome = await run_engine(self.engine, attributes, identified)
         except Exception:
             log.exception("rate limiter failed; the request goes through unchecked")
             return None

@@ -22,7 +22,16 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from flask import Flask, Request, Response, make_response, request
 
 from ..rules import Outcome, RuleEngine
-from ._request import DEGRADE_ENVIRON, ROUTE_SPOKE, HeaderMode, Reply, Responder, check_engine
+from ._request import (
+    DEGRADE_ENVIRON,
+    ROUTE_SPOKE,
+    HeaderMode,
+    IdentifyFailures,
+    Reply,
+    Responder,
+    check_engine,
+    identity_of,
+)
 from .wsgi import check, environ_attributes, reply_headers
 
 if TYPE_CHECKING:
@@ -37,12 +46,15 @@ _KEY = "ratewarden.headers"
 
 
 def _outcome(
-    engine: RuleEngine, identify: IdentifyRequest | None, current: Request
+    engine: RuleEngine,
+    identify: IdentifyRequest | None,
+    failures: IdentifyFailures,
+    current: Request,
 ) -> Outcome | None:
-    identity = None if identify is None else identify(current)
+    identity, identified = identity_of(identify, current, failures)
     rule = current.url_rule
     attributes = environ_attributes(current.environ, identity, None if rule is None else rule.rule)
-    return check(engine, attributes)
+    return check(engine, attributes, identified)
 
 
 def _tell_degrade(outcome: Outcome | None) -> None:
@@ -67,9 +79,9 @@ class RateLimiter:
     """The Flask extension: every request of ``app`` checked against ``engine``.
 
     ``identify(request)`` returns what only the application knows (user,
-    api_key, plan, org, ...); ``headers``, ``legacy``, ``ietf`` and the handling
-    of each action are as for the ASGI middleware. ``init_app`` for the app
-    factory pattern.
+    api_key, plan, org, ...); ``headers``, ``legacy``, ``ietf``, the handling
+    of each action and of an ``identify`` that raises are as for the ASGI
+    middleware. ``init_app`` for the app factory pattern.
     """
 
     def __init__(
@@ -84,6 +96,7 @@ class RateLimiter:
     ) -> None:
         self.engine = None if engine is None else check_engine(engine, RuleEngine, "RateLimiter")
         self.identify = identify
+        self.identify_failures = IdentifyFailures()
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
         if app is not None:
             self.init_app(app, engine)
@@ -102,7 +115,7 @@ class RateLimiter:
     def _before(self) -> Response | None:
         if self.engine is None:  # init_app refuses that
             return None
-        outcome = _outcome(self.engine, self.identify, request)
+        outcome = _outcome(self.engine, self.identify, self.identify_failures, request)
         if outcome is None or outcome.allowed:
             _tell_degrade(outcome)
             extra = [] if outcome is None else self.responder.passed(outcome)
@@ -142,11 +155,12 @@ def limit(
     view is called (after the extension's, if both apply)."""
     check_engine(engine, RuleEngine, "limit")
     responder = Responder(headers, legacy=legacy, ietf=ietf)
+    failures = IdentifyFailures()
 
     def decorate(view: Callable[P, Any]) -> Callable[P, Any]:
         @functools.wraps(view)
         def limited(*args: P.args, **kwargs: P.kwargs) -> Any:
-            outcome = _outcome(engine, identify, request)
+            outcome = _outcome(engine, identify, failures, request)
             _tell_degrade(outcome)
             if outcome is not None and not outcome.allowed:
                 request.environ[ROUTE_SPOKE] = True

@@ -26,12 +26,14 @@ from .._limiter import Limiter
 from ._request import (
     DEGRADE_ENVIRON,
     HeaderMode,
+    IdentifyFailures,
     LimitOutcome,
     Reply,
     Responder,
     attributes,
     check_engine,
     content_length,
+    identity_of,
     limit_policy,
     rule_engines,
 )
@@ -122,10 +124,15 @@ def status_line(status: int) -> str:
         return f"{status} Unknown"
 
 
-def check(engine: RuleEngine, attributes: Mapping[str, object]) -> Outcome | None:
-    """The engine's outcome, delays waited out; None when the limiter failed
-    (logged): the request goes through."""
+def check(
+    engine: RuleEngine, attributes: Mapping[str, object], identified: bool = True
+) -> Outcome | None:
+    """The engine's outcome, delays waited out (not ``identified``: its
+    ``unidentified``'s); None when the limiter failed (logged): the request goes
+    through."""
     try:
+        if not identified:
+            return engine.unidentified(attributes, wait=True)
         return engine.check(attributes, wait=True)
     except Exception:
         log.exception("rate limiter failed; the request goes through unchecked")
@@ -133,9 +140,10 @@ def check(engine: RuleEngine, attributes: Mapping[str, object]) -> Outcome | Non
 
 
 def check_limit(
-    limiter: Limiter, policy: Policy, attributes: Mapping[str, object]
+    limiter: Limiter, policy: Policy, attributes: Mapping[str, object], identified: bool = True
 ) -> LimitOutcome | None:
-    """`check` for a plain limiter: its hit for the client address."""
+    """`check` for a plain limiter: its hit for the client address, which needs
+    no identity (``identified`` changes nothing)."""
     try:
         return LimitOutcome(limiter.hit(str(attributes.get("ip"))), policy)
     except Exception:
@@ -153,8 +161,9 @@ class RateLimitMiddleware:
     before ``app`` sees it. ``identify(environ)`` returns the attributes only the application
     knows (user, api_key, plan, org, ...); ``headers``, ``legacy`` and ``ietf``
     and the handling of each action are as for the ASGI middleware
-    (`ratewarden.integrations.asgi.RateLimitMiddleware`); how much to degrade
-    a response is ``environ["ratewarden.degrade"]`` (0.0 to 1.0)."""
+    (`ratewarden.integrations.asgi.RateLimitMiddleware`), and so is an
+    ``identify`` that raises; how much to degrade a response is
+    ``environ["ratewarden.degrade"]`` (0.0 to 1.0)."""
 
     def __init__(
         self,
@@ -169,7 +178,7 @@ class RateLimitMiddleware:
         self.app = app
         self.engine = engine
         # a plain limiter or a rule engine, told apart once here rather than per request
-        self._decide: Callable[[Mapping[str, object]], Outcome | LimitOutcome | None]
+        self._decide: Callable[[Mapping[str, object], bool], Outcome | LimitOutcome | None]
         if isinstance(engine, Limiter):
             self._decide = partial(check_limit, engine, limit_policy(engine))
         else:
@@ -177,11 +186,12 @@ class RateLimitMiddleware:
             checked = check_engine(engine, rule_engines(engine, where)[0], where)
             self._decide = partial(check, checked)
         self.identify = identify
+        self.identify_failures = IdentifyFailures()
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        identity = None if self.identify is None else self.identify(environ)
-        outcome = self._decide(environ_attributes(environ, identity))
+        identity, identified = identity_of(self.identify, environ, self.identify_failures)
+        outcome = self._decide(environ_attributes(environ, identity), identified)
         if outcome is None or outcome.allowed:
             if outcome is not None:
                 environ[DEGRADE_ENVIRON] = outcome.degrade
