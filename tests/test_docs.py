@@ -590,3 +590,17 @@ def test_the_envoy_pages_http_answer_is_the_services(tmp_path: Path) -> None:
         return answer
 
     assert timeless(got) == timeless(json.loads(shown.code))
+
+
+def test_the_cli_pages_command_table_lists_every_command() -> None:
+    """docs/cli.md's table against the commands `ratewarden --help` lists."""
+    done = subprocess.run(
+        [str(BIN / "ratewarden"), "--help"], capture_output=True, text=True, timeout=60, check=True
+    )
+    listing = done.stdout.split("positional arguments:", 1)[1].split("options:", 1)[0]
+    commands = re.findall(r"^ {4}(\S+)", listing, re.M)
+    text = (DOCS / "cli.md").read_text()
+    table = text.split("| command |", 1)[1].split("\n\n", 1)[0]
+    documented = re.findall(r"^\| `([a-z-]+)", table, re.M)
+    assert len(commands) > 5
+    assert documented == commands
