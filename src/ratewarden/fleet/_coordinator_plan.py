@@ -75,6 +75,8 @@ class Reply:
     # what the member falls back to without Redis: its part of the safe shares,
     # which add up to at most the total (None: compute it from the fields)
     safe: int | None = None
+    # what the allocation gives it once the others have shrunk to theirs
+    target: int | None = None
 
     @property
     def effective_total(self) -> int:
@@ -201,8 +203,9 @@ def parse_refresh(raw: list[Any]) -> Reply | None:
     flat = [int(x) for x in raw[3]]
     pieces = tuple(zip(flat[::2], flat[1::2], strict=True))
     safe = int(raw[7]) if len(raw) > 7 else None
+    target = int(raw[8]) if len(raw) > 8 else None
     fields = _fields(list(raw[6]))
-    return Reply(int(raw[1]), int(raw[2]), pieces, int(raw[4]), int(raw[5]), fields, safe)
+    return Reply(int(raw[1]), int(raw[2]), pieces, int(raw[4]), int(raw[5]), fields, safe, target)
 
 
 def parse_show(name: str, raw: list[Any]) -> QuotaStatus | None:

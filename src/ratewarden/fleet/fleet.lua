@@ -391,6 +391,16 @@ for _, m in ipairs(members) do
     for _, p in ipairs(m.pieces) do taken[#taken + 1] = p end
   end
 end
+-- a member granted less than half its due (it joined, or its demand came
+-- back) while others hold the rest: they are asked to refresh now rather than
+-- at their next interval (a message as a change of the total to itself), at
+-- most 16 times an interval, and it asks again soon (the reply's target)
+if grant * 2 < target and now >= num(cfg, 'rebuild_ms')
+    and now - num(cfg, 'nudge_ms') >= fdiv(refresh_ms, 16) then
+  cfg.nudge_ms = tostring(now)
+  redis.call('HSET', CFG, 'nudge_ms', now)
+  redis.call('PUBLISH', channel, string.format('%s %d %d', cfg.version or '0', total, total))
+end
 if now < num(cfg, 'rebuild_ms') then
   grant = math.min(grant, reported)
   if #me.pieces == 0 then  -- where it says it spends, if that is sound and free
@@ -448,4 +458,4 @@ save(me)
 
 local held = 0
 for _, m in ipairs(members) do held = held + m.has end
-return {1, me.has, held, flat, #members, now, cfg_list(cfg), me.safe}
+return {1, me.has, held, flat, #members, now, cfg_list(cfg), me.safe, target}

@@ -94,10 +94,13 @@ class Member:
         self.lease_until = 0  # ns of the member's clock; 0: no grant yet
         self.members = 0
         self.safe: int | None = None  # the coordinator's word on its safe share
+        self.soon = False  # the next refresh comes after an eighth of an interval
+        self._soon = 0  # such refreshes in a row
         self.throttled = 0  # provider refusals since the last report
         self.fallen_back = False
         self.safe_from = 0  # ns of the member's clock: from when the whole safe share applies
         self.refreshes = 0
+        self.measured = 0  # reports that ended a period long enough to measure demand
         self.failures = 0
         self.unreachable_since: float | None = None  # wall-clock seconds; None: answering
         self.last_error: str = ""
@@ -115,13 +118,17 @@ class Member:
         if self.known is not None:
             least = int(self.known.get("refresh_ms", "1000")) * 500_000  # half, in ns
             restore = {k: v for k, v in self.known.items() if k not in _TRANSIENT}
-        wants, has, used = self.share.report(self.clock.time_ns(), least)
+        now = self.clock.time_ns()
+        if self.known is not None and now - self.share.period_start >= least:
+            self.measured += 1  # a period long enough to measure a rate ends
+        wants, has, used = self.share.report(now, least)
         told = self._told()
         if told is not None:
             wants = told
-        elif self.refreshes == 1 and self.known is not None:
-            # just joined, demand not measured yet: ask for an equal share rather
-            # than nothing, so that the first callers need not wait a refresh
+        elif not self.measured and self.known is not None:
+            # just joined, demand not measured over a whole period yet: ask for
+            # an equal share rather than nothing, so that the first callers need
+            # not wait a refresh (the first period began before the first reply)
             equal = int(self.known.get("eff_m", "0")) // max(1, self.members)
             wants = max(wants, equal)
         throttled, self.throttled = self.throttled, 0
@@ -171,6 +178,11 @@ class Member:
         self.known = fields
         self.members = reply.members
         self.safe = reply.safe
+        # granted less than half its due while others hold the rest: they were
+        # asked to give it back now, so it asks again soon (a few times at most)
+        behind = reply.target is not None and reply.grant * 2 < reply.target
+        self.soon = behind and self._soon < _SOON
+        self._soon = self._soon + 1 if self.soon else 0
         freed = int(fields.get("freed_ms", "0"))
         settled = reply.now_ms - freed >= 2 * config.window_ns // 1_000_000
         self.share.apply(
@@ -310,6 +322,8 @@ class Member:
             _version, new, old = (int(part) for part in _text(data).split())
         except ValueError:
             return False
+        if new == old:  # a member behind asks the others to refresh: not itself
+            return not self.soon
         self.share.scale(new, old)
         if self.safe is not None and old > 0:
             self.safe = self.safe * new // old
@@ -317,13 +331,16 @@ class Member:
             self.known = {**self.known, "eff_m": str(new)}
         return True
 
-    def next_delay(self) -> float:
+    def next_delay(self, jitter: float | None = None) -> float:
         """Seconds to the next refresh: the resource's interval, jittered by 10%
-        so that a fleet started together does not refresh in step."""
+        (``jitter``, 0.9-1.1, else random) so that a fleet started together does
+        not refresh in step; an eighth of it after a reply that left it behind."""
         refresh = 1.0 if self.config is None else self.config.refresh
         if self.known is not None:
             refresh = int(self.known.get("refresh_ms", "1000")) / 1000
-        return refresh * random.uniform(0.9, 1.1)
+        if self.soon:
+            refresh /= 32
+        return refresh * (random.uniform(0.9, 1.1) if jitter is None else jitter)
 
     @property
     def grant(self) -> float:
@@ -334,8 +351,10 @@ class Member:
 
 
 # the coordinator's own bookkeeping: not restored after Redis lost the resource
-_TRANSIENT = frozenset({"seq", "rebuild_ms", "cut_ms", "raise_ms", "freed_ms"})
+_TRANSIENT = frozenset({"seq", "rebuild_ms", "cut_ms", "raise_ms", "freed_ms", "nudge_ms"})
 
+
+_SOON = 3  # quick refreshes in a row, at most
 
 _MOST = 2**40  # permits a window: far beyond any total, and exact in Lua's doubles
 

@@ -203,6 +203,7 @@ class Model:
             target = with_spare(algorithm, total, demands)[mine]
         granted = grant(target, total, others)
         taken = [piece for m in members if m is not me for piece in m.pieces]
+        self._nudge(now, granted, target)
         if now < self._num("rebuild_ms"):
             granted = min(granted, reported)
             if not me.pieces and _sound(pieces, total) and not _overlaps(pieces, taken):
@@ -216,7 +217,19 @@ class Model:
         self._save(me)
         held = sum(m.has for m in members)
         flat = [x for piece in me.pieces for x in piece]
-        return [1, me.has, held, flat, len(members), now, _flat(cfg), me.safe]
+        return [1, me.has, held, flat, len(members), now, _flat(cfg), me.safe, target]
+
+    def _nudge(self, now: int, granted: int, target: int) -> None:
+        """Others hold what this member is due: ask them to refresh now (see fleet.lua)."""
+        cfg = self.cfg
+        if (
+            granted * 2 < target
+            and now >= self._num("rebuild_ms")
+            and now - self._num("nudge_ms") >= self._num("refresh_ms") // 16
+        ):
+            cfg["nudge_ms"] = str(now)
+            eff = self._num("eff_m")
+            self.published.append(f"{cfg.get('version', '0')} {eff} {eff}")
 
     def _safe(self, now: int, me: _Member, members: list[_Member], total: int) -> int:
         """What it falls back to without Redis (see fleet.lua)."""

@@ -69,6 +69,10 @@ class Backend(Protocol):
         restore: dict[str, str] | None,
     ) -> Reply | None: ...
 
+    def messages(self, reply: Reply) -> list[Any]:
+        """What the refresh that gave ``reply`` published."""
+        ...
+
     def leave(self, member: str) -> None: ...
 
     def holds(self, member: str) -> bool:
@@ -123,6 +127,12 @@ class ModelBackend:
             restore=restore,
         )
         return parse_refresh(raw)
+
+    def messages(self, reply: Reply) -> list[Any]:
+        """What the last refresh published (a request to the others to refresh)."""
+        published = self.model.published[self._seen :]
+        self._seen = len(self.model.published)
+        return list(published)
 
     def leave(self, member: str) -> None:
         self.model.leave(self._ms(), member)
@@ -186,6 +196,12 @@ class RedisBackend:
             pieces=pieces,
             restore=restore,
         )
+
+    def messages(self, reply: Reply) -> list[Any]:
+        """What the last refresh published: it says so in the time of its nudge."""
+        if reply.fields.get("nudge_ms") != str(reply.now_ms):
+            return []
+        return [self._next("message")]
 
     def leave(self, member: str) -> None:
         self.coordinator.leave(member)

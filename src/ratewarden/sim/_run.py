@@ -300,7 +300,8 @@ class Run(Measures):
 
     def _schedule_refresh(self, node: Node) -> None:
         node.refresh_gen += 1
-        delay = self.s.refresh * self.rng.uniform(0.9, 1.1)  # as Member.next_delay
+        assert node.member is not None
+        delay = node.member.next_delay(self.rng.uniform(0.9, 1.1))
         self.push(self.clock.now + round(delay * 1e9), REFRESH, node.index, node.refresh_gen)
 
     def _refresh(self, node: Node) -> None:
@@ -323,6 +324,11 @@ class Run(Measures):
         self.coord_held = reply.held
         self._check_coordinator(reply.held, reply.effective_total)
         member.on_reply(reply, sent_at)
+        if self.s.pubsub:
+            delay = round(self.s.pubsub_ms * 1e6)
+            for message in self.backend.messages(reply):
+                for n in self.order:
+                    self.push(self.clock.now + delay, MESSAGE, n.index, message)
         node.refreshes += 1
         node.last_refresh = self.clock.now
         self._applied(node)
