@@ -60,7 +60,7 @@ def test_the_exit_codes_are_in_the_help_and_the_docs() -> None:
     assert EXIT_CODES in done.stdout
     docs = (ROOT / "docs" / "cli.md").read_text()
     codes = re.findall(r"^  (\d+) ", EXIT_CODES, re.M)
-    assert codes == ["0", "1", "2", "3", "4", "130"]
+    assert codes == ["0", "1", "2", "3", "4", "130", "141"]
     for code in codes:
         assert re.search(rf"^\| {code} \|", docs, re.M), f"exit code {code} not in docs/cli.md"
 

@@ -72,7 +72,8 @@ exit codes:
        does not load where a command needs it (check, bench), no such quota
   3    unreachable: the store (Redis) or the service did not answer, or failed
   4    a package the command needs is not installed (the message names the extra)
-  130  interrupted (Ctrl-C)"""
+  130  interrupted (Ctrl-C)
+  141  the reader of the output went away (| head): stopped quietly"""
 
 
 class CliError(Exception):
