@@ -5,9 +5,10 @@ The examples follow the conventions of ratewarden/cli.py's docstring: they run
 in a directory holding ``rules.yaml``, ``ratelimit-config.yaml`` and ``token``; the
 service at ``http://127.0.0.1:8080`` is one this module starts (on a free port,
 written in place of 8080); ``redis://127.0.0.1:6379/0`` is a redis-server of
-this module's own (its port written in place of 6379; the Redis holds a quota
-named ``partner-api``); a ``serve`` example is started on free ports, probed
-on ``/healthz`` and stopped; ``# exits N`` is the exit code expected.
+this module's own (its port written in place of 6379; the Redis holds the
+quotas ``partner-api`` and ``retired-api``, the one the ``delete`` example
+removes); a ``serve`` example is started on free ports, probed on ``/healthz``
+and stopped; ``# exits N`` is the exit code expected.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
     with redis_server() as redis:
         with redis.client() as client:
             set_quota(client, "partner-api", QuotaConfig("1000/second"))
+            set_quota(client, "retired-api", QuotaConfig("10/second"))
         with serving("--config", str(workdir / "rules.yaml"), "--token-file",
                      str(workdir / "token"), "--open-checks", tmp=workdir) as served:  # fmt: skip
             yield Fixtures(workdir, f"127.0.0.1:{served.http}", redis.port)

@@ -22,8 +22,12 @@ them as they are written:
   ``--token-file token --open-checks`` (checks need no token, admin calls
   do); the test writes its own service's host:port in place of
   ``127.0.0.1:8080``.
-- ``redis://127.0.0.1:6379/0`` is a Redis: the test writes its own server's
-  port in place of 6379, so no example touches a Redis the test did not start.
+- ``redis://127.0.0.1:6379/0`` is a Redis holding the quotas ``partner-api``
+  and ``retired-api`` (which the ``quota delete`` example removes): the test
+  writes its own server's port in place of 6379, so no example touches a Redis
+  the test did not start.
+- Each subcommand's examples run that subcommand alone: what one needs set up
+  first is set up by the test, never by an example of another command.
 - A ``serve`` example spells ``--http 127.0.0.1:8080`` and ``--grpc
   127.0.0.1:8081`` and ends with ``# runs until stopped``: the test gives it two
   free ports instead, waits until ``/healthz`` answers 200, stops it with

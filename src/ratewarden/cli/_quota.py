@@ -290,7 +290,6 @@ SHOW_EXAMPLES = examples(
 )
 LIST_EXAMPLES = examples("ratewarden quota list --store redis://127.0.0.1:6379/0 --json")
 DELETE_EXAMPLES = examples(
-    "ratewarden quota set retired-api 10/second --store redis://127.0.0.1:6379/0",
     "ratewarden quota delete retired-api --store redis://127.0.0.1:6379/0",
     "ratewarden quota delete no-such-quota --store redis://127.0.0.1:6379/0  # exits 2",
 )
