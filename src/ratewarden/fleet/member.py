@@ -170,7 +170,8 @@ class Member:
                 self.failures,
             )
             self.unreachable_since = None
-        self._check_config(config)
+        if not self.refreshes:  # joining: later changes are the operator's (`quota set`)
+            self._check_config(config)
         if config.window_ns != self.share.window_ns:
             self.share = Share(config.window_ns, pace=self.pace, now=now)
         elif reply.effective_total < self.share.line:  # a cut it did not hear of yet

@@ -275,7 +275,11 @@ class Run(Measures):
     def _join(self, node: Node) -> None:
         """`FleetQuota.start`: one refresh, then one more with an equal share's demand."""
         node.member = member = Member(
-            "simulated", node.clock, member_id=node.id, pace=self.s.pace, config=self.s.config()
+            "simulated",
+            node.clock,
+            member_id=node.id,
+            pace=self.s.pace,
+            config=self.s.config(total=self.total),  # as stored now
         )
         node.joined_at = self.clock.now
         self.order.append(node)
