@@ -96,9 +96,33 @@ def connect(url: str, timeout: float, *, asynchronous: bool = False) -> Any:
             return aioredis.Redis.from_url(url, **options)
         return redis.Redis.from_url(url, **options)
     except ValueError as exc:
-        raise ConfigurationError(f"bad Redis URL {url!r}: {exc}") from exc
+        said = _hidden(str(exc), url)
+        raise ConfigurationError(f"bad Redis URL {_redact(url)!r}: {said}") from exc
     except FAILURES as exc:
-        raise StoreUnavailable(f"redis: cannot reach {url!r}: {exc}") from exc
+        said = _hidden(str(exc), url)
+        raise StoreUnavailable(f"redis: cannot reach {_redact(url)!r}: {said}") from exc
+
+
+def _hidden(text: str, url: str) -> str:
+    """``text`` with the credentials of ``url`` replaced by ``***``, so an error
+    that quotes the URL, or a part of it, never shows a password: the user part
+    before ``@`` and the values of ``password=`` in the query, each matched with
+    the ``@`` or ``password=`` around it, never as a bare word that could be
+    anywhere in the text."""
+    _, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        text = text.replace(rest.rpartition("@")[0] + "@", "***@")
+    for pair in rest.partition("?")[2].split("&"):
+        name, _, value = pair.partition("=")
+        if name == "password" and value:
+            text = text.replace(f"password={value}", "password=***")
+    return text
+
+
+def _redact(url: str) -> str:
+    """``url`` as an error may show it: ``redis://***@host:6379/0``, as the
+    service and the CLI print a store's URL."""
+    return _hidden(url, url)
 
 
 def check_raw_replies(client: Any) -> None:
