@@ -77,6 +77,7 @@ class Share:
         "_calls",
         "_count",
         "_interval",
+        "_last",
         "_pending",
         "_returns",
         "_used",
@@ -92,15 +93,22 @@ class Share:
         "period_start",
         "pieces",
         "spent",
+        "strict",
         "tat",
         "window_ns",
     )
 
-    def __init__(self, window_ns: int, *, pace: bool = False, now: int = 0) -> None:
+    def __init__(
+        self, window_ns: int, *, pace: bool = False, now: int = 0, strict: bool = False
+    ) -> None:
         if window_ns <= 0:
             raise ValueError("window must be > 0")
         self.window_ns = window_ns
-        self.pace = pace
+        # strict: no stretch of one window, wherever it starts, holds more than
+        # the grant's whole permits: its permits at least window / grant apart,
+        # lateness not made up, a larger grant from when the coordinator says
+        self.strict = strict
+        self.pace = pace or strict
         self.grant = self.held = 0
         self.pieces: tuple[Piece, ...] = ()
         self.line = 0  # the effective total the pieces are laid out on (0: unknown)
@@ -111,6 +119,7 @@ class Share:
         self._used = 0
         self._interval = window_ns
         self.tat = 0
+        self._last = (0, 0)  # strict: the last permit's due time and cost
         self.asked = 0  # permits asked for since the last report
         self.extra = 0.0  # what the callers' waiting hid of their demand, since then
         self.spent = 0  # permits spent since the last report
@@ -133,6 +142,7 @@ class Share:
         *,
         settled: bool = False,
         line: int = 0,
+        not_before: int = 0,
     ) -> None:
         """A grant from the coordinator (millipermits per window) and where it
         lies, on a line of ``line`` (the effective total the coordinator laid it
@@ -142,13 +152,14 @@ class Share:
             raise ValueError(f"incoherent grant {grant}/{held} in {pieces}")
         w = now // self.window_ns
         if not settled and not within(pieces, self.pieces):
-            self._pending = (grant, held, pieces, w + 1, line)
+            start = max(w + 1, -(-not_before // self.window_ns))  # ``not_before``: strict's
+            self._pending = (grant, held, pieces, start, line)
             return
         self._pending = None
         self.grant, self.held, self.pieces, self.line = grant, held, pieces, line
         if self._w == w:  # less space: this window may spend no more than it allows
             self._count = min(self._count, self.permits(w))
-            self._interval = self.window_ns // self._count if self._count else self.window_ns
+            self._space()
 
     def scale(self, new_total: int, old_total: int) -> None:
         """The total was cut from ``old_total`` to ``new_total``: every member's
@@ -176,7 +187,7 @@ class Share:
         self.held = self.held * new_total // old_total
         if self._w >= 0:
             self._count = min(self._count, self.permits(self._w))
-            self._interval = self.window_ns // self._count if self._count else self.window_ns
+            self._space()
 
     def permits(self, w: int) -> int:
         """Whole permits this member may spend in window ``w``."""
@@ -210,8 +221,23 @@ class Share:
             self._pending = None
         self._w = w
         self._used = 0
-        count = self._count = self.permits(w)
-        self._interval = self.window_ns // count if count else self.window_ns
+        self._count = self.permits(w)
+        self._space()
+
+    def _space(self) -> None:
+        """The spacing of paced permits: the window over its permits; strict,
+        over the grant's whole permits, rounded up, and counted from the last
+        permit spent (a smaller grant spaces the next one further at once)."""
+        window = self.window_ns
+        if not self.strict:
+            count = self._count
+            self._interval = window // count if count else window
+            return
+        whole = self.grant // MILLI
+        self._interval = -(-window // whole) if whole else window
+        due, cost = self._last
+        if cost:
+            self.tat = due + self._interval * cost
 
     def take(self, now: int, cost: int = 1) -> int:
         """Spend ``cost`` permits at ``now``: 0 when granted, else the nanoseconds
@@ -229,8 +255,13 @@ class Share:
             # a caller that wakes late (by less than an interval) keeps the
             # schedule: the next slot stays where it was, so lateness costs no
             # permit; after an idle spell the schedule starts again from now
+            # (strict: always from now, so no two permits come closer)
             interval = self._interval
-            self.tat = (tat if tat >= now - interval else now) + interval * cost
+            if self.strict:
+                self._last = (now, cost)
+                self.tat = now + interval * cost
+            else:
+                self.tat = (tat if tat >= now - interval else now) + interval * cost
         self._used += cost
         self.spent += cost
         return 0
@@ -259,6 +290,7 @@ class Share:
             if now < tat:
                 if tat >= (w + 1) * window or tat - now > patience:
                     return False, tat - now
+                self._last = (tat, cost)
                 self.tat = tat + self._interval * cost
                 self._used += cost
                 self.spent += cost

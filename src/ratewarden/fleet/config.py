@@ -58,7 +58,11 @@ class QuotaConfig:
     window; the coordinator keeps the members' safe shares within the total.
     ``adaptive``: lower the total when the provider refuses members that kept
     their shares, raise it back additively up to ``rate``, never below ``floor``
-    permits a window.
+    permits a window. ``sliding``: for a provider that counts any rolling
+    window, not aligned ones: no stretch of one window, wherever it starts, sees
+    more than the total from the fleet (paced, permits spaced evenly, space that
+    moves between members taken up a window after it was given up), at a cost in
+    utilisation (docs/fleet.md).
     """
 
     rate: Rate
@@ -69,6 +73,7 @@ class QuotaConfig:
     cap: int = 0
     adaptive: bool = False
     floor: int = 1
+    sliding: bool = False
 
     def __init__(
         self,
@@ -81,6 +86,7 @@ class QuotaConfig:
         cap: int = 0,
         adaptive: bool = False,
         floor: int = 1,
+        sliding: bool = False,
     ) -> None:
         values = {
             "rate": parse_rate(rate),
@@ -91,6 +97,7 @@ class QuotaConfig:
             "cap": cap,
             "adaptive": adaptive,
             "floor": floor,
+            "sliding": sliding,
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -128,6 +135,8 @@ class QuotaConfig:
             raise ConfigurationError("the static algorithm needs cap, the permits per member")
         if not isinstance(self.adaptive, bool):
             raise ConfigurationError(f"adaptive must be true or false, got {self.adaptive!r}")
+        if not isinstance(self.sliding, bool):
+            raise ConfigurationError(f"sliding must be true or false, got {self.sliding!r}")
 
     @property
     def window_ns(self) -> int:
@@ -145,6 +154,7 @@ class QuotaConfig:
             "cap_m": str(self.cap * MILLI),
             "adaptive": "1" if self.adaptive else "0",
             "floor_m": str(min(self.floor, self.rate.limit) * MILLI),
+            "sliding": "1" if self.sliding else "0",
         }
 
     @classmethod
@@ -164,6 +174,7 @@ class QuotaConfig:
                 cap=int(fields.get("cap_m", "0")) // MILLI,
                 adaptive=fields.get("adaptive") == "1",
                 floor=int(fields.get("floor_m", "1000")) // MILLI,
+                sliding=fields.get("sliding") == "1",
             )
         except (KeyError, ValueError) as exc:
             raise ConfigurationError(f"unreadable quota configuration {fields!r}: {exc}") from exc
@@ -176,6 +187,8 @@ class QuotaConfig:
             parts.append(f"cap {self.cap}")
         if self.adaptive:
             parts.append(f"adaptive, floor {self.floor}")
+        if self.sliding:
+            parts.append("sliding")
         return ", ".join(parts)
 
     def but(self, **changes: Any) -> QuotaConfig:

@@ -90,7 +90,8 @@ class Member:
         self.config = config  # what to create the resource with, if it does not exist
         self.known: dict[str, str] | None = None  # the coordinator's fields, last seen
         window = config.window_ns if config is not None else 1_000_000_000
-        self.share = Share(window, pace=pace, now=clock.time_ns())
+        strict = config is not None and config.sliding
+        self.share = Share(window, pace=pace, now=clock.time_ns(), strict=strict)
         self.lease_until = 0  # ns of the member's clock; 0: no grant yet
         self.members = 0
         self.safe: int | None = None  # the coordinator's word on its safe share
@@ -172,8 +173,8 @@ class Member:
             self.unreachable_since = None
         if not self.refreshes:  # joining: later changes are the operator's (`quota set`)
             self._check_config(config)
-        if config.window_ns != self.share.window_ns:
-            self.share = Share(config.window_ns, pace=self.pace, now=now)
+        if config.window_ns != self.share.window_ns or config.sliding != self.share.strict:
+            self.share = Share(config.window_ns, pace=self.pace, now=now, strict=config.sliding)
         elif reply.effective_total < self.share.line:  # a cut it did not hear of yet
             self.share.scale(reply.effective_total, self.share.line)
         self.known = fields
@@ -186,8 +187,24 @@ class Member:
         self._soon = self._soon + 1 if self.soon else 0
         freed = int(fields.get("freed_ms", "0"))
         settled = reply.now_ms - freed >= 2 * config.window_ns // 1_000_000
+        not_before = 0
+        if config.sliding:
+            # space given up at freed_ms (the coordinator's clock) is taken up a
+            # whole window later, whatever the clocks, so that no stretch of one
+            # window holds both the old holder's permits and the new one's: the
+            # round trip bounds how late the old holder heard of its cut
+            rtt = max(0, now - sent_at)
+            given_up = now + (freed - reply.now_ms) * 1_000_000
+            not_before = given_up + config.window_ns + 2 * rtt + SLIDING_MARGIN_NS
+            settled = not_before <= now
         self.share.apply(
-            reply.grant, reply.held, reply.pieces, now, settled=settled, line=reply.effective_total
+            reply.grant,
+            reply.held,
+            reply.pieces,
+            now,
+            settled=settled,
+            line=reply.effective_total,
+            not_before=not_before,
         )
         self.lease_until = sent_at + round(config.lease * 1e9)
         self.fallen_back = False
@@ -354,6 +371,8 @@ class Member:
 # the coordinator's own bookkeeping: not restored after Redis lost the resource
 _TRANSIENT = frozenset({"seq", "rebuild_ms", "cut_ms", "raise_ms", "freed_ms", "nudge_ms"})
 
+
+SLIDING_MARGIN_NS = 20_000_000  # for a member's reply read late, beyond its round trip
 
 _SOON = 3  # quick refreshes in a row, at most
 

@@ -207,6 +207,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--closed", type=int, default=None,
         help="only the first N members with demand have workers; the others arrive"
              " open-loop")  # fmt: skip
+    add("--sliding", action="store_true",
+        help="the resource's sliding mode: no stretch of one window, wherever it starts,"
+             " over the total (see rolling_max)")  # fmt: skip
     add("--warmup", type=float, default=5.0,
         help="seconds left out of utilisation (default 5)")  # fmt: skip
     where = parser.add_mutually_exclusive_group()
@@ -251,6 +254,7 @@ def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
             workers=args.workers,
             think_ms=args.think_ms,
             closed=args.closed,
+            sliding=args.sliding,
         )
         for algorithm in algorithms
     ]

@@ -78,6 +78,7 @@ class Measures:
         k = offset // self.window
         if k < self.windows:
             self.r.admitted[k] += 1
+            self.r.times.append(offset)
             self.r.bins[offset * BINS // self.window] += 1
             self.r.member_windows[node.index][k] += 1
             if k >= self.r.warmup:

@@ -49,8 +49,23 @@ class Result:
     held: list[tuple[float, float]] = field(default_factory=list)  # per window: coord, local
     member_admitted: list[int] = field(default_factory=list)  # after the warm-up
     member_windows: list[list[int]] = field(default_factory=list)  # per member, per window
+    times: list[int] = field(default_factory=list)  # each admission, ns from the start
     events: int = 0
     wall: float = 0.0
+
+    @property
+    def rolling_max(self) -> int:
+        """The most admissions in any stretch of one window, wherever it starts
+        (half open, on the provider's clock), after the warm-up."""
+        window = self.scenario.window_ns
+        start = self.warmup * window
+        times = [t for t in self.times if t >= start]
+        most = first = 0
+        for last, t in enumerate(times):
+            while times[first] <= t - window:
+                first += 1
+            most = max(most, last - first + 1)
+        return most
 
     @property
     def over(self) -> list[tuple[int, int, int]]:
@@ -160,6 +175,7 @@ class Result:
             "utilisation": self.utilisation,
             "windows_over": len(self.over),
             "max_excess_pct": self.max_excess,
+            "rolling_max": self.rolling_max,
             "grants_coordinator_max_ratio": self.coord_max,
             "grants_coordinator_violations": self.coord_violations,
             "grants_members_max_ratio": self.local_max,

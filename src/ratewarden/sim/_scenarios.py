@@ -48,6 +48,7 @@ class Scenario:
     workers: int = 0  # closed-loop callers per member with demand; 0: open-loop arrivals
     think_ms: float = 0.0  # a worker's time between being served and asking again
     closed: int | None = None  # only the first K members with demand have workers; None: all
+    sliding: bool = False  # the resource's strict mode for rolling-window providers
 
     def __post_init__(self) -> None:
         rate = parse_rate(self.rate)
@@ -122,6 +123,7 @@ class Scenario:
             refresh=self.refresh,
             lease=self.lease,
             cap=cap,
+            sliding=self.sliding,
         )
 
     def but(self, **changes: Any) -> Scenario:
