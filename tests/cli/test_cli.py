@@ -41,6 +41,10 @@ def one_line(capsys: Capture) -> str:
         (["nosuch"], "ratewarden: argument COMMAND: invalid choice: 'nosuch'"),
         (["bench", "--algorithm", "lottery"], "ratewarden bench: argument --algorithm"),
         (["quota"], "ratewarden quota: the following arguments are required: VERB"),
+        # an option no parser knows: the command's parser says so, not the top level's
+        (["check", "rules.yaml", "--bogus"], "ratewarden check: unrecognized arguments: --bogus"),
+        (["quota", "set", "q", "--bogus"], "ratewarden quota set: unrecognized arguments: --bogus"),
+        (["demo", "extra"], "ratewarden demo: unrecognized arguments: extra"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_code_2(

@@ -31,6 +31,7 @@ import pytest
 
 from ratewarden.cli import help_texts
 from ratewarden.fleet import QuotaConfig, set_quota
+from ratewarden.rules import load
 from tests.redis_server import free_port, redis_server
 from tests.server.conftest import ENVOY
 from tests.server.process import RATEWARDEN, serving
@@ -98,6 +99,33 @@ def test_every_command_has_examples_that_it_runs() -> None:
     assert commands == set(texts)
     assert {"ratewarden check", "ratewarden bench", "ratewarden serve",
             "ratewarden quota set", "ratewarden simulate"} <= commands  # fmt: skip
+
+
+def request_of(example: Example) -> dict[str, str]:
+    """The attributes an example gives a request: its ``NAME=VALUE`` words and
+    ``--attr``s, not its ``--header``s or ``--load``s."""
+    attributes = {}
+    for before, word in zip(example.words, example.words[1:], strict=False):
+        name, equals, value = word.partition("=")
+        if equals and name.isidentifier() and before not in ("--header", "--load"):
+            attributes[name] = value
+    return attributes
+
+
+def test_an_example_request_meets_the_rules_written_for_it() -> None:
+    # Any path meets the catch-all rules (per-user, service-wide): an example
+    # shows a path that a rule names, as a reader would send it (the rule may
+    # still skip an anonymous request, for want of its `by`)
+    rules = load(ROOT / "examples" / "rules.yaml")
+    seen = 0
+    for example in EXAMPLES:
+        request = request_of(example)
+        if "path" in request:
+            seen += 1
+            met = [e.rule.name for e in rules.explain(request)
+                   if e.rule.paths and e.verdict != "no match"]  # fmt: skip
+            assert met, f"no rule names the path of: {example}"
+    assert seen >= 8
 
 
 def test_the_parser_understands_a_comment() -> None:

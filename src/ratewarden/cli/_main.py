@@ -74,7 +74,7 @@ DESCRIPTION = "Rate limiting: a service, rule files, fleet quotas, and the tools
 TOP_EXAMPLES = examples(
     "ratewarden check-config rules.yaml",
     "ratewarden check rules.yaml method=POST path=/api/login ip=10.0.0.5",
-    "ratewarden check --url http://127.0.0.1:8080 method=GET path=/api/orders user=u1",
+    "ratewarden check --url http://127.0.0.1:8080 method=GET path=/api/v1/orders user=u1",
     "ratewarden serve --config rules.yaml --http 127.0.0.1:8080 --grpc 127.0.0.1:8081"
     "  # runs until stopped",
     "ratewarden bench --algorithm gcra --seconds 0.2",
@@ -90,12 +90,12 @@ SERVE_EXAMPLES = examples(
 )
 
 CHECK_EXAMPLES = examples(
-    "ratewarden check rules.yaml method=GET path=/api/orders user=u1",
+    "ratewarden check rules.yaml method=GET path=/api/v1/orders user=u1",
     "ratewarden check rules.yaml method=POST path=/api/login ip=10.0.0.5 --times 6  # exits 1",
-    "ratewarden check rules.yaml method=GET path=/api/orders ip=10.0.0.5 --json",
-    "ratewarden check rules.yaml method=GET path=/api/orders user=u1"
+    "ratewarden check rules.yaml method=GET path=/api/v1/orders ip=10.0.0.5 --json",
+    "ratewarden check rules.yaml method=GET path=/api/v1/orders user=u1"
     " --store redis://127.0.0.1:6379/0",
-    "ratewarden check --url http://127.0.0.1:8080 method=GET path=/api/orders user=u1",
+    "ratewarden check --url http://127.0.0.1:8080 method=GET path=/api/v1/orders user=u1",
     "ratewarden check --url http://127.0.0.1:8080 --token-file token method=POST"
     " path=/api/login ip=10.0.0.7 --times 6 --json  # exits 1",
 )
@@ -108,7 +108,7 @@ CHECK_CONFIG_EXAMPLES = examples(
 
 EXPLAIN_EXAMPLES = examples(
     "ratewarden explain rules.yaml method=POST path=/api/login ip=10.0.0.5",
-    "ratewarden explain rules.yaml --attr user=u1 --attr path=/api/search"
+    "ratewarden explain rules.yaml method=GET path=/api/v1/orders --attr user=u1"
     " --header X-Forwarded-For=198.51.100.4 --json",
 )
 
@@ -116,7 +116,7 @@ BENCH_EXAMPLES = examples(
     "ratewarden bench --seconds 0.2",
     "ratewarden bench --algorithm sliding_window_counter --rate 100/second --keys 10"
     " --seconds 0.2 --json",
-    "ratewarden bench rules.yaml method=GET path=/api/orders user=u1 --vary user --seconds 0.2",
+    "ratewarden bench rules.yaml method=GET path=/api/v1/orders user=u1 --vary user --seconds 0.2",
     "ratewarden bench --algorithm gcra --store redis://127.0.0.1:6379/0 --seconds 0.2",
 )
 
@@ -235,6 +235,18 @@ def _subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentP
                 yield from _subcommands(child)
 
 
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command ``args`` runs (``ratewarden quota set``'s for
+    ``quota set``): the one to report an option no parser on the way knew, so
+    that the error names the command and the help that lists its options."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            child = action.choices.get(getattr(args, action.dest, None) or "")
+            if isinstance(child, argparse.ArgumentParser):
+                return _chosen(child, args)
+    return parser
+
+
 def help_texts() -> dict[str, str]:
     """Every command's ``--help``, by its name (``ratewarden``, ``ratewarden quota
     set``, ...), each as its parser prints it."""
@@ -350,7 +362,7 @@ def _main(argv: Sequence[str] | None) -> int:
     ):
         args.words.extend(extra)
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     where = f"ratewarden {args.command}"
     try:
         return _run(args)
