@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from ratewarden.cli import help_texts
+from ratewarden.cli import help_texts, main
 from ratewarden.fleet import QuotaConfig, set_quota
 from ratewarden.rules import load
 from tests.redis_server import free_port, redis_server
@@ -85,6 +85,7 @@ def collect() -> list[Example]:
 
 
 EXAMPLES = collect()
+Capture = pytest.CaptureFixture[str]
 
 
 def test_every_command_has_examples_that_it_runs() -> None:
@@ -126,6 +127,35 @@ def test_an_example_request_meets_the_rules_written_for_it() -> None:
                    if e.rule.paths and e.verdict != "no match"]  # fmt: skip
             assert met, f"no rule names the path of: {example}"
     assert seen >= 8
+
+
+def header_commands(path: Path) -> list[str]:
+    """The ``ratewarden ...`` commands of a file's opening comment, each joined
+    across its ``\\`` continuations."""
+    commands: list[str] = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("# ")
+        if commands and commands[-1].endswith("\\"):
+            commands[-1] = f"{commands[-1][:-1].rstrip()} {text}"
+        elif found := re.search(r":\s+(ratewarden .*)", text):  # "See ...: ratewarden ..."
+            commands.append(found.group(1))
+    return commands
+
+
+def test_the_commands_of_the_example_rule_file_run_as_written(
+    capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands = header_commands(ROOT / "examples" / "rules.yaml")
+    assert [c.split()[1] for c in commands] == ["check-config", "explain"]
+    monkeypatch.chdir(ROOT)  # they name examples/rules.yaml from the repository's root
+    for command in commands:
+        words = shlex.split(command)[1:]
+        # a request is NAME=VALUE words, as in every --help example
+        assert "--attr" not in words, command
+        assert main(words) == 0, command
+        assert "login-per-ip" in capsys.readouterr().out
 
 
 def test_the_parser_understands_a_comment() -> None:
