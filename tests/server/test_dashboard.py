@@ -466,3 +466,19 @@ def test_the_page_has_a_banner_for_a_store_that_does_not_answer() -> None:
     assert page.index('id="store-banner"') < page.index('id="login"')  # above everything
     script = (folder / "app.js").read_text()
     assert "banner.hidden = store.ok;" in script
+
+
+def test_the_docs_say_what_each_part_of_the_page_shows() -> None:
+    """docs/dashboard.md's table has a row for each part of the page: each titled
+    card, and the store banner above them."""
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "src" / "ratewarden" / "server" / "dashboard" / "index.html").read_text()
+    main = page[page.index('<main id="main"') :]
+    titles = {
+        re.sub(r"<small.*", "", t).strip().lower() for t in re.findall(r"<h2>(.*?)</h2>", main)
+    }
+    docs = (root / "docs" / "dashboard.md").read_text()
+    table = docs.partition("## What it shows\n\n")[2].partition("\n\n")[0]
+    parts = {line.split("|")[1].strip() for line in table.strip().splitlines()[2:]}
+    assert 'id="store-banner"' in page
+    assert parts == titles | {"store banner"}
