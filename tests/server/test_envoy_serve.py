@@ -3,6 +3,7 @@ loaded, watched and reloaded; bad envoy input is a clear error, never a tracebac
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import textwrap
 import time
@@ -70,3 +71,32 @@ def test_bad_envoy_input_is_an_error_not_a_traceback(rules_file: Path, tmp_path:
         assert done.returncode == 2, (args, done.stderr)  # a usage error
         assert words in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+def test_without_a_rule_file_a_reload_loads_the_envoy_files(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "edge.yaml").write_text(EDGE.format(n=1))
+    # the watcher off: only SIGHUP and POST /v1/reload load the files again
+    args = ["--envoy-config", str(config), "--envoy-reload-interval", "0"]
+    with serving(*args, tmp=tmp_path) as served, httpx.Client(base_url=served.url) as client:
+        assert [check(client, "a") for _ in range(2)] == [True, False]
+        (config / "edge.yaml").write_text(EDGE.format(n=3))
+        reloaded = client.post("/v1/reload")
+        assert reloaded.status_code == 200, reloaded.text
+        answer = reloaded.json()
+        assert answer["loaded"] == ["envoy"]
+        assert answer["envoy_domains"] == ["edge"]
+        assert [check(client, "b") for _ in range(4)] == [True, True, True, False]
+
+        (config / "edge.yaml").write_text(EDGE.format(n=5))
+        served.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10  # waiting for the reload to run, not a clock edge
+        while served.stderr.read_text().count("envoy config reloaded") < 2:
+            assert time.monotonic() < deadline, served.stderr.read_text()
+            time.sleep(0.05)
+        assert [check(client, "c") for _ in range(6)] == [True] * 5 + [False]
+        assert served.terminate() == 0
+    log = served.stderr.read_text()
+    assert "no file to reload" not in log
+    assert "Traceback" not in log

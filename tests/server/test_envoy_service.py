@@ -14,10 +14,11 @@ import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from ratewarden import AsyncMemoryStore, FakeClock
+from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock
 from ratewarden.envoy._runtime import EnvoyOptions
 from ratewarden.server import Service
 from ratewarden.server._grpc import METHOD, GrpcServer, messages
+from ratewarden.server._serve import no_rules
 
 from .test_grpc import request
 
@@ -266,3 +267,30 @@ def test_an_empty_descriptor_of_an_envoy_domain_is_ok(rules_file: Path, edge: Pa
     assert answer.overall_code == 1
     assert [s.code for s in answer.statuses] == [1, 1]
     assert answer.statuses[1].current_limit.requests_per_unit == 2
+
+
+def test_a_reload_says_what_it_loaded(rules_file: Path, tmp_path: Path) -> None:
+    """The rule file and the envoy files; without a rule file (rules given in
+    memory) the envoy files alone; with neither, nothing, and a clear error."""
+    edge = tmp_path / "edge.yaml"
+    edge.write_text(EDGE)
+
+    async def main() -> None:
+        both = await service_with(rules_file, edge).reload()
+        assert both["loaded"] == ["rules", "envoy"]
+        assert both["envoy_domains"] == ["edge"]
+        assert both["rules"] == 5
+
+        service = Service(no_rules(), AsyncMemoryStore(), envoy_files=(edge,))
+        edge.write_text(EDGE.replace("domain: edge", "domain: edge2"))
+        alone = await service.reload()
+        assert alone == {"reloaded": True, "loaded": ["envoy"], "rules": 0, "warnings": [],
+                         "envoy_domains": ["edge2"]}  # fmt: skip
+        assert service.envoy is not None
+        assert set(service.envoy.domains) == {"edge2"}
+
+        nothing = Service(no_rules(), AsyncMemoryStore())
+        with pytest.raises(ConfigurationError, match="no file to reload, and no envoy config"):
+            await nothing.reload()
+
+    asyncio.run(main())

@@ -40,9 +40,11 @@ def load_envoy(service: Service) -> AsyncEnvoyConfig | None:
 
 
 async def reload(service: Service) -> dict[str, Any]:
-    """Load the rule file (and envoy files) again; what ``/v1/reload`` answers."""
+    """Load the rule file and the envoy files again; what ``/v1/reload`` answers.
+    Rules given in memory (``serve`` without ``--config``) have no file: then
+    the envoy files alone, and with none of those either there is nothing to do."""
     async with service.reloading:
-        return await _reload(service, envoy=True)
+        return await _reload(service, envoy=bool(service.envoy_files))
 
 
 async def reload_rules(service: Service) -> dict[str, Any]:
@@ -54,29 +56,46 @@ async def reload_rules(service: Service) -> dict[str, Any]:
 
 async def _reload(service: Service, *, envoy: bool) -> dict[str, Any]:
     engine = service.engine
+    path = engine.path
     try:
-        if engine.path is None:
-            raise ConfigurationError("the rules were given in memory: no file to reload")
+        if path is None and not envoy:
+            raise ConfigurationError(
+                "the rules were given in memory: no file to reload"
+                + ("" if service.envoy_files else ", and no envoy config (--envoy-config)")
+            )
         # compiling 10,000 rules takes seconds: not on the event loop. Both files
         # load before either goes in force: a bad envoy file keeps the old rules.
-        ruleset = await asyncio.to_thread(load, engine.path)
+        ruleset = None if path is None else await asyncio.to_thread(load, path)
         envoy_config = await asyncio.to_thread(load_envoy, service) if envoy else None
     except ConfigurationError as exc:
         engine.last_error = exc
         service.metrics.reloads.labels("failed").inc()
         service.dashboard.reload_done(str(exc))
         raise
-    engine.use(ruleset)
-    engine.last_error = None
-    for warning in ruleset.warnings:
-        log.warning("%s", warning)
+    loaded = []
+    if ruleset is not None:
+        engine.use(ruleset)
+        engine.last_error = None
+        for warning in ruleset.warnings:
+            log.warning("%s", warning)
+        service.metrics.rules.set(len(ruleset))
+        loaded.append("rules")
+        log.info("rules reloaded: %d rules", len(ruleset))
     if envoy_config is not None:
         service.envoy = envoy_config  # the same limiter names and keys: counters carry on
+        loaded.append("envoy")
+        log.info("envoy config reloaded: domains %s", sorted(envoy_config.domains))
     service.metrics.reloads.labels("ok").inc()
     service.dashboard.reload_done(None)
-    service.metrics.rules.set(len(ruleset))
-    log.info("rules reloaded: %d rules", len(ruleset))
-    return {"reloaded": True, "rules": len(ruleset), "warnings": list(ruleset.warnings)}
+    answer: dict[str, Any] = {
+        "reloaded": True,
+        "loaded": loaded,
+        "rules": len(engine.ruleset),
+        "warnings": [] if ruleset is None else list(ruleset.warnings),
+    }
+    if envoy_config is not None:
+        answer["envoy_domains"] = sorted(envoy_config.domains)
+    return answer
 
 
 async def reload_envoy(service: Service) -> None:
