@@ -248,15 +248,22 @@ def test_a_call_more_or_less_is_the_same_demand() -> None:
 def test_new_space_waits_for_the_window_edge_unless_settled() -> None:
     """Space another member gave up in this window may be spent already: a grant
     that takes new space (grows, or moves) applies from the next window edge,
-    unless the coordinator says nobody gave any up for two windows."""
+    unless the coordinator says nobody gave any up for two windows. Meanwhile
+    the member spends only what it keeps of its old space: the coordinator
+    counts the new pieces as its, and may hand the old ones to another."""
     now = W0 * S
     moved = Share(S)
     given_grant(moved, 3000, now)
     moved.apply(3000, 3000, piece(5000, 3000), now + 1)  # the same grant elsewhere
-    assert moved.pieces == piece(0, 3000)
+    assert moved.pieces == ()  # none of the old space is its any more
     assert moved.position == piece(5000, 3000)  # what it reports as held
     assert moved.window_state(now + S) == (3, 0)
     assert moved.pieces == piece(5000, 3000)
+    partly = Share(S)
+    given_grant(partly, 3000, now)
+    partly.apply(4000, 4000, piece(1000, 4000), now + 1)  # keeps 1000-3000, takes more
+    assert partly.pieces == piece(1000, 2000)
+    assert partly.grant == 2000
     fresh = Share(S)
     fresh.apply(3000, 3000, piece(0, 3000), now)
     assert fresh.take(now) > 0

@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from .alloc import Piece, scaled, within
+from .alloc import Piece, common, scaled, within
 
 __all__ = ["Share"]
 
@@ -152,6 +152,16 @@ class Share:
             raise ValueError(f"incoherent grant {grant}/{held} in {pieces}")
         w = now // self.window_ns
         if not settled and not within(pieces, self.pieces):
+            # until then it spends only what it holds of the new pieces: a grant
+            # that replaces a pending one may keep less of what it spends now,
+            # and the coordinator counts only the new pieces as its
+            kept = tuple(common(self.pieces, pieces))
+            if kept != self.pieces:
+                self.grant = sum(length for _, length in kept)
+                self.pieces = kept
+                if self._w == w:
+                    self._count = min(self._count, self.permits(w))
+                    self._space()
             start = max(w + 1, -(-not_before // self.window_ns))  # ``not_before``: strict's
             self._pending = (grant, held, pieces, start, line)
             return

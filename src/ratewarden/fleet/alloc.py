@@ -204,6 +204,17 @@ def within(pieces: Sequence[Piece], space: Sequence[Piece]) -> bool:
     )
 
 
+def common(pieces: Sequence[Piece], space: Sequence[Piece]) -> list[Piece]:
+    """The parts of ``pieces`` that lie inside ``space``, in order."""
+    out = []
+    for start, length in sorted(pieces):
+        for s, n in sorted(space):
+            first, last = max(start, s), min(start + length, s + n)
+            if first < last:
+                out.append((first, last - first))
+    return out
+
+
 def scaled(pieces: Sequence[Piece], new_total: int, old_total: int) -> list[Piece]:
     """Pieces on a line cut from ``old_total`` to ``new_total``: each start and
     length scaled down (rounded down, so that pieces apart stay apart); the

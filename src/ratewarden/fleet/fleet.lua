@@ -348,6 +348,7 @@ if not me then
   if reported > 0 then rebuild(cfg) end  -- it spends space this script forgot
 end
 me.expires = now + num(cfg, 'lease_ms')
+local fell = (me.wants or 0) - wants  -- how far its demand fell since its last report
 me.wants, me.used = wants, used
 
 local refresh_ms = num(cfg, 'refresh_ms')
@@ -392,10 +393,12 @@ for _, m in ipairs(members) do
   end
 end
 -- a member granted less than half its due (it joined, or its demand came
--- back) while others hold the rest: they are asked to refresh now rather than
--- at their next interval (a message as a change of the total to itself), at
--- most 16 times an interval, and it asks again soon (the reply's target)
-if grant * 2 < target and now >= num(cfg, 'rebuild_ms')
+-- back) while others hold the rest, or whose demand fell by a tenth of the
+-- total (what it gives up is the others' due): the others are asked to refresh
+-- now rather than at their next interval (a message as a change of the total
+-- to itself), at most 16 times an interval; one left behind asks again soon
+-- (the reply's target)
+if (grant * 2 < target or fell * 10 >= total) and now >= num(cfg, 'rebuild_ms')
     and now - num(cfg, 'nudge_ms') >= fdiv(refresh_ms, 16) then
   cfg.nudge_ms = tostring(now)
   redis.call('HSET', CFG, 'nudge_ms', now)

@@ -188,6 +188,7 @@ class Model:
             if reported > 0:  # its record ended while it spent (see fleet.lua)
                 self._rebuild(now)
         me.expires = now + self._num("lease_ms")
+        fell = me.wants - wants  # how far its demand fell (see fleet.lua)
         me.wants, me.used = wants, used
 
         if cfg.get("adaptive") == "1":
@@ -203,7 +204,7 @@ class Model:
             target = with_spare(algorithm, total, demands)[mine]
         granted = grant(target, total, others)
         taken = [piece for m in members if m is not me for piece in m.pieces]
-        self._nudge(now, granted, target)
+        self._nudge(now, granted, target, fell * 10 >= self._num("eff_m"))
         if now < self._num("rebuild_ms"):
             granted = min(granted, reported)
             if not me.pieces and _sound(pieces, total) and not _overlaps(pieces, taken):
@@ -219,11 +220,12 @@ class Model:
         flat = [x for piece in me.pieces for x in piece]
         return [1, me.has, held, flat, len(members), now, _flat(cfg), me.safe, target]
 
-    def _nudge(self, now: int, granted: int, target: int) -> None:
-        """Others hold what this member is due: ask them to refresh now (see fleet.lua)."""
+    def _nudge(self, now: int, granted: int, target: int, fell: bool) -> None:
+        """Others hold what this member is due, or may take what its fall in
+        demand gives up: ask them to refresh now (see fleet.lua)."""
         cfg = self.cfg
         if (
-            granted * 2 < target
+            (granted * 2 < target or fell)
             and now >= self._num("rebuild_ms")
             and now - self._num("nudge_ms") >= self._num("refresh_ms") // 16
         ):
