@@ -174,3 +174,159 @@ def screenshot(page: Page, served: Served, tmp_path: Path) -> None:
     assert shot.stat().st_size > 10_000
     if os.environ.get("RATEWARDEN_SCREENSHOT") == "1":
         shutil.copyfile(shot, ROOT / "docs" / "dashboard.png")
+
+
+# An operator's envoy config: descriptors nested three deep, values as long as
+# the ones gateways send (IPv6 addresses, SPIFFE ids), on top of YAML rules of
+# which one has a long name and several `by` attributes, and one sees no traffic.
+WIDE_RULES = textwrap.dedent("""
+    version: 1
+    rules:
+      - name: api
+        rate: 5/hour
+        algorithm: token_bucket
+        by: user
+        match: {paths: /api}
+      - name: partner-exports-per-tenant-region-and-user
+        rate: [20/hour, 200/day]
+        algorithm: token_bucket
+        by: [tenant, region, user]
+        match: {paths: /exports}
+      - name: once
+        rate: 100/hour
+        algorithm: token_bucket
+        by: user
+        match: {paths: /once}
+      - name: idle
+        rate: 3/hour
+        by: ip
+        match: {paths: /idle}
+""")
+EDGE = textwrap.dedent("""
+    domain: edge
+    descriptors:
+      - key: generic_key
+        value: partner-api
+        descriptors:
+          - key: remote_address
+            rate_limit: {unit: hour, requests_per_unit: 1}
+          - key: header_match
+            value: tenant
+            descriptors:
+              - key: authorization_subject
+                rate_limit: {unit: hour, requests_per_unit: 1}
+""")
+SUBJECT = "spiffe://cluster.local/ns/payments-settlement/sa/settlement-reconciliation-worker-"
+
+
+def envoy_check(served: Served, *entries: tuple[str, str]) -> None:
+    descriptor = {"entries": [{"key": k, "value": v} for k, v in entries]}
+    body = {"domain": "edge", "descriptors": [descriptor]}
+    answer = httpx.post(f"{served.url}/v1/check", json=body, headers=AUTH, timeout=10)
+    assert answer.status_code == 200, answer.text
+
+
+# Measured in the page: per table, cells whose text takes more than one line,
+# whether the card scrolls sideways, and the columns that end past the viewport.
+LAYOUT = """() => {
+  const lines = (cell) => {  // the lines its text takes (a button's box is not a line)
+    const tops = new Set();
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let text = walker.nextNode(); text; text = walker.nextNode()) {
+      const range = document.createRange();
+      range.selectNodeContents(text);
+      for (const box of range.getClientRects()) tops.add(Math.round(box.top));
+    }
+    return tops.size;
+  };
+  const out = {};
+  for (const id of ["rates", "top", "rules", "overrides"]) {
+    const table = document.getElementById(id).closest("table");
+    const card = table.closest(".card");
+    const cells = [...table.querySelectorAll("th, td")];
+    out[id] = {
+      wrapped: cells.filter((c) => lines(c) > 1).map((c) => c.textContent),
+      scrolls: card.scrollWidth > card.clientWidth || table.scrollWidth > card.clientWidth,
+      outside: cells.filter((c) => {
+        const box = c.getBoundingClientRect();
+        return box.width === 0 || box.left < 0 || box.right > window.innerWidth;
+      }).map((c) => c.textContent),
+      clipped: [...table.querySelectorAll("td.clip")]
+        .filter((c) => c.scrollWidth > c.clientWidth)
+        .map((c) => [c.textContent, c.title]),
+    };
+  }
+  return out;
+}"""
+# Painted pixels of each rule's sparkline.
+SPARKS = """() => Object.fromEntries([...document.querySelectorAll("#rates tr")].map((tr) => {
+  const canvas = tr.querySelector("canvas");
+  const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  let painted = 0;
+  for (let i = 3; i < data.length; i += 4) painted += data[i] > 0;
+  return [tr.dataset.rule, painted];
+}))"""
+
+
+def test_long_envoy_keys_read_at_1400px(
+    browser: Browser, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """At 1400x900, with envoy keys of 90 characters and more: every cell one
+    line (the long ones cut, the whole text in the title), no card scrolling
+    sideways, every column in the viewport, and a sparkline for every rule,
+    including one with a single second of traffic and one with none."""
+    edge = tmp_path / "envoy"
+    edge.mkdir()
+    (edge / "edge.yaml").write_text(EDGE)
+    with serving_rules(WIDE_RULES, TOKEN, "--envoy-config", str(edge), tmp=tmp_path) as served:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        problems: list[str] = []
+        page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+        page.goto(served.url + f"/#token={TOKEN}")
+        expect(page.locator("#status")).to_contain_text("live")
+        check(served, "solo", "/once")  # one second of traffic, never again
+        for _ in range(3):  # three seconds of traffic
+            for n in range(4):
+                address = f"2001:db8:85a3:0000:0000:8a2e:0370:{7330 + n}"
+                envoy_check(served, ("generic_key", "partner-api"), ("remote_address", address))
+                envoy_check(served, ("generic_key", "partner-api"), ("header_match", "tenant"),
+                            ("authorization_subject", f"{SUBJECT}{n}"))  # fmt: skip
+                check(served, f"user-{n % 2}")
+                body = {"attributes": {"path": "/exports", "tenant": "acme-corporation-emea",
+                                       "region": "eu-west-1", "user": f"u{n}"}}  # fmt: skip
+                httpx.post(f"{served.url}/v1/check", json=body, headers=AUTH, timeout=10)
+            time.sleep(1)
+        override = {
+            "limits": ["1000/hour", "10000/day"],
+            "for": "30m",
+            "by": "oncall@example.com",
+            "reason": "incident 42: the partner's nightly batch, re-run after the outage",
+        }
+        answer = httpx.put(f"{served.url}/v1/overrides/partner-exports-per-tenant-region-and-user",
+                           json=override, headers=AUTH, timeout=10)  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        expect(page.locator("#top tr")).to_have_count(10)
+        expect(page.locator("#overrides tr")).to_have_count(1)
+        rules = ["api", "edge.generic_key_partner-api.header_match_tenant.authorization_subject",
+                 "edge.generic_key_partner-api.remote_address", "idle", "once",
+                 "partner-exports-per-tenant-region-and-user"]  # fmt: skip
+        expect(page.locator("#rates tr")).to_have_count(len(rules))
+        time.sleep(1.5)  # a sample more: the page as an operator finds it
+        shot = tmp_path / "dashboard-1400.png"
+        page.screenshot(path=str(shot), full_page=True)
+        layout = page.evaluate(LAYOUT)
+        sparks = page.evaluate(SPARKS)
+        page.close()
+    request.node.user_properties.append(("screenshot", str(shot)))
+    for table, measured in layout.items():
+        assert measured["wrapped"] == [], (table, measured["wrapped"])
+        assert not measured["scrolls"], table
+        assert measured["outside"] == [], (table, measured["outside"])
+    # the long keys are cut, and the whole of each is in its cell's title
+    clipped = dict(layout["top"]["clipped"])
+    keys = [t for t in clipped if t.startswith("edge|generic_key=partner-api|header_match")]
+    assert len(keys) == 4, clipped
+    assert all(clipped[k] == k and SUBJECT in k for k in keys)
+    assert sorted(sparks) == rules
+    assert all(painted > 0 for painted in sparks.values()), sparks
+    assert problems == []

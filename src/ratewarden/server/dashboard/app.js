@@ -31,6 +31,14 @@
     return el("td", value, "num");
   }
 
+  // A cell cut to one line by the style sheet, the whole text in its title: for
+  // what clients and rule files choose (keys, rule names, envoy paths), any length.
+  function clip(text, className) {
+    const td = el("td", text, className ? `clip ${className}` : "clip");
+    td.title = td.textContent;
+    return td;
+  }
+
   function rate(value) {
     return value >= 100 ? Math.round(value).toString() : (Math.round(value * 10) / 10).toString();
   }
@@ -242,41 +250,61 @@
     draw($("chart"), series, state.snap.t, shown(), true);
   }
 
+  // Every rule in force has a row, and every rule a sample names (envoy
+  // descriptors, "(other rules)"): one with no traffic yet shows zeros and a flat
+  // line. A sample names only the rules that counted something in it, so a
+  // rule's line is 0 in the others, not drawn across them from its last count.
   function renderRates() {
-    const byRule = new Map();
-    for (const p of state.points) {
+    const points = state.points;
+    const byRule = new Map(); // rule -> [point index, [allowed, denied, shadow]] seen
+    for (const rule of state.rules?.rules ?? []) byRule.set(rule.name, []);
+    points.forEach((p, i) => {
       const rows = Object.entries(p.rules);
       if (p.other) rows.push(["(other rules)", p.other]);
       for (const [rule, counts] of rows) {
         if (!byRule.has(rule)) byRule.set(rule, []);
-        byRule.get(rule).push([p, counts]);
+        byRule.get(rule).push([i, counts]);
       }
-    }
-    const last = state.points[state.points.length - 1];
+    });
+    const lastIndex = points.length - 1;
     const ranked = [...byRule.entries()].map(([rule, seen]) => {
       const denied = seen.reduce((sum, [, c]) => sum + c[1], 0);
-      const now = seen.length && seen[seen.length - 1][0] === last ? seen[seen.length - 1][1] : [0, 0, 0];
-      return { rule, seen, denied, now };
+      const traffic = seen.reduce((sum, [, c]) => sum + c[0] + c[1] + c[2], 0);
+      const latest = seen[seen.length - 1];
+      const now = latest && latest[0] === lastIndex ? latest[1] : [0, 0, 0];
+      return { rule, seen, denied, traffic, now };
     });
-    ranked.sort((a, b) => b.denied - a.denied || a.rule.localeCompare(b.rule));
+    ranked.sort((a, b) => b.denied - a.denied || b.traffic - a.traffic ||
+      a.rule.localeCompare(b.rule));
     const body = $("rates");
     body.replaceChildren();
+    const dt = lastIndex >= 0 ? points[lastIndex].dt : 1;
     for (const { rule, seen, denied, now } of ranked) {
       const canvas = el("canvas", null, "spark");
+      canvas.setAttribute("aria-label", `${rule}: allowed, denied, shadow per second`);
       const cell = el("td");
       cell.append(canvas);
-      const dt = last ? last.dt : 1;
-      const tr = row([rule, num(rate(now[0] / dt)), num(rate(now[1] / dt)),
+      const tr = row([clip(rule), num(rate(now[0] / dt)), num(rate(now[1] / dt)),
         num(rate(now[2] / dt)), num(denied), cell]);
       tr.dataset.rule = rule;
       body.append(tr);
-      draw(canvas, {
-        allowed: seen.map(([p, c]) => [p.t, c[0] / p.dt]),
-        denied: seen.map(([p, c]) => [p.t, c[1] / p.dt]),
-        shadow: seen.map(([p, c]) => [p.t, c[2] / p.dt]),
-      }, state.snap.t, shown(), false);
+      draw(canvas, sparkSeries(points, seen), state.snap.t, shown(), false);
     }
     $("rates-empty").hidden = ranked.length > 0;
+  }
+
+  // A rule's three series over every sample, 0 where it counted nothing; a
+  // rule with nothing at all is two points of a flat line, whatever the history.
+  function sparkSeries(points, seen) {
+    if (!points.length) return { allowed: [], denied: [], shadow: [] };
+    if (!seen.length) {
+      const flat = [[points[0].t, 0], [points[points.length - 1].t, 0]];
+      return { allowed: flat, denied: flat, shadow: flat };
+    }
+    const counts = new Array(points.length).fill(null);
+    for (const [i, c] of seen) counts[i] = c;
+    const series = (column) => points.map((p, i) => [p.t, counts[i] ? counts[i][column] / p.dt : 0]);
+    return { allowed: series(0), denied: series(1), shadow: series(2) };
   }
 
   // The seconds the charts span: the history there is, from a minute up to WINDOW
@@ -338,6 +366,8 @@
       ctx.lineWidth = axes ? 2 : 1.5;
       ctx.beginPath();
       points.forEach(([t, v], i) => (i ? ctx.lineTo(x(t), y(v)) : ctx.moveTo(x(t), y(v))));
+      // a lone sample is a dash, not nothing
+      if (points.length === 1) ctx.lineTo(x(points[0][0]) - 4, y(points[0][1]));
       ctx.stroke();
     }
   }
@@ -354,11 +384,11 @@
     const body = $("top");
     body.replaceChildren();
     for (const entry of top.keys) {
-      const key = el("td", entry.key === "" ? "(one counter for all)" : entry.key, "key");
+      const key = clip(entry.key === "" ? "(one counter for all)" : entry.key, "key");
       const count = entry.error ? `${entry.denied} (±${entry.error})` : entry.denied;
       const rule = (state.rules?.rules ?? []).find((r) => r.name === entry.rule);
       const name = rule && rule.action === "log_only" ? `${entry.rule} (shadow)` : entry.rule;
-      body.append(row([name, key, num(count)]));
+      body.append(row([clip(name), key, num(count)]));
     }
     const span = duration(top.window);
     $("top-note").textContent = top.keys.length
@@ -387,8 +417,8 @@
     const body = $("rules");
     body.replaceChildren();
     for (const rule of rules.rules) {
-      body.append(row([rule.name, num(rule.line ?? ""), rule.action, rule.rates.join(", "),
-        rule.by.join(", ")]));
+      body.append(row([clip(rule.name), num(rule.line ?? ""), el("td", rule.action, "short"),
+        clip(rule.rates.join(", ")), clip(rule.by.join(", "))]));
     }
     $("rules-more").textContent = rules.count > rules.rules.length
       ? `The first ${rules.rules.length} of ${rules.count} rules are listed.` : "";
@@ -437,12 +467,15 @@
         clear.addEventListener("click", () => clearOverride(o.rule));
         const cell = el("td");
         cell.append(clear);
-        tr = row([...texts.slice(0, 4), num(texts[4]), cell]);
+        tr = row([...texts.slice(0, 4).map((text) => clip(text)), num(texts[4]), cell]);
         tr.dataset.rule = o.rule;
       } else {
         texts.forEach((text, i) => {
           const td = tr.children[i];
-          if (td.textContent !== String(text)) td.textContent = String(text);
+          if (td.textContent !== String(text)) {
+            td.textContent = String(text);
+            if (td.classList.contains("clip")) td.title = td.textContent;
+          }
         });
       }
       if (body.children[n] !== tr) body.insertBefore(tr, body.children[n] || null);
@@ -547,7 +580,7 @@
         el("th", "used", "num"), el("th", "of grant", "num"), el("th", "demand served", "num"),
         el("th", "lease left", "num")]));
       for (const m of q.members_shown) {
-        table.append(row([m.id, num(rate(m.wants)), num(rate(m.has)), num(rate(m.used)),
+        table.append(row([clip(m.id), num(rate(m.wants)), num(rate(m.has)), num(rate(m.used)),
           num(share(m.used_of_grant)), num(share(m.demand_served)),
           num(duration(m.expires_in))]));
       }
