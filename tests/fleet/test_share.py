@@ -295,3 +295,25 @@ def test_waiting_callers_reserve_the_next_slots_in_turn() -> None:
     assert share.reserve(start, 1, S) == (True, 3 * i)
     assert share.reserve(start, 1, S) == (False, S)  # the window is spent: its edge
     assert share.window_state(start + 3 * i + i // 2) == (4, 4)  # all four spent
+
+
+def test_a_wait_within_one_paced_spacing_is_not_held_back_demand() -> None:
+    """A caller on a schedule of its own (50 a second, in pairs 10 ms apart)
+    beside a paced grant of 60: the second of a pair waits for its slot, less
+    than a spacing, which a larger grant would hardly shorten. Its demand is its
+    50 calls, not more."""
+    share = Share(S, pace=True)
+    now = W0 * S
+    given_grant(share, 60_000, now)
+    share.report(now)
+    caller = object()
+    for k in range(50):
+        arrival = now + (k // 2) * S // 25 + (k % 2) * S // 100
+        share.ask(arrival, 1, caller)
+        wait = share.take(arrival)
+        if wait:
+            assert share.take(arrival + wait) == 0
+        share.done(arrival + wait, caller)
+    wants, _, used = share.report(now + S)
+    assert used == 50_000
+    assert wants <= 51_000

@@ -325,6 +325,12 @@ class Share:
         if last is not None:
             waited, ended, last_cost = last
             work = max(now - ended, self.window_ns // 1000)  # its own time between calls
+            # paced, a wait up to one spacing is the schedule's, not a lack of
+            # permits: a caller that arrives at random waits half a spacing on
+            # average however large the grant, and counting it would inflate
+            # the demand of one whose calls follow a schedule of their own
+            if self.pace:
+                waited = max(0, waited - self._interval)
             self.extra += last_cost * waited / work
         if len(self._calls) < CALLERS:
             self._calls[caller] = (now, cost)
