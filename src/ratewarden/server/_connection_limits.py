@@ -1,18 +1,30 @@
 """What one client may hold of the service: connections, time and bytes.
 
 Both listeners (the HTTP API under uvicorn and the HTTP/2 gRPC server) take the
-same `ConnectionLimits`, so an operator sets one policy for the process and a
-client that is slow, idle or large on purpose is closed the same way on either.
+same `ConnectionLimits` and `ServerLimits`, so an operator sets one policy for
+the process and a client that is slow, idle or large on purpose is closed the
+same way on either. They share one `BodyBudget` (the bytes of unfinished
+requests the process holds) and each keeps an `Admission` (which connections
+it keeps, per peer and in all).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 from .._errors import ConfigurationError
 
-__all__ = ["ConnectionLimits"]
+__all__ = [
+    "Admission",
+    "BodyBudget",
+    "ConnectionLimits",
+    "ServerLimits",
+    "peer_of",
+    "process_budget",
+]
 
 
 @dataclass(frozen=True)
@@ -55,3 +67,189 @@ class ConnectionLimits:
             raise ConfigurationError(
                 f"max_header_bytes must be >= 1024, got {self.max_header_bytes!r}"
             )
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the process as a whole holds for its clients, whoever they are.
+
+    - ``max_buffered_bytes``: request bytes held for requests that have not
+      ended yet (HTTP bodies still arriving, HTTP/2 streams without END_STREAM),
+      across every connection of both listeners. Past it the body held longest
+      is dropped (HTTP 503, a gRPC RESOURCE_EXHAUSTED answer) to make room: a
+      request that arrives whole is never the one dropped, so checks keep
+      their answers while unfinished bodies cannot grow memory past the bound.
+    - ``max_stream_bytes``: an HTTP/2 request's body, and the window a stream
+      is given (SETTINGS_INITIAL_WINDOW_SIZE); a gRPC message that says it is
+      larger is answered RESOURCE_EXHAUSTED at once.
+    - ``max_connections_per_peer``: connections one source address keeps on a
+      listener; past it, and at ``max_connections``, the connection idle the
+      longest (the peer's own, at the peer's limit) is closed to admit the new
+      one, so that one address cannot hold every slot.
+    """
+
+    max_buffered_bytes: int = 32 * 1024 * 1024
+    max_stream_bytes: int = 256 * 1024
+    max_connections_per_peer: int = 1_000
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if type(value) is not int or value < 1:
+                raise ConfigurationError(f"{field.name} must be an integer >= 1, got {value!r}")
+        if self.max_stream_bytes < 16_384:
+            raise ConfigurationError(
+                f"max_stream_bytes must be >= 16384 (a frame), got {self.max_stream_bytes!r}"
+            )
+        if self.max_buffered_bytes < self.max_stream_bytes:
+            raise ConfigurationError(
+                f"max_buffered_bytes ({self.max_buffered_bytes}) must be at least "
+                f"max_stream_bytes ({self.max_stream_bytes})"
+            )
+
+
+class BodyBudget:
+    """The bytes of unfinished requests the process holds, and who holds them.
+
+    A holder (an HTTP/2 stream, an HTTP connection reading a body) `take`s
+    bytes as they arrive and gives them back with `drop` once its request has
+    ended or gone. Holders are kept in the order they first took bytes: when a
+    `take` goes past ``max_bytes``, the oldest holders other than the taker are
+    shed (their ``shed`` callback, called with the holder, ends their request) until it fits. Every
+    operation is a dict lookup or two."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self.shed = 0  # requests dropped to make room
+        self._holders: dict[object, list[Any]] = {}  # holder: [bytes, shed callback]
+
+    def __repr__(self) -> str:
+        return (f"<BodyBudget {self.used} of {self.max_bytes} bytes, "
+                f"{len(self._holders)} holders, {self.shed} shed>")  # fmt: skip
+
+    def take(self, holder: object, size: int, shed: Callable[[Any], None]) -> bool:
+        """``size`` more bytes held by ``holder``; False if it was shed itself
+        (it alone holds more than the budget)."""
+        entry = self._holders.get(holder)
+        if entry is None:
+            self._holders[holder] = [size, shed]
+        else:
+            entry[0] += size
+        self.used += size
+        if self.used <= self.max_bytes:
+            return True
+        for victim in list(self._holders):
+            if self.used <= self.max_bytes:
+                break
+            if victim is not holder:
+                self._shed(victim)
+        if self.used > self.max_bytes:
+            self._shed(holder)
+            return False
+        return True
+
+    def give_back(self, holder: object, size: int) -> None:
+        """``size`` of the holder's bytes were read."""
+        entry = self._holders.get(holder)
+        if entry is not None:
+            size = min(size, entry[0])
+            entry[0] -= size
+            self.used -= size
+
+    def drop(self, holder: object) -> None:
+        """The holder holds nothing any more (its request ended or went)."""
+        entry = self._holders.pop(holder, None)
+        if entry is not None:
+            self.used -= entry[0]
+
+    def _shed(self, holder: object) -> None:
+        size, shed = self._holders.pop(holder)
+        self.used -= size
+        self.shed += 1
+        shed(holder)
+
+
+_budgets: dict[int, BodyBudget] = {}
+
+
+def process_budget(max_bytes: int) -> BodyBudget:
+    """The one budget of ``max_bytes`` the listeners of this process share."""
+    budget = _budgets.get(max_bytes)
+    if budget is None:
+        budget = _budgets[max_bytes] = BodyBudget(max_bytes)
+    return budget
+
+
+class Admission:
+    """Which connections a listener keeps: at most ``max_connections``, and
+    ``per_peer`` from one source address. A connection past either limit takes
+    the place of the one idle longest (of its own address, at the address's
+    limit), which `admit` closes with its ``evict``; with none idle it is
+    refused. Idle connections are kept in the order they became idle."""
+
+    def __init__(self, max_connections: int, per_peer: int) -> None:
+        self.max_connections = max_connections
+        self.per_peer = per_peer
+        self.count = 0
+        self.evicted = 0
+        self._peer_of: dict[Any, str] = {}
+        self._peers: dict[str, int] = {}
+        self._idle: dict[Any, None] = {}  # oldest first
+
+    def __repr__(self) -> str:
+        return (f"<Admission {self.count} of {self.max_connections}, {len(self._peers)} peers, "
+                f"{len(self._idle)} idle, {self.evicted} evicted>")  # fmt: skip
+
+    def admit(self, connection: Any, peer: str) -> bool:
+        """Whether ``connection`` (idle from now on) may stay; its ``evict()`` is
+        called if it is later closed to make room."""
+        if self._peers.get(peer, 0) >= self.per_peer:
+            victim = next((c for c in self._idle if self._peer_of[c] == peer), None)
+            if victim is None:
+                return False
+            self._evict(victim)
+        if self.count >= self.max_connections:
+            victim = next(iter(self._idle), None)
+            if victim is None:
+                return False
+            self._evict(victim)
+        self.count += 1
+        self._peer_of[connection] = peer
+        self._peers[peer] = self._peers.get(peer, 0) + 1
+        self._idle[connection] = None
+        return True
+
+    def idle(self, connection: Any) -> None:
+        if connection in self._peer_of:
+            self._idle.pop(connection, None)
+            self._idle[connection] = None
+
+    def busy(self, connection: Any) -> None:
+        self._idle.pop(connection, None)
+
+    def left(self, connection: Any) -> None:
+        """The connection closed (or was evicted); idempotent."""
+        peer = self._peer_of.pop(connection, None)
+        if peer is None:
+            return
+        self._idle.pop(connection, None)
+        self.count -= 1
+        left = self._peers[peer] - 1
+        if left:
+            self._peers[peer] = left
+        else:
+            del self._peers[peer]
+
+    def _evict(self, connection: Any) -> None:
+        self.left(connection)
+        self.evicted += 1
+        connection.evict()
+
+
+def peer_of(transport: Any) -> str:
+    """The source address of a connection ('' for a Unix socket)."""
+    address = transport.get_extra_info("peername")
+    if isinstance(address, tuple) and address:
+        return str(address[0])
+    return ""

@@ -8,8 +8,13 @@ request's head (httptools joins an unfinished header in memory: a 20 MiB one
 held 257 MiB). `http_protocol` makes a protocol class for one listener that
 does, with these cases:
 
-- **Connections**: one more than ``max_connections`` is answered 503 and closed
-  before a byte of it is read.
+- **Connections**: at ``max_connections``, or ``max_connections_per_peer``
+  from one address, a new connection takes the place of the one idle longest
+  (the address's own, at its limit), which is closed; with none idle it is
+  answered 503 and closed before a byte of it is read.
+- **Bodies still arriving**: their bytes are charged to the process's
+  `BodyBudget`; when it is full, the body that has held bytes longest is
+  answered 503 and its connection closed to make room.
 - **Time**: each connection has one deadline, moved at a request's edges: when
   nothing is in flight, ``idle_timeout``; from a request's first byte,
   ``header_timeout``; from its last header, ``body_timeout``; while the app
@@ -50,7 +55,14 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from ._connection_limits import ConnectionLimits
+from ._connection_limits import (
+    Admission,
+    BodyBudget,
+    ConnectionLimits,
+    ServerLimits,
+    peer_of,
+    process_budget,
+)
 from ._shapes import Problem
 
 __all__ = ["LINGER", "MAX_PIPELINED", "HttpListener", "LimitedHttpToolsProtocol", "http_protocol"]
@@ -89,9 +101,19 @@ class HttpListener:
     """What one listener's connections share: the limits, counts of what was
     refused, and the sweep that closes connections past their deadline."""
 
-    def __init__(self, limits: ConnectionLimits, max_body: int) -> None:
+    def __init__(
+        self,
+        limits: ConnectionLimits,
+        max_body: int,
+        server_limits: ServerLimits | None = None,
+        budget: BodyBudget | None = None,
+    ) -> None:
         self.limits = limits
         self.max_body = max_body
+        shared = server_limits or ServerLimits()
+        self.budget = budget or process_budget(shared.max_buffered_bytes)
+        self.admission = Admission(limits.max_connections, shared.max_connections_per_peer)
+        self.shed = 0  # bodies answered 503 to make room in the budget
         self.interval = min(1.0, limits.idle_timeout / 4, limits.header_timeout / 4,
                             limits.body_timeout / 4)  # fmt: skip
         self.refused = 0  # connections beyond max_connections
@@ -99,6 +121,7 @@ class HttpListener:
         self.too_large = 0  # requests answered 431 or 413
         self.pipelined = 0  # connections closed for more than MAX_PIPELINED waiting
         self.idle_closed = 0
+        self.evicted = 0  # idle connections closed to admit a new one
         self._refusal = _answer(503, "too many connections", b"retry-after: 1\r\n")
         self._warned = -_NEVER
         self._sweeping: asyncio.TimerHandle | None = None
@@ -115,9 +138,9 @@ class HttpListener:
         now = loop.time()
         if now - self._warned >= WARN_EVERY:
             self._warned = now
-            log.warning("HTTP: %d connections open, as many as --max-connections allows; "
-                        "refusing more (%d so far)", self.limits.max_connections,
-                        self.refused)  # fmt: skip
+            log.warning("HTTP: %d connections open, none idle, as many as the limits allow "
+                        "(--max-connections, or per peer); refusing more (%d so far)",
+                        self.admission.count, self.refused)  # fmt: skip
 
     def watch(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
         if self._sweeping is None:
@@ -164,7 +187,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # -- the connection ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.listener.limits.max_connections:
+        if not self.listener.admission.admit(self, peer_of(transport)):
             self.transport = transport  # for connection_lost, which follows
             self.listener.refuse(transport, self.loop)
             return
@@ -173,14 +196,29 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.listener.watch(self.loop, cast(set[Any], self.connections))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.listener.admission.left(self)
         self._abandon()
         super().connection_lost(exc)
+
+    def evict(self) -> None:
+        """Closed, idle, to admit a new connection (HTTP/1.1 lets a server close
+        an idle keep-alive connection; clients open another)."""
+        self.listener.evicted += 1
+        self.closing = True
+        self.transport.close()
+        self.deadline = self.loop.time() + LINGER  # a close that cannot flush is aborted
+
+    def _shed(self, _: object) -> None:
+        self.listener.shed += 1
+        self._end(503, "the server holds as many unfinished request bodies as it may")
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
         if self.phase == _BODY:
             self.body_bytes += len(data)
+            if not self.listener.budget.take(self, len(data), self._shed):
+                return
         else:
             self.head_bytes += len(data)
         try:
@@ -219,6 +257,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.listener.admission.busy(self)
         self.phase = _HEAD
         self.deadline = self.loop.time() + self.header_timeout
 
@@ -244,6 +283,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self.listener.budget.drop(self)  # the body is the app's now
         # (an answer given before the body was in ended the connection already)
         self.phase = _BUSY
         self.deadline = _NEVER
@@ -271,6 +311,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         elif self.phase == _BUSY:
             self.phase = _IDLE
             self.deadline = self.loop.time() + self.idle_timeout
+            self.listener.admission.idle(self)
 
     # -- the end of a connection ----------------------------------------------------
 
@@ -319,6 +360,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         """The app's answers to this connection's requests go nowhere from now
         on (and one waiting for its body is told the client went away): a write
         to a closed transport raises under uvloop."""
+        self.listener.budget.drop(self)
         cycles = [c for c, _ in self.pipeline]
         self.pipeline.clear()
         for cycle in (self.answering, self.cycle, *cycles):
@@ -337,12 +379,19 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             transport.close()
 
 
-def http_protocol(limits: ConnectionLimits, max_body: int) -> type[LimitedHttpToolsProtocol]:
+def http_protocol(
+    limits: ConnectionLimits,
+    max_body: int,
+    server_limits: ServerLimits | None = None,
+    budget: BodyBudget | None = None,
+) -> type[LimitedHttpToolsProtocol]:
     """A protocol class for one uvicorn server (``uvicorn.Config(http=...)``),
     its connections sharing one `HttpListener` (the class's ``listener``).
-    ``max_body``: the app's body limit, to bound what the parser holds."""
+    ``max_body``: the app's body limit, to bound what the parser holds;
+    ``budget``: the bytes of bodies still arriving, shared by the process's
+    listeners unless given."""
 
     class Protocol(LimitedHttpToolsProtocol):
-        listener = HttpListener(limits, max_body)
+        listener = HttpListener(limits, max_body, server_limits, budget)
 
     return Protocol

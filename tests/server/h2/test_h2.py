@@ -20,7 +20,7 @@ import h2.settings
 import hpack
 import pytest
 
-from ratewarden.server._connection_limits import ConnectionLimits
+from ratewarden.server._connection_limits import BodyBudget, ConnectionLimits, ServerLimits
 from ratewarden.server.h2._frames import PREFACE, frame
 from ratewarden.server.h2._grpc import (
     MAX_MESSAGE,
@@ -219,9 +219,13 @@ METHODS = {
 
 @asynccontextmanager
 async def serving(
-    token: bytes | None = None, limits: ConnectionLimits | None = None
+    token: bytes | None = None,
+    limits: ConnectionLimits | None = None,
+    server_limits: ServerLimits | None = None,
+    budget: BodyBudget | None = None,
 ) -> AsyncIterator[tuple[H2Server, int]]:
-    server = H2Server(METHODS, token=token, limits=limits)
+    server = H2Server(METHODS, token=token, limits=limits, server_limits=server_limits,
+                      budget=budget)  # fmt: skip
     port = await server.listen("127.0.0.1", 0)
     try:
         yield server, port
@@ -324,15 +328,30 @@ def test_flow_control_both_ways() -> None:
         async with serving() as (_, port), client(port, settings) as c:
             answer = await c.call("/t.T/Big", message(b"300000"))
             assert answer.messages == [b"x" * 300_000]
-            # a 3 MB request: more than a stream's window (1 MB), so the server
-            # must give window back while it reads
+            # 200 KB: more than the protocol's default window (64 KiB), within
+            # the window the server gives a stream
             sid = c.start("/t.T/Echo", end=False)
-            body = message(b"y" * 3_000_000)
+            body = message(b"y" * 200_000)
             for at in range(0, len(body), 16_384):
                 await c.send(sid, body[at : at + 16_384])
             await c.send(sid, b"", end=True)
             echoed = await c.answer(sid)
-        assert echoed.messages == [b"y" * 3_000_000]
+        assert echoed.messages == [b"y" * 200_000]
+
+    run(main)
+
+
+def test_a_message_larger_than_a_stream_may_hold_is_refused_at_once() -> None:
+    async def main() -> None:
+        limits = ServerLimits(max_stream_bytes=100_000)
+        async with serving(server_limits=limits) as (_, port), client(port) as c:
+            # its length prefix says 3 MB: answered before the body is sent
+            sid = c.start("/t.T/Echo", struct.pack(">BI", 0, 3_000_000) + b"y" * 1000, end=False)
+            refused = await asyncio.wait_for(c.answer(sid), 5)
+            after = await c.call("/t.T/Echo", message(b"z" * 16_000))
+        assert refused.status == Status.RESOURCE_EXHAUSTED
+        assert b"99995 bytes" in refused.message
+        assert after.messages == [b"z" * 16_000]
 
     run(main)
 
@@ -350,7 +369,7 @@ def test_too_large_and_compressed_messages() -> None:
                                     headers=((b"grpc-encoding", b"gzip"),))  # fmt: skip
             sid = c.start("/t.T/Echo", end=False)
             huge = message(b"h" * (MAX_MESSAGE + 1))
-            for at in range(0, len(huge), 16_384):
+            for at in range(0, 200_000, 16_384):  # within the stream's window
                 if c.done[sid].is_set():
                     break
                 await c.send(sid, huge[at : at + 16_384])
@@ -691,30 +710,40 @@ def test_rapid_reset_is_told_to_calm_down() -> None:
     run(main)
 
 
-def test_unfinished_requests_are_bounded_by_the_connection_window() -> None:
-    def attack(port: int) -> bytes:
-        chunk = frame(0, 0, 0, b"")  # replaced below per stream
-        out = b""
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-            sock.sendall(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, 2**31 - 1)))
-            try:
-                for sid in range(1, 41, 2):  # 20 streams x 1 MB, none ever ended
-                    sock.sendall(frame(1, 0x4, sid, request_block(b"/t.T/Echo")))
-                    chunk = frame(0, 0, sid, b"\0" * 16_000)
-                    for _ in range(64):
-                        sock.sendall(chunk)
-            except OSError:
-                pass  # the server closed on us
-            with contextlib.suppress(OSError):
-                while data := sock.recv(65536):
-                    out += data
-        return out
+def ignoring_windows(port: int, streams: int, per_stream: int) -> bytes:
+    """A client that ignores flow control: ``streams`` streams, ``per_stream``
+    bytes of DATA each (in frames of 16,000), none ended; what the server said."""
+    out = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, 2**31 - 1)))
+        try:
+            for sid in range(1, 2 * streams, 2):
+                sock.sendall(frame(1, 0x4, sid, request_block(b"/t.T/Echo")))
+                chunk = frame(0, 0, sid, b"\0" * 16_000)
+                for _ in range(per_stream // 16_000):
+                    sock.sendall(chunk)
+        except OSError:
+            pass  # the server closed on us
+        sock.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError):
+            while data := sock.recv(65536):
+                out += data
+    return out
 
+
+def test_unfinished_requests_are_bounded_by_the_windows() -> None:
     async def main() -> None:
-        async with serving() as (_, port):
-            said = await asyncio.to_thread(attack, port)
-        # the client ignored the windows: past 16 MB held it is a flow-control error
-        assert goaway_code(said) == 0x3
+        limits = ServerLimits(max_stream_bytes=100_000)
+        async with serving(server_limits=limits) as (server, port):
+            # 20 streams within their windows, past the connection's (1 MiB)
+            said = await asyncio.to_thread(ignoring_windows, port, 20, 96_000)
+            # one stream past its window: that stream alone is reset
+            one = await asyncio.to_thread(ignoring_windows, port, 1, 112_000)
+            assert server.budget.used == 0
+        assert goaway_code(said) == 0x3  # FLOW_CONTROL_ERROR
+        resets = [(sid, p) for kind, _, sid, p in frames_of(one) if kind == 3]
+        assert resets == [(1, struct.pack(">I", 0x3))]
+        assert all(kind != 7 for kind, *_ in frames_of(one))  # no GOAWAY
 
     run(main)
 

@@ -17,7 +17,7 @@ from typing import Any
 import h2.settings
 import pytest
 
-from ratewarden.server._connection_limits import ConnectionLimits
+from ratewarden.server._connection_limits import BodyBudget, ConnectionLimits, ServerLimits
 from ratewarden.server.h2 import _send
 from ratewarden.server.h2._frames import PREFACE, frame, literal
 from ratewarden.server.h2._grpc import MAX_STREAMING, Call, H2Server, Metadata, Method, Status
@@ -65,8 +65,13 @@ METHODS = {
 
 
 @asynccontextmanager
-async def serving(token: bytes | None = None, **limits: Any) -> AsyncIterator[tuple[H2Server, int]]:
-    server = H2Server(METHODS, token=token, limits=ConnectionLimits(**limits))
+async def serving(
+    token: bytes | None = None, server_limits: ServerLimits | None = None, **limits: Any
+) -> AsyncIterator[tuple[H2Server, int]]:
+    # a budget of its own: the process's is shared with every other test's server
+    budget = BodyBudget((server_limits or ServerLimits()).max_buffered_bytes)
+    server = H2Server(METHODS, token=token, limits=ConnectionLimits(**limits),
+                      server_limits=server_limits, budget=budget)  # fmt: skip
     port = await server.listen("127.0.0.1", 0)
     try:
         yield server, port
@@ -363,19 +368,75 @@ def test_an_idle_connection_is_closed_with_goaway() -> None:
     run(main)
 
 
-def test_connections_beyond_the_cap_are_closed_at_once() -> None:
+def busy(port: int) -> socket.socket:
+    """A connection with a request open (its body never comes)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(PREFACE + frame(SETTINGS, 0, 0, b"") + HEAD)
+    return sock
+
+
+def idle(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(PREFACE + frame(SETTINGS, 0, 0, b""))
+    return sock
+
+
+def told(sock: socket.socket, wait: float = 2.0) -> bytes:
+    """What the server said on ``sock`` until it closed it (or ``wait`` passed)."""
+    sock.settimeout(wait)
+    out = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def test_at_the_cap_the_connection_idle_longest_makes_room() -> None:
     async def main() -> None:
         async with serving(max_connections=3) as (server, port):
-            held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+            first, second = idle(port), idle(port)
             await asyncio.sleep(0.1)
-            extra = await exchange(port, b"", wait=2.0)
-            assert extra == b""  # not even SETTINGS: closed before a byte was read
-            assert server.refused == 1
-            held.pop().close()
+            third = busy(port)
             await asyncio.sleep(0.1)
-            async with client(port) as c:  # room again
+            async with client(port) as c:  # a fourth: the first (idle longest) goes
                 assert (await c.call("/t.T/Echo", message(b"hi"))).status == Status.OK
-            for sock in held:
+                said = await asyncio.to_thread(told, first)
+                assert goaway_code(said) == NO_ERROR
+                assert server.evicted == 1
+                # the client, the second and the busy third: a fifth takes the second
+                fifth = idle(port)
+                assert goaway_code(await asyncio.to_thread(told, second)) == NO_ERROR
+                # all busy (the client's call in flight would count too): refused
+                fifth.sendall(HEAD)
+                sid = c.start("/t.T/Echo", end=False)
+                await asyncio.sleep(0.1)
+                extra = await exchange(port, b"", wait=2.0)
+                assert extra == b""  # not even SETTINGS: closed before a byte was read
+                assert server.refused == 1
+                await c.send(sid, message(b"done"), end=True)
+                assert (await c.answer(sid)).messages == [b"done"]
+            for sock in (first, second, third, fifth):
+                sock.close()
+
+    run(main)
+
+
+def test_one_address_keeps_at_most_its_share() -> None:
+    async def main() -> None:
+        limits = ServerLimits(max_connections_per_peer=2)
+        async with serving(server_limits=limits) as (server, port):
+            a, b = busy(port), idle(port)
+            await asyncio.sleep(0.1)
+            c = idle(port)  # the address's third: its own idle one (b) goes
+            assert goaway_code(await asyncio.to_thread(told, b)) == NO_ERROR
+            d = busy(port)  # its fourth: c, idle, goes
+            assert goaway_code(await asyncio.to_thread(told, c)) == NO_ERROR
+            await asyncio.sleep(0.1)
+            # a and d both busy: none of this address's may go, the new one is refused
+            assert await exchange(port, b"", wait=2.0) == b""
+            assert server.refused == 1
+            assert server.admission.count == 2
+            for sock in (a, b, c, d):
                 sock.close()
 
     run(main)
@@ -392,3 +453,37 @@ def test_header_values_are_not_logged_at_debug(caplog: pytest.LogCaptureFixture)
         run(main)
     assert "Bearer" in repr(caplog.records) or caplog.records  # something was logged
     assert "do-not-log-me" not in caplog.text
+
+
+def test_a_full_budget_sheds_the_body_held_longest() -> None:
+    async def main() -> None:
+        limits = ServerLimits(max_buffered_bytes=300_000, max_stream_bytes=100_000)
+        body = struct.pack(">BI", 0, 95_000) + b"u" * 80_000  # never finished
+
+        async def unfinished(c: Any) -> int:
+            sid = c.start("/t.T/Echo", end=False)
+            for at in range(0, len(body), 16_000):
+                await c.send(sid, body[at : at + 16_000])
+            await asyncio.sleep(0.05)
+            return int(sid)
+
+        async with serving(server_limits=limits) as (server, port):
+            # a connection's window is no more than the budget (300,000)
+            assert server.connection_window == 300_000
+            async with client(port) as a, client(port) as b:
+                held = [await unfinished(a) for _ in range(3)]
+                assert server.budget.used == 240_015
+                # a fourth body on another connection: the first goes
+                await unfinished(b)
+                shed = await a.answer(held[0])
+                assert shed.status == Status.RESOURCE_EXHAUSTED
+                assert b"unfinished" in shed.message
+                assert server.budget.used == 240_015
+                assert not a.done[held[1]].is_set()
+                # a check that arrives whole is answered, on either connection
+                assert (await a.call("/t.T/Echo", message(b"ok"))).messages == [b"ok"]
+                assert (await b.call("/t.T/Echo", message(b"ok"))).messages == [b"ok"]
+            await asyncio.sleep(0.1)
+            assert server.budget.used == 0  # all given back when the connections went
+
+    run(main)

@@ -33,7 +33,11 @@ What a client may make us spend is bounded, as in nghttp2 and h2o:
   (a stream keeps its window relative to the initial size);
 - **time**: the preface, an unfinished header block and a unary request's
   body each have a deadline, an idle connection is closed, and a listener
-  keeps at most ``max_connections`` (`H2Listener`).
+  keeps at most ``max_connections``, and ``max_connections_per_peer`` from one
+  address, closing the connection idle longest to admit a new one (`H2Listener`);
+- **memory across connections**: request bytes of unfinished requests are
+  charged to the process's `BodyBudget`, which sheds the stream that has held
+  bytes longest when it is full (`_streams`).
 
 A protocol error closes the connection with GOAWAY and the error's code, as
 the RFC asks; a bad stream is reset alone.
@@ -45,6 +49,7 @@ import asyncio
 import logging
 from typing import cast
 
+from .._connection_limits import peer_of
 from ._frames import (
     ACK,
     CONTINUATION,
@@ -72,7 +77,7 @@ from ._frames import (
 )
 from ._listen import H2Listener
 from ._send import DATA_OUT, HEAD_OUT, LAST_OUT, H2Stream
-from ._streams import CONNECTION_WINDOW, MAX_STREAMS, STREAM_WINDOW, H2Streams
+from ._streams import MAX_STREAMS, H2Streams
 
 __all__ = ["DATA_OUT", "HEAD_OUT", "LAST_OUT", "H2Connection", "H2Listener", "H2Stream", "Metadata"]
 
@@ -114,8 +119,9 @@ class H2Connection(H2Streams):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         listener = self.listener
-        if len(listener.connections) >= self.limits.max_connections:
-            # one more would cost a descriptor and memory: refused before a byte is read
+        if not self.admission.admit(self, peer_of(self.transport)):
+            # every slot busy: one more would cost a descriptor and memory, so
+            # it is refused before a byte is read
             self.closed = True
             self.transport.abort()
             listener.refused += 1
@@ -126,18 +132,21 @@ class H2Connection(H2Streams):
             for key, value in (
                 (0x2, 0),  # ENABLE_PUSH: servers do not receive pushes, said for clarity
                 (0x3, MAX_STREAMS),
-                (0x4, STREAM_WINDOW),
+                (0x4, self.stream_window),
                 (0x6, self.limits.max_header_bytes),
             )
         )
         self._write(frame(SETTINGS, 0, 0, settings))
-        self._write(frame(WINDOW_UPDATE, 0, 0, U32.pack(CONNECTION_WINDOW - 65_535)))
+        if self.connection_window > 65_535:
+            grow = U32.pack(self.connection_window - 65_535)
+            self._write(frame(WINDOW_UPDATE, 0, 0, grow))
         if listener.stopping:
             self.goaway()
 
     def connection_lost(self, exc: Exception | None) -> None:
         was_open = self in self.listener.connections
         self.closed = True
+        self.admission.left(self)
         self.listener.connections.discard(self)
         self._end_streams()
         if was_open:
@@ -282,6 +291,12 @@ class H2Connection(H2Streams):
             self.goaway()
 
     # -- the end ---------------------------------------------------------------------
+
+    def evict(self) -> None:
+        """Closed (idle, no stream open) to admit a new connection: a GOAWAY
+        that says no stream was processed, so a client retries elsewhere."""
+        self.listener.evicted += 1
+        self.goaway()
 
     def goaway(self) -> None:
         """Graceful: no new streams; those already open are answered, then close."""

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .._connection_limits import ConnectionLimits
+from .._connection_limits import BodyBudget, ConnectionLimits, ServerLimits
 from .._shapes import bearer_matches
 from ._connection import (
     DATA_OUT,
@@ -85,8 +85,11 @@ class GrpcError(Exception):
         self.message = message
 
 
-def _too_large() -> str:
-    return f"a message larger than the server takes ({MAX_MESSAGE // 2**20} MiB)"
+def _too_large(limit: int = MAX_MESSAGE) -> str:
+    return f"a message larger than the server takes ({limit} bytes)"
+
+
+SHED = "the server holds as many unfinished requests as it may; this one waited longest"
 
 
 _STATUS_200 = b"\x88"  # static table entry 8
@@ -137,8 +140,10 @@ class Call:
         while True:
             if len(data) >= 5:
                 flag, length = _MESSAGE.unpack_from(data)
-                if length > MAX_MESSAGE:
-                    raise GrpcError(Status.RESOURCE_EXHAUSTED, _too_large())
+                # the window comes back as messages are read: one must fit in it
+                limit = min(MAX_MESSAGE, connection.stream_window - 5)
+                if length > limit:
+                    raise GrpcError(Status.RESOURCE_EXHAUSTED, _too_large(limit))
                 if len(data) >= 5 + length:
                     if not yielded:  # one message a turn: a client that sends a
                         yielded = True  # lot waits its turn like everyone else
@@ -146,6 +151,7 @@ class Call:
                         continue
                     message = bytes(data[5 : 5 + length])
                     del data[: 5 + length]
+                    connection.budget.give_back(stream, 5 + length)
                     connection._consumed(stream, 5 + length)
                     return connection._uncompressed(stream, flag, message)
             if stream.ended:
@@ -259,16 +265,23 @@ class _GrpcConnection(H2Connection):
         if stream.call is not None:
             stream.call._more.set()
             return True
-        if len(stream.data) > MAX_MESSAGE + 5:
-            self._fail_call(stream, Status.RESOURCE_EXHAUSTED, _too_large())
+        data = stream.data
+        if len(data) >= 5 and 5 + _MESSAGE.unpack_from(data)[1] > self.stream_window:
+            # it would not fit in the window: said at once, not at the body timeout
+            self._fail_call(stream, Status.RESOURCE_EXHAUSTED, _too_large(self.stream_window - 5))
             return False
         return True
+
+    def _request_shed(self, stream: H2Stream) -> None:
+        assert isinstance(stream, _GrpcStream)
+        self._fail_call(stream, Status.RESOURCE_EXHAUSTED, SHED)
 
     def _request_ended(self, stream: H2Stream) -> None:
         assert isinstance(stream, _GrpcStream)
         if stream.call is not None:
             stream.call._more.set()
             return
+        self.budget.drop(stream)
         self._consumed(None, len(stream.data))  # unary: the request is read now
         try:
             message = self._one_message(stream)
@@ -404,7 +417,9 @@ class _GrpcConnection(H2Connection):
 
 class H2Server(H2Listener):
     """Serves ``methods`` (by path, ``/package.Service/Method``) over HTTP/2
-    with prior knowledge, or over TLS with ALPN ``h2``."""
+    with prior knowledge, or over TLS with ALPN ``h2``, within ``limits`` and
+    ``server_limits``; ``budget``: the bytes of unfinished requests, shared by
+    the process's listeners unless given."""
 
     def __init__(
         self,
@@ -413,8 +428,10 @@ class H2Server(H2Listener):
         token: bytes | None = None,
         ssl_context: ssl.SSLContext | None = None,
         limits: ConnectionLimits | None = None,
+        server_limits: ServerLimits | None = None,
+        budget: BodyBudget | None = None,
     ) -> None:
-        super().__init__(limits)
+        super().__init__(limits, server_limits, budget)
         self.methods = {path.encode(): method for path, method in methods.items()}
         self._token = token
         self._ssl = ssl_context

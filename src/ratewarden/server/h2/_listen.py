@@ -1,6 +1,8 @@
 """What the connections of one HTTP/2 listener share: the limits, the set of
-open connections (capped), the sweep of their deadlines, and handing freed
-memory back to the system after connections close."""
+open connections and which are kept (`Admission`: capped in all and per peer,
+the one idle longest closed to admit a new one), the process's budget of
+unfinished request bytes, the sweep of their deadlines, and handing freed
+memory back to the system after connections close or bodies are shed."""
 
 from __future__ import annotations
 
@@ -10,23 +12,44 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from .._connection_limits import ConnectionLimits
+from .._connection_limits import (
+    Admission,
+    BodyBudget,
+    ConnectionLimits,
+    ServerLimits,
+    process_budget,
+)
 
 if TYPE_CHECKING:
     from ._connection import H2Connection
 
-__all__ = ["H2Listener"]
+__all__ = ["CONNECTION_WINDOW", "H2Listener"]
+
+# The most a connection may have in flight to us (its window); no more than the
+# budget either
+CONNECTION_WINDOW = 1 << 20
 
 
 class H2Listener:
     """What a listener's connections share: the limits, the set of connections
     (capped at ``max_connections``) and the sweep of their deadlines."""
 
-    def __init__(self, limits: ConnectionLimits | None) -> None:
-        self.limits = limits or ConnectionLimits()
+    def __init__(
+        self,
+        limits: ConnectionLimits | None,
+        server_limits: ServerLimits | None = None,
+        budget: BodyBudget | None = None,
+    ) -> None:
+        self.limits = limits = limits or ConnectionLimits()
+        self.server_limits = shared = server_limits or ServerLimits()
+        self.budget = budget or process_budget(shared.max_buffered_bytes)
+        self.stream_window = shared.max_stream_bytes
+        self.connection_window = max(65_535, min(CONNECTION_WINDOW, self.budget.max_bytes))
+        self.admission = Admission(limits.max_connections, shared.max_connections_per_peer)
         self.connections: set[H2Connection] = set()
         self.stopping = False
-        self.refused = 0  # connections closed at once: the cap was reached
+        self.refused = 0  # connections closed at once: the cap was reached, none idle
+        self.evicted = 0  # idle connections closed to admit a new one
         self.calmed = 0  # connections ended with ENHANCE_YOUR_CALM
         self._sweeper: asyncio.TimerHandle | None = None
         self._trim_at = 0.0
@@ -55,7 +78,8 @@ class H2Listener:
         self._sweeper = loop.call_later(self._interval, self._sweep)
 
     def lost(self) -> None:
-        """A connection closed: what it held may go back to the system."""
+        """A connection closed or a body was shed: what it held may go back to
+        the system."""
         self._trim_wanted = True
 
 

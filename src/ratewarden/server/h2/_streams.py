@@ -12,6 +12,8 @@ only within the connection's window.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._control import H2Control
 from ._frames import (
     END_HEADERS,
@@ -34,10 +36,11 @@ from ._frames import (
 )
 from ._send import H2Stream
 
-__all__ = ["CONNECTION_WINDOW", "HEADER_BUDGET", "MAX_STREAMS", "STREAM_WINDOW", "H2Streams"]
+if TYPE_CHECKING:
+    from ._listen import H2Listener
 
-STREAM_WINDOW = 1 << 20  # what each stream may send us before we give it back
-CONNECTION_WINDOW = 1 << 24
+__all__ = ["HEADER_BUDGET", "MAX_STREAMS", "H2Streams"]
+
 MAX_STREAMS = 100  # as nghttp2, h2o and Apache advertise; Envoy opens another connection past it
 # Header lists the open streams of one connection may hold, in max_header_bytes
 HEADER_BUDGET = 64
@@ -49,9 +52,15 @@ class H2Streams(H2Control):
 
     # H2Connection's
     going_away: bool
+    listener: H2Listener
 
     def __init__(self) -> None:
         super().__init__()
+        listener = self.listener
+        self.budget = listener.budget
+        self.admission = listener.admission
+        self.stream_window = listener.stream_window  # a request's body, at most
+        self.connection_window = listener.connection_window
         self.headers = HeaderDecoder(self.limits.max_header_bytes)
         self.streams: dict[int, H2Stream] = {}
         self.bodies: dict[int, H2Stream] = {}  # requests whose body has a deadline, oldest first
@@ -133,17 +142,16 @@ class H2Streams(H2Control):
         self._request(stream_id, bool(flags & END_STREAM), headers, size)
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        """Flow control: the connection's window comes back only as requests are
-        read (a unary request when it is complete, a streaming call's messages as
-        the call takes them), so what a client makes us hold is bounded by
-        CONNECTION_WINDOW; a stream that is not read as it comes has its own window
-        given back as its bytes arrive (a message may be larger than a stream
-        window), one that is (`H2Stream.consumed`) as it is read."""
+        """Flow control: a stream's window is what its request may hold, given
+        back only as a streaming call reads its messages; the connection's
+        comes back as requests are read (a unary request when it is complete),
+        so what a client makes us hold is bounded by its windows, and what all
+        clients make us hold by the process's `BodyBudget`."""
         if stream_id == 0:
             raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
         self.received += size
-        if self.received > CONNECTION_WINDOW:
+        if self.received > self.connection_window:
             raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA beyond the connection window")
         stream = self.streams.get(stream_id)
         if stream is None or stream.ended:
@@ -162,19 +170,20 @@ class H2Streams(H2Control):
         if not payload and not ended:
             self._spend("empty DATA frames")
         stream.received += size
-        if stream.received > STREAM_WINDOW:
+        if stream.received > self.stream_window:
+            self._consumed(None, size)
             self._reset(stream, FLOW_CONTROL_ERROR)
             return
-        stream.data += payload
         self._consumed(stream, size - len(payload))  # the padding
+        if payload:
+            if not self.budget.take(stream, len(payload), self._shed):
+                self._consumed(None, len(payload))
+                return  # it alone was more than the budget, and was shed
+            stream.data += payload
         if not self._request_data(stream):
             return  # it failed
         if ended:
             self._end(stream)
-            return
-        if not self._reads_as_it_goes(stream) and stream.received >= STREAM_WINDOW // 2:
-            self._write(frame(WINDOW_UPDATE, 0, stream_id, U32.pack(stream.received)))
-            stream.received = 0
 
     def _end(self, stream: H2Stream) -> None:
         stream.ended = True
@@ -187,14 +196,14 @@ class H2Streams(H2Control):
         if size <= 0:
             return
         self.consumed += size
-        if self.consumed >= CONNECTION_WINDOW // 4:
+        if self.consumed >= self.connection_window // 4:
             self._write(frame(WINDOW_UPDATE, 0, 0, U32.pack(self.consumed)))
             self.received -= self.consumed
             self.consumed = 0
         if stream is None or stream.ended or not self._reads_as_it_goes(stream):
             return
         stream.consumed += size
-        if stream.consumed >= STREAM_WINDOW // 2 and self.streams.get(stream.id) is stream:
+        if stream.consumed >= self.stream_window // 2 and self.streams.get(stream.id) is stream:
             self._write(frame(WINDOW_UPDATE, 0, stream.id, U32.pack(stream.consumed)))
             stream.received -= stream.consumed
             stream.consumed = 0
@@ -208,6 +217,10 @@ class H2Streams(H2Control):
     def _reads_as_it_goes(self, stream: H2Stream) -> bool:
         """Whether the stream's bytes are read as they come (its window then comes
         back as they are read) or held until the request ends."""
+        raise NotImplementedError
+
+    def _request_shed(self, stream: H2Stream) -> None:
+        """The budget dropped the stream's bytes to make room: end its request."""
         raise NotImplementedError
 
     def _request_data(self, stream: H2Stream) -> bool:
@@ -227,7 +240,18 @@ class H2Streams(H2Control):
 
     # -- streams -------------------------------------------------------------------
 
+    def _shed(self, holder: Any) -> None:
+        stream: H2Stream = holder
+        held = len(stream.data)
+        stream.data.clear()
+        self._consumed(None, held)
+        self.listener.lost()
+        if self.streams.get(stream.id) is stream:
+            self._request_shed(stream)
+
     def _open(self, stream: H2Stream, *, body_deadline: bool) -> None:
+        if not self.streams:
+            self.admission.busy(self)
         self.streams[stream.id] = stream
         self.header_bytes += stream.header_size
         if body_deadline:
@@ -246,9 +270,12 @@ class H2Streams(H2Control):
         self._wake(stream)
         held = len(stream.data)  # bytes nobody will read: window back
         stream.data.clear()
+        self.budget.drop(stream)
         self._consumed(None, held)
-        if self.going_away and not self.streams:
-            self._close_soon()
+        if not self.streams:
+            self.admission.idle(self)
+            if self.going_away:
+                self._close_soon()
 
     def _reset(self, stream: H2Stream, code: int) -> None:
         """Resets a stream the client made invalid: counted like a client's reset,
@@ -269,6 +296,7 @@ class H2Streams(H2Control):
         self.headers.forget()
         self.header_bytes = self.queued = 0
         for stream in streams:
+            self.budget.drop(stream)
             stream.data.clear()
             stream.outbox.clear()
             self._wake(stream)
