@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ratewarden.server import add_arguments
+from ratewarden import ConfigurationError
+from ratewarden.server import ServeOptions, add_arguments, options_from
+from ratewarden.server._connection_limits import ConnectionLimits, ServerLimits
 
 SERVICE_MD = Path(__file__).resolve().parents[2] / "docs" / "service.md"
 
@@ -63,3 +65,33 @@ def test_every_option_has_help_showing_its_default(action: argparse.Action) -> N
     if action.default not in (None, False, []):
         value = shown(action.default)
         assert "default" in action.help or value in action.help, (action.help, value)
+
+
+def options(*args: str) -> ServeOptions:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return options_from(parser.parse_args(list(args)))
+
+
+def test_the_server_limits_are_options_of_their_own() -> None:
+    assert options().server_limits == ServerLimits()
+    assert ServerLimits() == ServerLimits(32 * 2**20, 256 * 1024, 1_000)
+    given = options("--max-buffered-bytes", "1048576", "--max-stream-bytes", "65536",
+                    "--max-connections-per-peer", "7")  # fmt: skip
+    assert given.server_limits == ServerLimits(2**20, 65536, 7)
+    assert given.limits == ConnectionLimits()  # not taken for the per-connection ones
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--max-connections-per-peer", "0"], "--max-connections-per-peer must be an integer >= 1"),
+        (["--max-stream-bytes", "100"], "--max-stream-bytes must be >= 16384 (a frame), got 100"),
+        (["--max-buffered-bytes", "20000"],
+         "--max-buffered-bytes (20000) must be at least --max-stream-bytes (262144)"),
+    ],
+)  # fmt: skip
+def test_bad_server_limits_are_said_in_the_options_names(args: list[str], said: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        options(*args)
+    assert str(raised.value) == said or str(raised.value).startswith(said), raised.value

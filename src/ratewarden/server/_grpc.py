@@ -14,7 +14,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from .._errors import ConfigurationError
-from ._connection_limits import ConnectionLimits
+from ._connection_limits import ConnectionLimits, ServerLimits
 from ._protos import messages, protos
 from ._rls import METHOD, SERVICE_NAME, RateLimitService
 from ._serve import parse_address
@@ -162,6 +162,7 @@ class GrpcServer:
         tls: ssl.SSLContext | None = None,
         reuse_port: bool = False,
         limits: ConnectionLimits | None = None,
+        server_limits: ServerLimits | None = None,
     ) -> None:
         self.service = service
         self.host, self.port = parse_address(address, "--grpc")
@@ -181,7 +182,7 @@ class GrpcServer:
         }
         self.server = H2Server(
             methods, token=None if token is None else token.encode(), ssl_context=tls,
-            limits=limits,
+            limits=limits, server_limits=server_limits,
         )  # fmt: skip
 
     async def start(self) -> None:

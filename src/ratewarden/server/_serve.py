@@ -13,6 +13,7 @@ import gc
 import logging
 import math
 import os
+import re
 import signal
 import socket
 from collections.abc import Generator
@@ -26,7 +27,7 @@ from ..envoy import EnvoyOptions, apply_environment, envoy_options
 from ..envoy import add_arguments as envoy_arguments
 from ..rules import RuleFile, RuleSet
 from ..stores import AsyncMemoryStore, AsyncStore
-from ._connection_limits import ConnectionLimits
+from ._connection_limits import ConnectionLimits, ServerLimits
 
 __all__ = ["ServeOptions", "add_arguments", "options_from", "serve"]
 
@@ -36,6 +37,7 @@ LOOPBACK = "127.0.0.1"  # where the listeners are by default, and a bare port
 DEFAULT_HTTP = f"{LOOPBACK}:8080"
 DEFAULT_GRPC = f"{LOOPBACK}:8081"
 DEFAULT_LIMITS = ConnectionLimits()
+DEFAULT_SERVER_LIMITS = ServerLimits()
 
 
 def demo_rules() -> str:
@@ -74,12 +76,14 @@ class ServeOptions:
     log_level: str = "info"
     grpc_tls: tuple[str | None, str | None, str | None] = (None, None, None)
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    server_limits: ServerLimits = field(default_factory=ServerLimits)
     quota_member_metrics: bool = False
     envoy: EnvoyOptions = field(default_factory=EnvoyOptions)
     reload_interval: float = 1.0  # seconds between looks at the rule file; 0: never
 
 
 _LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(ConnectionLimits)}
+_SERVER_LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(ServerLimits)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +134,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"HTTP/2 a reset stream; default {limits.body_timeout:g})")  # fmt: skip
     add("--max-header-bytes", type=int, default=limits.max_header_bytes, metavar="BYTES",
         help=f"a request's headers (HTTP 431; default {limits.max_header_bytes})")  # fmt: skip
+    shared = DEFAULT_SERVER_LIMITS
+    add("--max-buffered-bytes", type=int, default=shared.max_buffered_bytes, metavar="BYTES",
+        help="bytes of unfinished request bodies the process holds, both listeners "
+        "together; past it the body held longest is dropped (HTTP 503, gRPC "
+        f"RESOURCE_EXHAUSTED; default {shared.max_buffered_bytes})")  # fmt: skip
+    add("--max-stream-bytes", type=int, default=shared.max_stream_bytes, metavar="BYTES",
+        help="an HTTP/2 request's body, and the flow-control window of its stream "
+        f"(default {shared.max_stream_bytes})")  # fmt: skip
+    add("--max-connections-per-peer", type=int, default=shared.max_connections_per_peer,
+        metavar="N",
+        help="connections one source address keeps on each listener; past it, and at "
+        "--max-connections, the one idle longest is closed to admit the new one "
+        f"(default {shared.max_connections_per_peer})")  # fmt: skip
     add("--max-keys", type=int, default=1_000_000, metavar="N",
         help="the memory store's bound: least recently used keys go first (default "
         "1000000)")  # fmt: skip
@@ -197,6 +214,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         log_level=args.log_level,
         grpc_tls=(args.grpc_cert, args.grpc_key, args.grpc_client_ca),
         limits=limits_from(args),
+        server_limits=server_limits_from(args),
         quota_member_metrics=args.quota_member_metrics,
         envoy=envoy_options(args),
         reload_interval=args.config_reload_interval,
@@ -207,12 +225,22 @@ def limits_from(args: argparse.Namespace) -> ConnectionLimits:
     try:
         return ConnectionLimits(**{name: getattr(args, name) for name in _LIMIT_FLAGS})
     except ConfigurationError as exc:
-        message = str(exc)
-        for name, flag in _LIMIT_FLAGS.items():  # the flag's name, not the field's
-            if message.startswith(name + " "):
-                message = flag + message[len(name) :]
-                break
-        raise ConfigurationError(message) from None
+        raise _in_flags(exc, _LIMIT_FLAGS) from None
+
+
+def server_limits_from(args: argparse.Namespace) -> ServerLimits:
+    try:
+        return ServerLimits(**{name: getattr(args, name) for name in _SERVER_LIMIT_FLAGS})
+    except ConfigurationError as exc:
+        raise _in_flags(exc, _SERVER_LIMIT_FLAGS) from None
+
+
+def _in_flags(exc: ConfigurationError, flags: dict[str, str]) -> ConfigurationError:
+    """The error with the options' names in it, not the fields'."""
+    message = str(exc)
+    for name, flag in sorted(flags.items(), key=lambda item: -len(item[0])):
+        message = re.sub(rf"\b{name}\b", flag, message)
+    return ConfigurationError(message)
 
 
 def make_store(url: str, options: ServeOptions) -> AsyncStore:
@@ -333,7 +361,8 @@ class _Servers:
             self.grpc = GrpcServer(service, options.grpc, token=options.token,
                                    tls=parse_tls(*options.grpc_tls),
                                    reuse_port=options.workers > 1,
-                                   limits=options.limits)  # fmt: skip
+                                   limits=options.limits,
+                                   server_limits=options.server_limits)  # fmt: skip
             await self.grpc.start()
             self.where.append(f"gRPC on {options.grpc.rpartition(':')[0]}:{self.grpc.port}")
         if options.http is not None:
@@ -352,8 +381,9 @@ class _Servers:
             # rule file's client_ip.trusted_proxies decides whom to believe.
             # ws none: an upgrade would hand the connection to a protocol
             # without the limits. The keep-alive timeout is the protocol's own.
+            protocol = http_protocol(limits, options.max_body, options.server_limits)
             config = uvicorn.Config(
-                app, http=http_protocol(limits, options.max_body), ws="none", loop="none",
+                app, http=protocol, ws="none", loop="none",
                 lifespan="off", log_config=None, access_log=False, proxy_headers=False,
                 timeout_keep_alive=max(1, math.ceil(limits.idle_timeout)),
                 timeout_graceful_shutdown=max(math.ceil(options.drain), 1),
