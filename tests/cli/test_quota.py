@@ -62,6 +62,7 @@ def test_set_creates_a_quota(
     assert [line.split(maxsplit=1) for line in lines[1:-1]] == [
         ["rate", "2000/second"], ["algorithm", "equal"], ["refresh", "1s"], ["lease", "10s"],
         ["safe", "50 permits"], ["cap", "0"], ["adaptive", "no"], ["floor", "1"],
+        ["sliding", "no"],
     ]  # fmt: skip
     assert lines[-1] == f"redis: {redis_single.url} (--store)"
     status = show_quota(client, name)
@@ -100,6 +101,13 @@ def test_a_change_keeps_what_is_not_given(
         "300/second", "fair_share", refresh=2, lease=10, safe=5, floor=20
     )
     assert status.version == 3
+    # the sliding mode, for providers that count rolling windows
+    assert run(redis_single, "set", name, "--sliding") == 0
+    out, _ = capsys.readouterr()
+    assert out.splitlines()[1:-1] == ["  sliding    no -> yes"]
+    status = show_quota(client, name)
+    assert status is not None
+    assert status.config.sliding
 
 
 def test_setting_what_is_there_changes_nothing(

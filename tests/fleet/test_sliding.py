@@ -59,3 +59,12 @@ def test_blocking_pools_stay_within_any_rolling_window() -> None:
     r = simulate(scenario.but(sliding=True))
     assert r.rolling_max <= 500
     assert r.utilisation >= 0.99
+
+
+def test_a_promised_grant_is_not_put_off_by_later_changes() -> None:
+    share = Share(W, strict=True)
+    share.apply(1_000, 1_000, ((0, 1_000),), 0, settled=True)
+    share.apply(3_000, 3_000, ((0, 3_000),), 100, not_before=2 * W + 1)
+    share.apply(2_500, 3_000, ((0, 2_500),), 200, not_before=5 * W)  # space freed since
+    share.window_state(3 * W)
+    assert share.grant == 2_500  # at the time the first grant was given, within its space

@@ -52,6 +52,7 @@ def _settings(config: QuotaConfig) -> list[tuple[str, str]]:
         ("cap", str(config.cap)),
         ("adaptive", "yes" if config.adaptive else "no"),
         ("floor", str(config.floor)),
+        ("sliding", "yes" if config.sliding else "no"),
     ]
 
 
@@ -71,7 +72,7 @@ def quota_set(client: Any, args: argparse.Namespace) -> int:
     given: dict[str, Any] = {
         "algorithm": args.algorithm, "refresh": args.refresh, "lease": args.lease,
         "safe": None if args.safe is None else _safe(args.safe), "cap": args.cap,
-        "adaptive": args.adaptive, "floor": args.floor,
+        "adaptive": args.adaptive, "floor": args.floor, "sliding": args.sliding,
     }  # fmt: skip
     changes = {name: value for name, value in given.items() if value is not None}
     if args.rate is not None:
@@ -128,6 +129,8 @@ def _resource_line(status: QuotaStatus) -> str:
     ]
     if config.adaptive:
         parts.append(f"adaptive (floor {config.floor})")
+    if config.sliding:
+        parts.append("sliding")
     parts.append(f"version {status.version}")
     return ", ".join(parts)
 
@@ -334,6 +337,10 @@ def add_quota(sub: Any) -> None:
                         "their shares")  # fmt: skip
     change.add_argument("--floor", type=int, metavar="N",
                         help="adaptive: the total never goes below this")  # fmt: skip
+    change.add_argument("--sliding", action=argparse.BooleanOptionalAction, default=None,
+                        help="for a provider that counts rolling windows: no stretch of one "
+                        "window, wherever it starts, over the total (costs utilisation "
+                        "when demand moves; docs/fleet.md)")  # fmt: skip
     change.add_argument("--json", action="store_true",
                         help="print what was done and the quota as JSON")  # fmt: skip
     show = verbs.add_parser("show", help="a quota, its members and their use",

@@ -163,6 +163,11 @@ class Share:
                     self._count = min(self._count, self.permits(w))
                     self._space()
             start = max(w + 1, -(-not_before // self.window_ns))  # ``not_before``: strict's
+            pending = self._pending
+            if pending is not None and within(pieces, pending[2]):
+                # space it was given before may be taken up as said then: a later
+                # change elsewhere must not put off a grant again and again
+                start = min(start, max(w + 1, pending[3]))
             self._pending = (grant, held, pieces, start, line)
             return
         self._pending = None
