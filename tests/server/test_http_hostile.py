@@ -15,6 +15,7 @@ import socket
 import textwrap
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
@@ -158,21 +159,74 @@ def service(rules: Path, tmp: Path, *more: str) -> Iterator[Served]:
         assert served.terminate() == 0
 
 
-def test_connections_beyond_the_cap_are_refused_at_once(rules: Path, tmp_path: Path) -> None:
-    """A flood of idle connections holds at most --max-connections descriptors:
-    the rest are answered 503 at once, gRPC (a listener of its own) still
-    answers, and HTTP answers again once the idle ones time out."""
+def test_idle_connections_beyond_the_cap_make_room_oldest_first(
+    rules: Path, tmp_path: Path
+) -> None:
+    """At --max-connections a new connection takes the place of the one idle
+    longest: a flood of idle connections closes its own oldest one by one, the
+    descriptors stay at the cap, and a legitimate check is answered 200
+    throughout, on HTTP and on gRPC (a listener of its own)."""
     from tests.server.test_serve import grpc_check  # noqa: PLC0415
 
-    idle = 4.0  # the flood must end before the held connections time out
-    with service(rules, tmp_path, "--idle-timeout", str(idle)) as served, ExitStack() as stack:
+    with service(rules, tmp_path, "--idle-timeout", "30") as served, ExitStack() as stack:
         pid = served.process.pid
         files_before = open_files(pid)
         legit = Legitimate(served.http)
-        held = [stack.enter_context(connect(served.http)) for _ in range(50)]
+        held = deque(stack.enter_context(connect(served.http)) for _ in range(50))
+        flood_started = time.monotonic()
+        for newcomer in range(300):
+            sock = stack.enter_context(connect(served.http))
+            if newcomer % 50 == 0:  # a legitimate client's, kept open after its answer
+                started = time.monotonic()
+                sock.sendall(CHECK)
+                answer = read_answer_once(sock)
+                legit.latencies.append(time.monotonic() - started)
+                legit.statuses.append(200 if answer.startswith(b"HTTP/1.1 200 ") else 0)
+            held.append(sock)
+            oldest = held.popleft()  # closed to make room, and no other
+            answer, took = closed_after(oldest, time.monotonic() + LATE)
+            assert answer == b""
+            assert took < LATE
+        took = time.monotonic() - flood_started
+        assert legit.statuses == [200] * 6
+        assert open_files(pid) <= files_before + 50 + 5
+        assert grpc_check(served.grpc, "192.0.2.1") == 1  # the other listener: not starved
+        assert legit.check() == 200  # and HTTP on a new connection, at the cap
+        held.popleft()
+        for sock in list(held)[-10:]:  # the newest are still open
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)
+        figure("350 idle connections, cap 50", served, legit, evicted=300,
+               evictions_per_s=round(300 / took), open_files_max=files_before + 50)  # fmt: skip
+
+
+def test_connections_beyond_the_cap_are_refused_when_none_is_idle(
+    rules: Path, tmp_path: Path
+) -> None:
+    """With every one of --max-connections busy (a body still arriving), one
+    more is answered 503 at once; gRPC (a listener of its own) still answers,
+    and HTTP answers again once the busy ones are gone."""
+    from tests.server.test_serve import grpc_check  # noqa: PLC0415
+
+    slow = ("--body-timeout", "10", "--idle-timeout", "10")
+    with service(rules, tmp_path, *slow) as served, ExitStack() as stack:
+        pid = served.process.pid
+        files_before = open_files(pid)
+        legit = Legitimate(served.http)
+        head = (b"POST /v1/check HTTP/1.1\r\nhost: ratewarden\r\nexpect: 100-continue\r\n"
+                b"content-length: %d\r\n\r\n" % len(CHECK_BODY))  # fmt: skip
+        held = []
+        for _ in range(50):
+            sock = stack.enter_context(connect(served.http))
+            sock.sendall(head)
+            # the app asked for the body: the server has read the head, the connection is busy
+            assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            sock.sendall(CHECK_BODY[:5])
+            held.append(sock)
         flood_started = time.monotonic()
         refused = 0
-        while refused < 1000 and time.monotonic() - flood_started < idle / 2:
+        while refused < 1000 and time.monotonic() - flood_started < 2:
             with connect(served.http) as extra:
                 answer, took = closed_after(extra, time.monotonic() + LATE)
             assert answer.startswith(b"HTTP/1.1 503 "), answer
@@ -182,14 +236,11 @@ def test_connections_beyond_the_cap_are_refused_at_once(rules: Path, tmp_path: P
         assert open_files(pid) <= files_before + 50 + 5
         assert grpc_check(served.grpc, "192.0.2.1") == 1  # the other listener: not starved
         assert legit.check() == 503  # the cap is the cap
-        for sock in held:  # the idle ones go at the idle timeout
-            answer, took = closed_after(sock, flood_started + idle + LATE)
-            assert answer == b""
-        started = time.monotonic()
-        while legit.check() != 200:
-            assert time.monotonic() - started < LATE
-            time.sleep(0.05)
-        figure(f"{50 + refused} idle connections, cap 50", served, legit, refused=refused,
+        for sock in held[:10]:  # their bodies end: answered, then idle, they make room
+            sock.sendall(CHECK_BODY[5:])
+            assert read_answer_once(sock).startswith(b"HTTP/1.1 200 ")
+        assert legit.check() == 200
+        figure(f"{50 + refused} connections, 50 busy, cap 50", served, legit, refused=refused,
                refusals_per_s=round(refused / flood), open_files_max=files_before + 50)  # fmt: skip
 
 
