@@ -8,9 +8,10 @@ the resource's channel. The cases:
   window edge) and the lease runs from the moment the refresh was *sent*, so the
   member's idea of its lease ends no later than the coordinator's;
 - a failure: logged at once, then once a minute while it lasts, and again when
-  the coordinator answers. The member keeps its grant until its lease ends, then falls back to
-  the resource's safe share (0, a number, or an equal split of the last
-  membership it saw) in two steps. First, for one more lease, the safe share or
+  the coordinator answers. The member keeps its grant until its lease ends, then
+  falls back to its safe share (what the coordinator last said: an equal part of
+  the membership or the resource's number, within what the other members' safe
+  shares leave) in two steps. First, for one more lease, the safe share or
   what it holds, whichever is smaller, at once and inside its own pieces: the
   members' leases end at different moments, and one that grew to the safe share
   before another shrank to it could overrun the total. Then, from the next window
@@ -95,7 +96,7 @@ class Member:
         self.lease_until = 0  # ns of the member's clock; 0: no grant yet
         self.members = 0
         self.safe: int | None = None  # the coordinator's word on its safe share
-        self.soon = False  # the next refresh comes after an eighth of an interval
+        self.soon = False  # the next refresh comes after a 32nd of an interval
         self._soon = 0  # such refreshes in a row
         self.throttled = 0  # provider refusals since the last report
         self.fallen_back = False
@@ -352,7 +353,7 @@ class Member:
     def next_delay(self, jitter: float | None = None) -> float:
         """Seconds to the next refresh: the resource's interval, jittered by 10%
         (``jitter``, 0.9-1.1, else random) so that a fleet started together does
-        not refresh in step; an eighth of it after a reply that left it behind."""
+        not refresh in step; a 32nd of it after a reply that left it behind."""
         refresh = 1.0 if self.config is None else self.config.refresh
         if self.known is not None:
             refresh = int(self.known.get("refresh_ms", "1000")) / 1000
