@@ -15,15 +15,14 @@ close. Each test prints one ``FIGURE`` line (run with ``-s``).
 from __future__ import annotations
 
 import socket
-import textwrap
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from ratewarden.server.h2._frames import PREFACE, frame
+from tests.server.attack import GRPC_CHECK, service
 from tests.server.h2.h2_attacks import (
     DATA,
     END_HEADERS,
@@ -32,18 +31,10 @@ from tests.server.h2.h2_attacks import (
     RLS,
     legit_check,
     request_block,
-    rls_request,
     settings,
 )
-from tests.server.process import Served, serving
 from tests.server.test_http_hostile import Legitimate, open_files, status_of
 
-RULES = textwrap.dedent("""
-    rules:
-      - name: per-user
-        rate: 1000000/minute
-        by: user
-""")
 MiB = 1 << 20
 BUDGET = 32 * MiB  # --max-buffered-bytes' default
 STREAM_WINDOW = 256 * 1024  # --max-stream-bytes' default
@@ -54,7 +45,6 @@ SLACK = 40 * MiB
 # after the attackers close, freed memory is handed back to the system (the
 # listener trims the heap at most every 5 s); what the allocator keeps is allowed
 AFTER = 16 * MiB
-GRPC_CHECK = rls_request(b"ratewarden", b"user", b"legitimate")
 
 
 def unfinished(port: int) -> socket.socket:
@@ -95,17 +85,6 @@ def answered(sock: socket.socket) -> int:
 
 def rss(pid: int) -> int:
     return status_of(pid)["VmRSS"] * 1024
-
-
-@contextmanager
-def service(tmp: Path) -> Iterator[Served]:
-    rules = tmp / "rules.yaml"
-    rules.write_text(RULES)
-    with serving("--config", str(rules), tmp=tmp) as served:
-        Legitimate(served.http).check()  # warm: the first checks import and compile
-        legit_check(served.grpc, b"", GRPC_CHECK)
-        yield served
-        assert served.terminate() == 0
 
 
 def settle(pid: int, files: int, deadline: float) -> None:

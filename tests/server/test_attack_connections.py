@@ -20,16 +20,13 @@ Prints one ``FIGURE`` line (run with ``-s``).
 from __future__ import annotations
 
 import socket
-import textwrap
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from ratewarden.server.h2._frames import PREFACE
-from tests.server.h2.h2_attacks import legit_check, rls_request, settings
-from tests.server.process import Served, serving
+from tests.server.attack import GRPC_CHECK, service
+from tests.server.h2.h2_attacks import legit_check, settings
 from tests.server.test_http_hostile import (
     CHECK,
     Legitimate,
@@ -38,12 +35,6 @@ from tests.server.test_http_hostile import (
     status_of,
 )
 
-RULES = textwrap.dedent("""
-    rules:
-      - name: per-user
-        rate: 1000000/minute
-        by: user
-""")
 ATTACK = 20_000  # connections in all, half a port
 PER_PEER = 1_000  # --max-connections-per-peer's default
 # connections the test keeps open a port: the server's 1,000 and those it may
@@ -51,18 +42,6 @@ PER_PEER = 1_000  # --max-connections-per-peer's default
 KEPT = PER_PEER + 100
 LATE = 5.0  # how long the server may take to close one (a loaded machine)
 MiB = 1 << 20
-GRPC_CHECK = rls_request(b"ratewarden", b"user", b"legitimate")
-
-
-@contextmanager
-def service(tmp: Path) -> Iterator[Served]:
-    rules = tmp / "rules.yaml"
-    rules.write_text(RULES)
-    with serving("--config", str(rules), tmp=tmp) as served:
-        Legitimate(served.http).check()  # warm: the first checks import and compile
-        legit_check(served.grpc, b"", GRPC_CHECK)
-        yield served
-        assert served.terminate() == 0
 
 
 def idle(port: int, first: bytes) -> socket.socket:
