@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -19,35 +17,10 @@ from ratewarden.fleet.coordinator import Reply
 from ratewarden.fleet.member import Member
 from ratewarden.integrations.httpx import RateLimitTransport
 from ratewarden.stores.redis.connection import connect
+from tests.fleet.members import member
 from tests.redis_server import RedisCluster, RedisServer, free_port
 
 START = 1_763_900_000.0
-
-
-@pytest.fixture
-def client(redis_single: RedisServer) -> Iterator[redis.Redis]:
-    with redis_single.client() as c:
-        yield c
-
-
-@pytest.fixture
-def name() -> str:
-    return f"q-{uuid.uuid4().hex[:10]}"
-
-
-def member(
-    name: str, client: redis.Redis, clock: FakeClock, member_id: str, **options: object
-) -> FleetQuota:
-    """A member on a fake clock (its own and the coordinator's), refreshed by hand."""
-    return FleetQuota(
-        name,
-        client,
-        member_id=member_id,
-        clock=clock,
-        coordinator_clock=clock,
-        background=False,
-        **options,  # type: ignore[arg-type]
-    )
 
 
 def test_members_split_the_total_and_spend_locally(client: redis.Redis, name: str) -> None:

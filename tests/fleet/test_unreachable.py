@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -16,20 +14,10 @@ from ratewarden._errors import StoreUnavailable
 from ratewarden.fleet import FleetQuota, QuotaConfig
 from ratewarden.fleet.coordinator import Coordinator
 from ratewarden.fleet.member import Member
-from tests.redis_server import RedisServer, free_port
+from tests.fleet.members import member
+from tests.redis_server import free_port
 
 START = 1_763_900_000.0
-
-
-@pytest.fixture
-def client(redis_single: RedisServer) -> Iterator[redis.Redis]:
-    with redis_single.client() as c:
-        yield c
-
-
-@pytest.fixture
-def name() -> str:
-    return f"q-{uuid.uuid4().hex[:10]}"
 
 
 def nowhere() -> str:
@@ -102,14 +90,7 @@ def test_a_timeout_past_the_deadline_carries_when_the_next_permit_is_due(
     client: redis.Redis, name: str
 ) -> None:
     clock = FakeClock(START)
-    q = FleetQuota(
-        name,
-        client,
-        config=QuotaConfig("2/second"),
-        clock=clock,
-        coordinator_clock=clock,
-        background=False,
-    ).start()
+    q = member(name, client, clock, "m", config=QuotaConfig("2/second")).start()
     try:
         assert q.try_acquire()
         assert q.try_acquire()
@@ -123,14 +104,7 @@ def test_a_timeout_past_the_deadline_carries_when_the_next_permit_is_due(
 
 def test_max_wait_none_waits_as_long_as_it_takes(client: redis.Redis, name: str) -> None:
     clock = FakeClock(START)
-    q = FleetQuota(
-        name,
-        client,
-        config=QuotaConfig("1/second"),
-        clock=clock,
-        coordinator_clock=clock,
-        background=False,
-    ).start()
+    q = member(name, client, clock, "m", config=QuotaConfig("1/second")).start()
     try:
         q.acquire(max_wait=None)
         before = clock.time_ns()
