@@ -445,14 +445,14 @@ def micro_member(url: str, client: redis.Redis, pace: bool, clock: Any) -> Fleet
     coordinator.set(config)
     equal = 2_000_000 * 1000 // 96  # millipermits a window
 
-    def others() -> None:
+    def others(has: int) -> None:
         for i in range(95):
-            coordinator.refresh(f"fake-{i:02d}", wants=equal, has=equal, used=equal)
+            coordinator.refresh(f"fake-{i:02d}", wants=equal, has=has, used=equal)
 
-    others()
+    others(0)  # joining, they hold nothing yet (holding some would start a rebuild)
     quota = FleetQuota(name, url, pace=pace, clock=clock, background=False)
     quota.start()
-    others()  # they make room for the new member, which takes it
+    others(equal)  # they make room for the new member, which takes it
     quota.refresh()
     return quota
 

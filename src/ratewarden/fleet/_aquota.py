@@ -95,6 +95,15 @@ class AsyncFleetQuota(Line, Shell):
         self._line = AsyncTurns(self.clock)
         self._task: asyncio.Task[None] | None = None
 
+    # who calls, to see it come back (see `_share`): its asyncio task, else its
+    # thread; a sync quota's caller is its thread, which a call holds, and asking
+    # asyncio for a task where no loop runs costs a raised exception a call
+    # unasync: async
+    _caller = staticmethod(current_caller)
+    # unasync: sync
+    # _caller = staticmethod(threading.current_thread)
+    # unasync: end
+
     # -- membership -------------------------------------------------------------
 
     async def start(self) -> AsyncFleetQuota:
@@ -254,7 +263,7 @@ class AsyncFleetQuota(Line, Shell):
         in class order, and only its head waits for the share (see `_line`)."""
         rank = check_priority(priority)
         max_wait = math.inf if max_wait is None else max_wait
-        caller = current_caller()
+        caller = self._caller()
         line = self._line
         if line.busy(LINE):  # others wait already: join them in class order, never barge
             wait = self._asked(max_wait, cost, caller)

@@ -22,7 +22,7 @@ from .._clock import Clock
 from .._errors import ConfigurationError, StoreUnavailable
 from .._waiting import Turns, check_max_wait, check_priority
 from ..stores.redis.connection import connect
-from ._shell import LINE, POLL, Line, Shell, check_cost, current_caller, log
+from ._shell import LINE, POLL, Line, Shell, check_cost, log
 from .config import QuotaConfig
 from .coordinator import Coordinator, QuotaStatus
 
@@ -82,6 +82,11 @@ class FleetQuota(Line, Shell):
         self._wake = threading.Event()
         self._line = Turns(self.clock)
         self._thread: threading.Thread | None = None
+
+    # who calls, to see it come back (see `_share`): its asyncio thread, else its
+    # thread; a sync quota's caller is its thread, which a call holds, and asking
+    # asyncio for a thread where no loop runs costs a raised exception a call
+    _caller = staticmethod(threading.current_thread)
 
     # -- membership -------------------------------------------------------------
 
@@ -224,7 +229,7 @@ class FleetQuota(Line, Shell):
         in class order, and only its head waits for the share (see `_line`)."""
         rank = check_priority(priority)
         max_wait = math.inf if max_wait is None else max_wait
-        caller = current_caller()
+        caller = self._caller()
         line = self._line
         if line.busy(LINE):  # others wait already: join them in class order, never barge
             wait = self._asked(max_wait, cost, caller)

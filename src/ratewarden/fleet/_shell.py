@@ -148,6 +148,7 @@ class Shell:
     _lock: threading.Lock
     name: str
     clock: Clock
+    _caller: Callable[[], object]  # who calls: the twin says (see `current_caller`)
 
     def _setup(
         self,
@@ -224,7 +225,7 @@ class Shell:
     def try_acquire(self, cost: int = 1) -> bool:
         """One permit (or ``cost``) now, or False: never waits, never raises."""
         share = self._member.share
-        caller = current_caller()
+        caller = self._caller()
         with self._lock:
             now = self.clock.time_ns()
             share.ask(now, cost, caller)
