@@ -225,13 +225,12 @@ class Shell:
     def try_acquire(self, cost: int = 1) -> bool:
         """One permit (or ``cost``) now, or False: never waits, never raises."""
         share = self._member.share
-        caller = self._caller()
         with self._lock:
             now = self.clock.time_ns()
-            share.ask(now, cost, caller)
-            granted = not share.take(now, cost)
-            share.done(now, caller)
-        return granted
+            # counted without its caller: a call that never waits shows
+            # nothing by its caller coming back (see `Share.ask`)
+            share.ask(now, cost)
+            return not share.take(now, cost)
 
     def demand(self, permits: float | None) -> None:
         """Report ``permits`` a window as this member's demand from the next
