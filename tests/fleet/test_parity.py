@@ -90,6 +90,7 @@ ops = st.one_of(
                 max_size=MAX_PIECES + 1,
             ),
         ),
+        st.booleans(),  # paced
     ),
     st.tuples(st.just("leave"), members),
     st.tuples(st.just("wait"), st.integers(0, 6_000)),  # ms
@@ -162,12 +163,12 @@ def _refresh(
     told: dict[str, list[tuple[int, int]]],
 ) -> tuple[Any, Any]:
     """One refresh on both sides; ``told`` keeps each member's pieces."""
-    _, member, wants, has, used, throttled, with_restore, claim = op
+    _, member, wants, has, used, throttled, with_restore, claim, paced = op
     if not model.cfg and not restore:
         with_restore = False
     pieces = told.get(member, []) if claim is None else claim
-    args = [member, wants, has, used, throttled, spans(pieces)]
     extra = restore if with_restore and restore else None
+    args = [member, wants, has, used, throttled, spans(pieces), "paced" if paced else ""]
     if extra:
         args += [p for pair in extra.items() for p in pair]
     got = lua._call("refresh", args)
@@ -180,6 +181,7 @@ def _refresh(
         throttled=throttled,
         pieces=pieces,
         restore=extra,
+        paced=paced,
     )
     if want[0]:
         told[member] = list(zip(want[3][::2], want[3][1::2], strict=True))
@@ -263,7 +265,7 @@ def test_rebuild_agrees(
             has, pieces = told.get(member, (0, []))
             if shifted:
                 pieces = [(start + 500, length) for start, length in pieces]
-            args = [member, 3_000_000, has, 0, 0, spans(pieces)]
+            args = [member, 3_000_000, has, 0, 0, spans(pieces), ""]
             args += [p for pair in restore.items() for p in pair]
             got = lua._call("refresh", args)
             want = model.refresh(

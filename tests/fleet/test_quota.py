@@ -46,6 +46,35 @@ def test_members_split_the_total_and_spend_locally(client: redis.Redis, name: st
     assert a.grant == 10.0
 
 
+@pytest.mark.parametrize(
+    ("giver_paced", "taker_paced", "at_once"),
+    [(True, True, True), (True, False, False), (False, True, False), (False, False, False)],
+)
+def test_space_a_paced_member_gives_up_a_paced_one_spends_at_once(
+    client: redis.Redis, name: str, giver_paced: bool, taker_paced: bool, at_once: bool
+) -> None:
+    """Mid-window, a joiner takes what the first member gives up: between paced
+    members in the same window, else from the next window edge."""
+    clock = FakeClock(START + 0.25)
+    config = QuotaConfig("10/second", "equal")
+    a = member(name, client, clock, "a", config=config, pace=giver_paced).start()
+    b = member(name, client, clock, "b", pace=taker_paced).start()
+    assert (a.grant, b.grant) == (10.0, 0.0)
+    a.refresh()  # gives up half, at once
+    clock.advance(0.05)
+    b.refresh()
+    assert b.local_status()["pending"] == (None if at_once else 5.0)
+    spent = 0
+    for _ in range(40):  # the rest of the window (0.7 s), a caller every 17.5 ms
+        spent += b.try_acquire()
+        clock.advance(0.0175)
+    # paced: spread over the rest of the window at 5 a second, not 5 at once
+    assert spent == (4 if at_once else 0)
+    clock.set(START + 1.25)  # the next window: a grant waiting for its edge applies
+    assert b.local_status()["pending"] is None
+    assert b.try_acquire()
+
+
 def test_a_quota_that_does_not_exist_is_a_clear_error(client: redis.Redis, name: str) -> None:
     with pytest.raises(ConfigurationError, match="ratewarden quota set"):
         member(name, client, FakeClock(START), "a").start()

@@ -57,8 +57,11 @@ class AsyncCoordinator(CoordinatorBase):
         throttled: int = 0,
         pieces: Sequence[Piece] = (),
         restore: dict[str, str] | None = None,
+        paced: bool = False,
     ) -> Reply | None:
-        """Report and receive a grant; None when the resource does not exist."""
+        """Report and receive a grant; None when the resource does not exist.
+        ``paced``: the member paces its permits (space it gives up may be taken
+        up at once by another paced member)."""
         rest = refresh_args(
             member,
             wants=wants,
@@ -67,6 +70,7 @@ class AsyncCoordinator(CoordinatorBase):
             throttled=throttled,
             pieces=pieces,
             restore=restore,
+            paced=paced,
         )
         return parse_refresh(await self._call("refresh", rest))
 

@@ -164,6 +164,7 @@ class AsyncFleetQuota(Line, Shell):
                 throttled=throttled,
                 pieces=pieces,
                 restore=restore,
+                paced=member.pace,
             )
         except StoreUnavailable as exc:
             with self._lock:

@@ -245,9 +245,10 @@ def refresh_args(
     throttled: int,
     pieces: Sequence[Piece],
     restore: dict[str, str] | None,
+    paced: bool = False,
 ) -> list[Any]:
     spans = " ".join(f"{start} {length}" for start, length in pieces)
-    args: list[Any] = [member, wants, has, used, throttled, spans]
+    args: list[Any] = [member, wants, has, used, throttled, spans, "paced" if paced else ""]
     for pair in (restore or {}).items():
         args.extend(pair)
     return args

@@ -144,6 +144,7 @@ class FleetQuota(Line, Shell):
                 throttled=throttled,
                 pieces=pieces,
                 restore=restore,
+                paced=member.pace,
             )
         except StoreUnavailable as exc:
             with self._lock:

@@ -41,9 +41,17 @@ local function num(cfg, field) return tonumber(cfg[field]) or 0 end
 -- space of the line given up now (a member shrank, moved, left or died; the
 -- total was cut): a member may spend new space at once only when nothing was
 -- given up for two windows, for until then its last holder may still spend it
-local function freed(cfg)
+-- (freed_ms). A paced member that gives up space at its refresh has spent it
+-- at most at its old rate so far and stops at once, so a paced member may take
+-- it at once too, spreading it over what is left of the window: hard_ms is the
+-- last time space was given up any other way
+local function freed(cfg, paced)
   redis.call('HSET', CFG, 'freed_ms', now)
   cfg.freed_ms = tostring(now)
+  if not paced then
+    redis.call('HSET', CFG, 'hard_ms', now)
+    cfg.hard_ms = tostring(now)
+  end
 end
 
 -- how long a rebuild lasts: every member that still spends tries a refresh
@@ -310,21 +318,22 @@ local id = ARGV[4]
 
 if op == 'leave' then
   if redis.call('HDEL', MEMBERS, id) == 1 and redis.call('EXISTS', CFG) == 1 then
-    redis.call('HSET', CFG, 'freed_ms', now)
+    freed({})
   end
   return {1}
 end
 
 -- refresh: ARGV[4] id, [5] wants_m, [6] has_m, [7] used_m, [8] throttled (the
 -- provider refused while the member kept its share), [9] its pieces ("start
--- length start length ..."), [10..] the configuration the member last knew, to
--- restore if Redis lost it
+-- length start length ..."), [10] "paced" if it paces its permits (else ""),
+-- [11..] the configuration the member last knew, to restore if Redis lost it
 local wants, reported, used, throttled = tonumber(ARGV[5]), tonumber(ARGV[6]),
   tonumber(ARGV[7]), tonumber(ARGV[8])
+local paced = ARGV[10] == 'paced'
 local cfg, found = read_cfg()
 if not found then
-  if #ARGV < 10 then return {0} end
-  for i = 10, #ARGV, 2 do
+  if #ARGV < 11 then return {0} end
+  for i = 11, #ARGV, 2 do
     redis.call('HSET', CFG, ARGV[i], ARGV[i + 1])
     cfg[ARGV[i]] = ARGV[i + 1]
   end
@@ -433,7 +442,7 @@ for _, p in ipairs(had) do  -- gave up some of its space?
     if q[1] <= p[1] and p[1] + p[2] <= q[1] + q[2] then kept = true end
   end
   if not kept then
-    freed(cfg)
+    freed(cfg, paced)
     break
   end
 end

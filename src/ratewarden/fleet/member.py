@@ -187,7 +187,15 @@ class Member:
         self.soon = behind and self._soon < _SOON
         self._soon = self._soon + 1 if self.soon else 0
         freed = int(fields.get("freed_ms", "0"))
-        settled = reply.now_ms - freed >= 2 * config.window_ns // 1_000_000
+        two_windows = 2 * config.window_ns // 1_000_000
+        settled = reply.now_ms - freed >= two_windows
+        if self.pace and not settled:
+            # space that paced members gave up at their refreshes is taken up at
+            # once and spread over the rest of the window: they spent it at most
+            # at their old rate until then, and this member spends it at most at
+            # its new one (see fleet.lua); space given up any other way waits
+            hard = int(fields.get("hard_ms", "0"))
+            settled = reply.now_ms - hard >= two_windows
         not_before = 0
         if config.sliding:
             # space given up at freed_ms (the coordinator's clock) is taken up a
@@ -370,7 +378,9 @@ class Member:
 
 
 # the coordinator's own bookkeeping: not restored after Redis lost the resource
-_TRANSIENT = frozenset({"seq", "rebuild_ms", "cut_ms", "raise_ms", "freed_ms", "nudge_ms"})
+_TRANSIENT = frozenset(
+    {"seq", "rebuild_ms", "cut_ms", "raise_ms", "freed_ms", "hard_ms", "nudge_ms"}
+)
 
 
 SLIDING_MARGIN_NS = 20_000_000  # for a member's reply read late, beyond its round trip

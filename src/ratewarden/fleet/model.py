@@ -85,9 +85,12 @@ class Model:
         live.sort(key=lambda m: m.seq)
         return live
 
-    def _freed(self, now: int) -> None:
-        """Space of the line was given up now (see fleet.lua)."""
+    def _freed(self, now: int, paced: bool = False) -> None:
+        """Space of the line was given up now; ``paced``: by a paced member at
+        its refresh, which a paced member may take up at once (see fleet.lua)."""
         self.cfg["freed_ms"] = str(now)
+        if not paced:
+            self.cfg["hard_ms"] = str(now)
 
     def _adapt(self, now: int, throttled: int, members: list[_Member]) -> None:
         """The adaptive total: cut by a quarter on a refusal, else raised slowly."""
@@ -169,6 +172,7 @@ class Model:
         throttled: int,
         pieces: Sequence[Piece] = (),
         restore: dict[str, str] | None = None,
+        paced: bool = False,
     ) -> list[Any]:
         cfg = self.cfg
         if not cfg:
@@ -212,7 +216,7 @@ class Model:
         had = me.pieces
         me.pieces = place(total, had, granted, taken)
         if not within(had, me.pieces):
-            self._freed(now)
+            self._freed(now, paced)
         me.has = sum(length for _, length in me.pieces)
         me.safe = self._safe(now, me, members, total)
         self._save(me)

@@ -67,6 +67,7 @@ class Backend(Protocol):
         throttled: int,
         pieces: Sequence[Piece],
         restore: dict[str, str] | None,
+        paced: bool = False,
     ) -> Reply | None: ...
 
     def messages(self, reply: Reply) -> list[Any]:
@@ -115,6 +116,7 @@ class ModelBackend:
         throttled: int,
         pieces: Sequence[Piece],
         restore: dict[str, str] | None,
+        paced: bool = False,
     ) -> Reply | None:
         raw = self.model.refresh(
             self._ms(),
@@ -125,6 +127,7 @@ class ModelBackend:
             throttled=throttled,
             pieces=pieces,
             restore=restore,
+            paced=paced,
         )
         return parse_refresh(raw)
 
@@ -186,6 +189,7 @@ class RedisBackend:
         throttled: int,
         pieces: Sequence[Piece],
         restore: dict[str, str] | None,
+        paced: bool = False,
     ) -> Reply | None:
         return self.coordinator.refresh(
             member,
@@ -195,6 +199,7 @@ class RedisBackend:
             throttled=throttled,
             pieces=pieces,
             restore=restore,
+            paced=paced,
         )
 
     def messages(self, reply: Reply) -> list[Any]:

@@ -321,6 +321,7 @@ class Run(Measures):
             throttled=throttled,
             pieces=pieces,
             restore=restore,
+            paced=member.pace,
         )
         if reply is None:
             raise RuntimeError("the simulated resource vanished from the coordinator")
