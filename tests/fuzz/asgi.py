@@ -1,4 +1,4 @@
-"""One request through the ASGI app in this process, built as uvicorn builds its
+"""One request through the ASGI app in this process, built as our server builds its
 scope, so that a test controls every byte (httpx would refuse or fix some)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def scope_of(method: str, raw_path: bytes, headers: list[tuple[bytes, bytes]]) -
         "http_version": "1.1",
         "method": method,
         "scheme": "http",
-        # what uvicorn's httptools protocol makes of the target
+        # what our server (server/_http.py) makes of the target
         "path": unquote(target.decode("ascii")),
         "raw_path": target,
         "query_string": query,

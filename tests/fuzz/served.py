@@ -11,8 +11,8 @@ from tests.server.conftest import ENVOY, RULES
 from tests.server.process import Served, serving
 
 # A traceback, or a handled error logged as one ("gRPC method ... failed",
-# uvicorn's "Exception in ASGI application").
-_BAD = ("Traceback", "failed", "Exception in ASGI application", '"level": "error"',
+# the HTTP server's "the app raised", logged with its traceback).
+_BAD = ("Traceback", "failed", "the app raised", '"level": "error"',
         '"level": "critical"')  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """The HTTP API of a real ``ratewarden serve`` under random request lines and
-headers, written to the socket byte by byte: what uvicorn and httptools make of
+headers, written to the socket byte by byte: what our server and httptools make of
 them reaches the app too, which the in-process tests cannot show. Every answer
 is below 500 (a request too broken to parse may get no answer at all), and the
 server logs no error."""

@@ -1,5 +1,5 @@
 """``/v1/events`` read by a real HTTP client from ``ratewarden serve``: the
-events arrive as they happen through uvicorn and our protocol, a client that
+events arrive as they happen through our HTTP server, chunked, a client that
 goes away frees its place, and draining ends every stream cleanly."""
 
 from __future__ import annotations

@@ -419,8 +419,8 @@ def test_a_client_that_reads_no_answers_is_dropped(rules: Path, tmp_path: Path) 
 
 
 def test_more_than_max_pipelined_requests_close_the_connection(rules: Path, tmp_path: Path) -> None:
-    """uvicorn queues every pipelined request (tens of thousands, and their
-    memory): more than MAX_PIPELINED waiting ends the connection."""
+    """One read can hold thousands of pipelined requests (and their memory):
+    more than MAX_PIPELINED waiting ends the connection."""
     from ratewarden.server._http import MAX_PIPELINED  # noqa: PLC0415
 
     with service(rules, tmp_path) as served:
@@ -480,21 +480,16 @@ class FakeTransport(asyncio.Transport):
 def test_a_request_in_flight_is_dropped_only_when_its_answer_stalls(stalled: bool) -> None:
     """While the app answers there is no deadline (a delay rule may hold a
     request); once the client takes none of our writes, the idle timeout runs."""
-    import uvicorn  # noqa: PLC0415
-    from uvicorn.server import ServerState  # noqa: PLC0415
-
     from ratewarden.server._connection_limits import ConnectionLimits  # noqa: PLC0415
-    from ratewarden.server._http import http_protocol  # noqa: PLC0415
+    from ratewarden.server._http import HttpConnection  # noqa: PLC0415
+    from ratewarden.server._http_server import HttpListener  # noqa: PLC0415
 
     async def holding(scope: Any, receive: Any, send: Any) -> None:
         await asyncio.Event().wait()  # an answer that takes its time
 
     async def main() -> FakeTransport:
         limits = ConnectionLimits(idle_timeout=0.2, header_timeout=0.2, body_timeout=0.2)
-        protocol_class = http_protocol(limits, 65536)
-        config = uvicorn.Config(holding, http=protocol_class, lifespan="off", log_config=None)
-        config.load()
-        protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+        protocol = HttpConnection(HttpListener(limits, 65536), holding)
         transport = FakeTransport()
         protocol.connection_made(transport)
         protocol.data_received(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -502,6 +497,8 @@ def test_a_request_in_flight_is_dropped_only_when_its_answer_stalls(stalled: boo
             protocol.pause_writing()
         await asyncio.sleep(0.6)
         protocol.connection_lost(None)
+        if protocol.task is not None:
+            protocol.task.cancel()
         return transport
 
     transport = asyncio.run(main())

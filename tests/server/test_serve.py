@@ -197,7 +197,7 @@ PER_IP = textwrap.dedent("""
 def test_auth_believes_x_forwarded_for_only_from_trusted_proxies(
     tmp_path: Path, trusted: bool
 ) -> None:
-    """The rule file decides whom to believe, not uvicorn: from a peer that is
+    """The rule file decides whom to believe, not the server: from a peer that is
     no trusted proxy, a forged X-Forwarded-For counts against the peer and
     leaves the named address's counter alone."""
     rules = tmp_path / "rules.yaml"

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, DescriptorStatus
 
 # Imported on first use, so that `ratewarden serve --help` and `ratewarden demo`
-# do not pay for the rule engine, prometheus-client and uvicorn at start-up.
+# do not pay for the rule engine, prometheus-client and the HTTP server at start-up.
 _WHERE = {
     "App": "_app", "auth_attributes": "_request", "openapi": "_openapi",
     "BatchRequest": "_shapes", "BatchResult": "_shapes", "CheckRequest": "_shapes",

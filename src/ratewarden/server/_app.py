@@ -187,7 +187,7 @@ class App:
         except StoreError as exc:  # a limit whose failure policy is "raise"
             self.service.metrics.store_errors.inc()
             status, headers, body = 503, _JSON, _encode(Problem(f"store unavailable: {exc}"))
-        # with a length, uvicorn sends the body as it is instead of chunking it
+        # with a length, the server sends the body as it is (with the head) instead of chunking it
         headers = [*headers, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if head else body})

@@ -1,6 +1,6 @@
 """What one client may hold of the service: connections, time and bytes.
 
-Both listeners (the HTTP API under uvicorn and the HTTP/2 gRPC server) take the
+Both listeners (the HTTP API on our HTTP/1.1 server and the HTTP/2 gRPC server) take the
 same `ConnectionLimits` and `ServerLimits`, so an operator sets one policy for
 the process and a client that is slow, idle or large on purpose is closed the
 same way on either. They share one `BodyBudget` (the bytes of unfinished

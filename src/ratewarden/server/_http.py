@@ -1,12 +1,12 @@
-"""The HTTP listener: uvicorn's httptools protocol within `ConnectionLimits`.
+"""Our HTTP/1.1 server's connection: httptools parses, `Cycle` runs the app.
 
-uvicorn bounds none of what a hostile client can hold: connections (twenty
-thousand idle ones used up the process's file descriptors, and both listeners
-then refused everyone), time (a head or a body sent a byte a second, or a body
-shorter than its Content-Length, was waited on for ever) and the size of a
-request's head (httptools joins an unfinished header in memory: a 20 MiB one
-held 257 MiB). `http_protocol` makes a protocol class for one listener that
-does, with these cases:
+A server in front of clients must bound what a hostile one can hold:
+connections (twenty thousand idle ones would use up the process's file
+descriptors, and both listeners then refuse everyone), time (a head or a body
+sent a byte a second, or a body shorter than its Content-Length, would be waited
+on for ever) and the size of a request's head (httptools joins an unfinished
+header in memory: a 20 MiB one would hold 257 MiB). `HttpConnection` does, with
+these cases:
 
 - **Connections**: at ``max_connections``, or ``max_connections_per_peer``
   from one address, a new connection takes the place of the one idle longest
@@ -29,17 +29,26 @@ does, with these cases:
 - **A client that reads no answers**: once the transport stops taking writes,
   the connection has ``idle_timeout`` before it is dropped, since its answer
   (and so its request) would otherwise wait for ever.
-- **Pipelining**: uvicorn queues every request that arrives while one is being
-  answered (and goes on reading), so a client that sends requests without
-  waiting could make it hold tens of thousands; more than `MAX_PIPELINED`
-  waiting closes the connection.
+- **Pipelining**: requests that arrive while one is answered are answered in
+  order, one at a time, and reading pauses meanwhile; but one read can hold
+  thousands of small requests, so more than `MAX_PIPELINED` waiting closes the
+  connection.
 - **An answer sent before the body was in** (401, 404, 413): the connection
   closes after it rather than read the rest of a body nobody will use.
+- **Malformed requests** are answered 400 and the connection closed: llhttp is
+  strict, so Content-Length beside Transfer-Encoding, a Content-Length twice or
+  not a number, a bad chunk size and bare LF line ends (the shapes of request
+  smuggling) never reach the app. An Upgrade is answered as HTTP/1.1, then the
+  connection closes.
 
 A connection that ends with an answer of ours is shut for writing and what the
 client still sends is read and dropped for up to `LINGER` seconds, so that the
 kernel does not answer unread bytes with a reset that could reach the client
 before the answer and hide it.
+
+Keep-alive is HTTP/1.1's default and HTTP/1.0's when asked for; ``connection:
+close`` from either side closes after the answer. `_http_cycle` frames answers;
+`_http_server` holds what a listener's connections share and drains them.
 """
 
 from __future__ import annotations
@@ -47,40 +56,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, ClassVar, cast
+from collections import deque
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import unquote
 
 import httptools
 import msgspec
-from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
-from uvicorn.server import ServerState
 
-from ._connection_limits import (
-    Admission,
-    BodyBudget,
-    ConnectionLimits,
-    ServerLimits,
-    peer_of,
-    process_budget,
-)
+from ._connection_limits import peer_of
+from ._http_cycle import App, Cycle
 from ._shapes import Problem
 
-__all__ = ["LINGER", "MAX_PIPELINED", "HttpListener", "LimitedHttpToolsProtocol", "http_protocol"]
+if TYPE_CHECKING:
+    from ._http_server import HttpListener
+
+__all__ = ["LINGER", "MAX_PIPELINED", "HttpConnection", "answer"]
 
 log = logging.getLogger("ratewarden.server")
 
 LINGER = 2.0  # seconds a closing connection's late bytes are read and dropped
 MAX_PIPELINED = 32  # requests a connection may have waiting behind the one answered
-WARN_EVERY = 60.0  # seconds between two warnings that connections are refused
 
 # where a connection is: what its deadline means
 _IDLE, _HEAD, _BODY, _BUSY = 0, 1, 2, 3
 _NEVER = math.inf
-_PHRASES = {408: b"Request Timeout", 413: b"Content Too Large",
+_PHRASES = {400: b"Bad Request", 408: b"Request Timeout", 413: b"Content Too Large",
             431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}  # fmt: skip
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
 
 
-def _answer(status: int, message: str, *extra: bytes) -> bytes:
+def answer(status: int, message: str, *extra: bytes) -> bytes:
+    """An answer of the server's own, which closes the connection."""
     body = msgspec.json.encode(Problem(message))
     head = [b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES[status]),
             b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
@@ -97,108 +103,82 @@ class _Refused(Exception):
         self.message = message
 
 
-class HttpListener:
-    """What one listener's connections share: the limits, counts of what was
-    refused, and the sweep that closes connections past their deadline."""
-
-    def __init__(
-        self,
-        limits: ConnectionLimits,
-        max_body: int,
-        server_limits: ServerLimits | None = None,
-        budget: BodyBudget | None = None,
-    ) -> None:
-        self.limits = limits
-        self.max_body = max_body
-        shared = server_limits or ServerLimits()
-        self.budget = budget or process_budget(shared.max_buffered_bytes)
-        self.admission = Admission(limits.max_connections, shared.max_connections_per_peer)
-        self.shed = 0  # bodies answered 503 to make room in the budget
-        self.interval = min(1.0, limits.idle_timeout / 4, limits.header_timeout / 4,
-                            limits.body_timeout / 4)  # fmt: skip
-        self.refused = 0  # connections beyond max_connections
-        self.timed_out = 0  # requests answered 408
-        self.too_large = 0  # requests answered 431 or 413
-        self.pipelined = 0  # connections closed for more than MAX_PIPELINED waiting
-        self.idle_closed = 0
-        self.evicted = 0  # idle connections closed to admit a new one
-        self._refusal = _answer(503, "too many connections", b"retry-after: 1\r\n")
-        self._warned = -_NEVER
-        self._sweeping: asyncio.TimerHandle | None = None
-
-    def __repr__(self) -> str:
-        return (f"<HttpListener max {self.limits.max_connections}, refused {self.refused}, "
-                f"timed out {self.timed_out}, too large {self.too_large}, "
-                f"idle closed {self.idle_closed}>")  # fmt: skip
-
-    def refuse(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self.refused += 1
-        transport.write(self._refusal)
-        transport.close()
-        now = loop.time()
-        if now - self._warned >= WARN_EVERY:
-            self._warned = now
-            log.warning("HTTP: %d connections open, none idle, as many as the limits allow "
-                        "(--max-connections, or per peer); refusing more (%d so far)",
-                        self.admission.count, self.refused)  # fmt: skip
-
-    def watch(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
-        if self._sweeping is None:
-            self._sweeping = loop.call_later(self.interval, self._sweep, loop, connections)
-
-    def _sweep(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
-        now = loop.time()
-        for connection in [c for c in connections if min(c.deadline, c.write_deadline) <= now]:
-            connection.expire()
-        self._sweeping = None
-        if connections:
-            self._sweeping = loop.call_later(self.interval, self._sweep, loop, connections)
+class _Stop(Exception):
+    """Raised in a parser callback: what follows on the connection is not read."""
 
 
-class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's protocol with the bounds of the module docstring; made for a
-    listener by `http_protocol`."""
+def _address(value: Any) -> tuple[str, int] | None:
+    if isinstance(value, tuple) and len(value) >= 2:
+        return str(value[0]), int(value[1])
+    return None
 
-    listener: ClassVar[HttpListener]
 
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        limits = self.listener.limits
+class HttpConnection(asyncio.Protocol):
+    """One client connection of an `HttpListener`, within the bounds of the
+    module docstring; its requests are answered by ``app``, one at a time."""
+
+    def __init__(self, listener: HttpListener, app: App) -> None:
+        self.listener = listener
+        self.app = app
+        self.loop = asyncio.get_running_loop()
+        limits = listener.limits
         self.idle_timeout = limits.idle_timeout
         self.header_timeout = limits.header_timeout
         self.body_timeout = limits.body_timeout
         self.max_head = limits.max_header_bytes
-        self.max_body = self.listener.max_body + limits.max_header_bytes
+        self.max_body = listener.max_body + limits.max_header_bytes
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made's
+        self.parser = httptools.HttpRequestParser(self)
+        # a request after one that closes the connection is refused by our callback, not llhttp
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.client: tuple[str, int] | None = None
+        self.server: tuple[str, int] | None = None
         self.deadline = _NEVER
         self.write_deadline = _NEVER  # set while the client takes none of our writes
         self.phase = _IDLE
         self.head_bytes = 0  # received towards the head of the request being read
         self.body_bytes = 0
         self.closing = False  # answered and shut for writing: late bytes are dropped
-        # the request whose answer is being made (self.cycle is the last one read)
-        self.answering: RequestResponseCycle | None = None
+        self.last_read = False  # a request that closes the connection was read
+        self.stopped = False  # past the last request: what follows is dropped unread
+        self.draining = False
+        self.read_paused = False
+        self.write_paused = False
+        self._writable: asyncio.Future[None] | None = None
+        # the request being read: its target and headers until its head is in
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.expect_continue = False
+        self.cycle: Cycle | None = None  # the last request read
+        self.answering: Cycle | None = None  # the request whose answer is being made
+        self.pipeline: deque[Cycle] = deque()  # read, waiting for the one answered
+        self.task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        phase = ("idle", "head", "body", "busy")[self.phase]
+        return f"<HttpConnection {self.client} {phase}, {len(self.pipeline)} waiting>"
 
     # -- the connection ---------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if not self.listener.admission.admit(self, peer_of(transport)):
-            self.transport = transport  # for connection_lost, which follows
-            self.listener.refuse(transport, self.loop)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        listener = self.listener
+        if not listener.admission.admit(self, peer_of(transport)):
+            listener.refuse(transport, self.loop)
             return
-        super().connection_made(transport)
+        self.client = _address(transport.get_extra_info("peername"))
+        self.server = _address(transport.get_extra_info("sockname"))
         self.deadline = self.loop.time() + self.idle_timeout
-        self.listener.watch(self.loop, cast(set[Any], self.connections))
+        listener.joined(self)
+        if listener.draining:  # accepted just before the listener closed
+            self.shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.listener.admission.left(self)
         self._abandon()
-        super().connection_lost(exc)
+        self.write_paused = False
+        self._wake_writers()
+        self.listener.left(self)
 
     def evict(self) -> None:
         """Closed, idle, to admit a new connection (HTTP/1.1 lets a server close
@@ -208,12 +188,28 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
         self.deadline = self.loop.time() + LINGER  # a close that cannot flush is aborted
 
+    def shutdown(self) -> None:
+        """The server drains: an idle connection closes now, a busy one after
+        the answers to what it has read."""
+        self.draining = True
+        if self.closing:
+            return
+        answering = self.answering
+        if self.phase == _IDLE and (answering is None or answering.response_complete):
+            self.closing = True
+            self.transport.close()
+            self.deadline = self.loop.time() + LINGER
+            return
+        last = self.cycle
+        if last is not None and not last.response_started:
+            last.keep_alive = False
+
     def _shed(self, _: object) -> None:
         self.listener.shed += 1
         self._end(503, "the server holds as many unfinished request bodies as it may")
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        if self.closing or self.stopped:
             return
         if self.phase == _BODY:
             self.body_bytes += len(data)
@@ -225,18 +221,25 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             refused = exc.__context__
-            if isinstance(refused, _Refused):
+            if isinstance(refused, _Stop):
+                self.stopped = True
+            elif isinstance(refused, _Refused):
                 self._end(refused.status, refused.message)
             else:
-                self.send_400_response("Invalid HTTP request received.")
-            return
-        except httptools.HttpParserError:
-            # not uvicorn's warning: a client could fill the log with one a request
-            log.debug("HTTP: an invalid request from %s", self.client)
-            self.send_400_response("Invalid HTTP request received.")
+                log.error("HTTP: a request from %s could not be read", self.client,
+                          exc_info=refused)  # fmt: skip
+                self._end(400, "the request could not be read")
             return
         except httptools.HttpParserUpgrade:
-            pass  # no websockets or h2c here: the request was answered as HTTP/1.1
+            # no websockets or h2c here: the request is answered as HTTP/1.1, and
+            # the connection closes after it, what follows being another protocol
+            self._last()
+            self.stopped = True
+        except httptools.HttpParserError as exc:
+            # debug: a client could fill the log with a line a request
+            log.debug("HTTP: an invalid request from %s: %s", self.client, exc)
+            self._end(400, f"invalid HTTP request: {exc}")
+            return
         if self.phase == _BODY:
             if self.body_bytes > self.max_body:
                 self.listener.too_large += 1
@@ -246,20 +249,50 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._end(431, f"the request's head is larger than {self.max_head} bytes")
 
     def pause_writing(self) -> None:
-        super().pause_writing()
+        self.write_paused = True
         self.write_deadline = self.loop.time() + self.idle_timeout
 
     def resume_writing(self) -> None:
-        super().resume_writing()
+        self.write_paused = False
         self.write_deadline = _NEVER
+        self._wake_writers()
+
+    async def drain(self) -> None:
+        """Until the transport takes writes again (or the connection is gone)."""
+        if self._writable is None or self._writable.done():
+            self._writable = self.loop.create_future()
+        await self._writable
+
+    def _wake_writers(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def _last(self) -> None:
+        """No request after the ones read: the last one closes the connection."""
+        self.last_read = True
+        if self.cycle is not None and not self.cycle.response_started:
+            self.cycle.keep_alive = False
 
     # -- httptools callbacks ------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        if self.last_read:
+            raise _Stop
         self.listener.admission.busy(self)
         self.phase = _HEAD
         self.deadline = self.loop.time() + self.header_timeout
+        self.url = b""
+        self.headers = []
+        self.expect_continue = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         # the count includes whatever followed the head in the same read, so
@@ -274,44 +307,112 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refused(503, f"more than {MAX_PIPELINED} requests wait for an answer")
         self.head_bytes = self.body_bytes = 0
         self.phase = _BODY
-        super().on_headers_complete()
-        if self.pipeline and self.pipeline[0][0] is self.cycle:
-            self.deadline = _NEVER  # queued behind an answer: its body may wait too
+        cycle = self.cycle = Cycle(self, self._scope(), keep_alive=self._keep_alive(),
+                                   expect_continue=self.expect_continue)  # fmt: skip
+        if not cycle.keep_alive:
+            self.last_read = True
+        answering = self.answering
+        if answering is not None and not answering.response_complete:
+            self.pipeline.append(cycle)  # queued behind an answer: its body may wait too
+            self.deadline = _NEVER
+            self._pause_reading()
         else:
-            self.answering = self.cycle
+            self._answer(cycle)
             self.deadline = self.loop.time() + self.body_timeout
 
+    def _scope(self) -> dict[str, Any]:
+        parser = self.parser
+        try:
+            url = httptools.parse_url(self.url)
+            raw_path: bytes = url.path
+            path = raw_path.decode("ascii")
+        except (httptools.HttpParserInvalidURLError, UnicodeDecodeError, AttributeError):
+            raise _Refused(400, "the request's target is not a valid URL") from None
+        return {
+            "type": "http",
+            "asgi": _ASGI,
+            "http_version": parser.get_http_version(),
+            "method": parser.get_method().decode("ascii"),
+            "scheme": "http",
+            "path": unquote(path) if "%" in path else path,
+            "raw_path": raw_path,
+            "query_string": url.query or b"",
+            "root_path": "",
+            "headers": self.headers,
+            "client": self.client,
+            "server": self.server,
+        }
+
+    def _keep_alive(self) -> bool:
+        if self.draining or not self.parser.should_keep_alive():
+            return False
+        version = self.parser.get_http_version()
+        return version in ("1.1", "1.0")
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.received(body)
+
     def on_message_complete(self) -> None:
-        super().on_message_complete()
         self.listener.budget.drop(self)  # the body is the app's now
         # (an answer given before the body was in ended the connection already)
         self.phase = _BUSY
         self.deadline = _NEVER
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.ended()
 
-    def on_response_complete(self) -> None:
-        # uvicorn's, with the keep-alive timer replaced by the deadline
-        self.server_state.total_requests += 1
-        if self.transport.is_closing():  # the answer said "connection: close"
+    # -- answers ------------------------------------------------------------------
+
+    def _answer(self, cycle: Cycle) -> None:
+        self.answering = cycle
+        self.task = self.loop.create_task(cycle.run(self.app))
+
+    def app_done(self, cycle: Cycle) -> None:
+        if self.answering is cycle:
+            self.task = None
+
+    def want_body(self, cycle: Cycle) -> None:
+        if self.read_paused and cycle is self.answering:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def _pause_reading(self) -> None:
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def answered(self, cycle: Cycle) -> None:
+        """``cycle``'s answer is complete (its transport closed after it, if it
+        ends the connection); the next request's turn."""
+        self.listener.requests += 1
+        if self.transport.is_closing():  # the answer ended the connection
             self.closing = True  # and if it cannot be flushed, the sweep drops it
             self.deadline = self.loop.time() + LINGER
             return
-        if self.phase == _BODY and self.cycle is self.answering:
+        if self.phase == _BODY and cycle is self.cycle:
             # answered before its body was in: the rest of it is of no use
             self._linger()
             return
-        self.flow.resume_reading()
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
         if self.pipeline:
-            cycle, app = self.pipeline.pop()
-            self.answering = cycle
-            task = self.loop.create_task(cycle.run_asgi(app))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
-            if self.phase == _BODY and cycle is self.cycle:  # its body may come now
+            following = self.pipeline.popleft()
+            self._answer(following)
+            if self.phase == _BODY and following is self.cycle:  # its body may come now
                 self.deadline = self.loop.time() + self.body_timeout
+        elif self.last_read:  # nothing more is read: an upgrade's answer was the last
+            self.closing = True
+            self.transport.close()
+            self.deadline = self.loop.time() + LINGER
         elif self.phase == _BUSY:
             self.phase = _IDLE
             self.deadline = self.loop.time() + self.idle_timeout
             self.listener.admission.idle(self)
+            if self.draining:
+                self.shutdown()
 
     # -- the end of a connection ----------------------------------------------------
 
@@ -327,7 +428,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         free = not self.pipeline and (answering is None or answering.response_complete)
         if self.phase == _HEAD and free:
             what = "headers"
-        elif self.phase == _BODY and answering is self.cycle and not self.cycle.response_started:
+        elif (
+            self.phase == _BODY
+            and answering is not None
+            and answering is self.cycle
+            and (not answering.response_started)
+        ):
             what = "body"  # the app waits for it, and has not answered
         else:
             what = ""
@@ -350,10 +456,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             answering is not None and answering.response_started and not answering.response_complete
         )
         self._abandon()
+        if self.transport.is_closing():
+            return
         if due:  # ours cannot come before the answers due: just close
             self.transport.close()
             return
-        self.transport.write(_answer(status, message))
+        self.transport.write(answer(status, message))
         self._linger()
 
     def _abandon(self) -> None:
@@ -361,12 +469,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         on (and one waiting for its body is told the client went away): a write
         to a closed transport raises under uvloop."""
         self.listener.budget.drop(self)
-        cycles = [c for c, _ in self.pipeline]
+        pipeline = list(self.pipeline)
         self.pipeline.clear()
-        for cycle in (self.answering, self.cycle, *cycles):
-            if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
+        for cycle in (self.answering, self.cycle, *pipeline):
+            if cycle is not None:
+                cycle.gone()
 
     def _linger(self) -> None:
         transport = self.transport
@@ -377,21 +484,3 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             transport.resume_reading()
         else:
             transport.close()
-
-
-def http_protocol(
-    limits: ConnectionLimits,
-    max_body: int,
-    server_limits: ServerLimits | None = None,
-    budget: BodyBudget | None = None,
-) -> type[LimitedHttpToolsProtocol]:
-    """A protocol class for one uvicorn server (``uvicorn.Config(http=...)``),
-    its connections sharing one `HttpListener` (the class's ``listener``).
-    ``max_body``: the app's body limit, to bound what the parser holds;
-    ``budget``: the bytes of bodies still arriving, shared by the process's
-    listeners unless given."""
-
-    class Protocol(LimitedHttpToolsProtocol):
-        listener = HttpListener(limits, max_body, server_limits, budget)
-
-    return Protocol

@@ -77,6 +77,3 @@ def setup_logging(fmt: str, level: str, secrets: Sequence[str] = ()) -> None:
     logging.getLogger("ratewarden").setLevel(ours)
     for name in HEADER_LOGGERS:
         logging.getLogger(name).setLevel(max(ours, logging.WARNING))
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True

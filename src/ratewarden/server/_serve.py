@@ -1,6 +1,6 @@
-"""``ratewarden serve``: the options, the store, uvicorn and our HTTP/2 gRPC server on one event
-loop, SIGTERM drains, SIGHUP reloads, and watchers reload the rule file and the envoy
-files when they change. The process around it (the open-file limit, the event loop,
+"""``ratewarden serve``: the options, the store, our HTTP/1.1 server and HTTP/2 gRPC server on
+one event loop, SIGTERM drains, SIGHUP reloads, and watchers reload the rule file and the
+envoy files when they change. The process around it (the open-file limit, the event loop,
 ``--workers``) is `_process`'s.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import logging
 import math
@@ -16,7 +15,6 @@ import os
 import re
 import signal
 import socket
-from collections.abc import Generator
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -337,11 +335,6 @@ def bind(address: str) -> socket.socket:
     return sock
 
 
-@contextlib.contextmanager
-def _no_signal_capture() -> Generator[None, None, None]:
-    yield
-
-
 class _Servers:
     """The service's two servers on one event loop, started and drained together."""
 
@@ -366,56 +359,35 @@ class _Servers:
             await self.grpc.start()
             self.where.append(f"gRPC on {options.grpc.rpartition(':')[0]}:{self.grpc.port}")
         if options.http is not None:
-            import uvicorn  # noqa: PLC0415 - the server extra, only when serving
-
-            from ._app import App  # noqa: PLC0415
-            from ._http import http_protocol  # noqa: PLC0415
+            from ._app import App  # noqa: PLC0415 - the server extra, only when serving
+            from ._http_server import HttpServer  # noqa: PLC0415
 
             if self.http_socket is None:
                 self.http_socket = bind(options.http)
+            # the client's address is the peer's: X-Forwarded-For is believed only
+            # from the rule file's client_ip.trusted_proxies, in the app
             app = App(service, token=options.token, open_checks=options.open_checks,
                       max_body=options.max_body)  # fmt: skip
-            limits = options.limits
-            # proxy_headers off: uvicorn would take X-Forwarded-For from any
-            # loopback peer as the client's address before the app sees it; the
-            # rule file's client_ip.trusted_proxies decides whom to believe.
-            # ws none: an upgrade would hand the connection to a protocol
-            # without the limits. The keep-alive timeout is the protocol's own.
-            protocol = http_protocol(limits, options.max_body, options.server_limits)
-            config = uvicorn.Config(
-                app, http=protocol, ws="none", loop="none",
-                lifespan="off", log_config=None, access_log=False, proxy_headers=False,
-                timeout_keep_alive=max(1, math.ceil(limits.idle_timeout)),
-                timeout_graceful_shutdown=max(math.ceil(options.drain), 1),
-                server_header=False, date_header=False,
-            )  # fmt: skip
-            self.http = uvicorn.Server(config)
-            # our signal handling drains both servers; uvicorn's own would re-raise
-            # SIGTERM when it is done and kill the process before gRPC has drained
-            self.http.capture_signals = _no_signal_capture
+            self.http = HttpServer(app, self.http_socket, options.limits, options.max_body,
+                                   options.server_limits)  # fmt: skip
+            await self.http.start()
             host, port = self.http_socket.getsockname()[:2]
             self.where.insert(0, f"HTTP on http://{host}:{port}")
 
     async def run_until(self, stop: asyncio.Event, service: Any) -> None:
-        waiting: set[asyncio.Future[Any]] = {asyncio.ensure_future(stop.wait())}
-        http_task = None
-        if self.http is not None:
-            http_task = asyncio.ensure_future(self.http.serve(sockets=[self.http_socket]))
-            waiting.add(http_task)
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        await stop.wait()
         log.info("draining: up to %gs for requests in flight", self.options.drain)
         service.draining = True  # /healthz and /readyz say 503 from now on
         stopping: list[Any] = []
         if self.grpc is not None:
             stopping.append(self.grpc.stop(self.options.drain))
-        if self.http is not None and http_task is not None:
-            self.http.should_exit = True
-            stopping.append(http_task)
+        if self.http is not None:
+            stopping.append(self.http.drain(self.options.drain))
         await asyncio.gather(*stopping)
-        for future in waiting:
-            future.cancel()
 
     async def close(self) -> None:
+        if self.http is not None:
+            self.http.close()
         if self.grpc is not None:
             await self.grpc.server.stop(0)
 
