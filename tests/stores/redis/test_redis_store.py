@@ -227,7 +227,7 @@ def test_hit_many_is_one_script_call(
     calls = record_script_calls(store)
     tag = name()
     tiers = [
-        Limiter("2/second", algorithm="fixed_window", store=store, name=tag + "s"),
+        Limiter("2/hour", algorithm="fixed_window", store=store, name=tag + "s"),
         Limiter("5/minute", algorithm="sliding_window_log", store=store, name=tag + "m"),
         Limiter("8/hour", algorithm="gcra", store=store, name=tag + "h"),
         Limiter(
