@@ -25,7 +25,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "serial: run alone, after the parallel pass (SERIAL)")
     flavour()  # a RATEWARDEN_TEST_SERVER the tests do not know stops the run at once
+
+
+# Tests that hold a store to its production timeouts (50 ms) while they break
+# things, or judge time itself: ./dev test runs them after the rest, alone, since
+# the parallel pass keeps both cores busy (`-m serial`, `-m "not serial"`).
+SERIAL = ("tests/faults/",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
