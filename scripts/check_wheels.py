@@ -81,13 +81,27 @@ import hiredis
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 """
 
+# The service answers HTTP on its own server: the extra brings no uvicorn.
 SERVER = """
-import subprocess, sys
+import importlib.util, socket, subprocess, sys, urllib.request
 from pathlib import Path
 import ratewarden.server
+assert importlib.util.find_spec("uvicorn") is None, "the server extra installs uvicorn"
 ratewarden_cli = Path(sys.executable).parent / "ratewarden"
 done = subprocess.run([ratewarden_cli, "serve", "--help"], capture_output=True, text=True)
 assert done.returncode == 0 and "--http" in done.stdout, done.stderr
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+serving = subprocess.Popen([ratewarden_cli, "serve", "--demo", "--http", f"127.0.0.1:{port}",
+                            "--grpc", "off"], stdout=subprocess.PIPE, text=True)
+try:
+    assert "HTTP on" in serving.stdout.readline()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+        assert answer.status == 200 and answer.read() == b'{"status":"ok"}'
+finally:
+    serving.terminate()
+    assert serving.wait(30) == 0
 """
 
 FASTAPI = """
