@@ -273,6 +273,26 @@ def test_new_space_waits_for_the_window_edge_unless_settled() -> None:
     assert settled.take(now) == 0
 
 
+def test_a_paced_grant_applied_mid_window_spends_at_its_new_rate_from_then() -> None:
+    """A larger grant that applies at once in the middle of a window (space that
+    paced members gave up) raises that window's permits to the new pieces' marks,
+    spaced at the new rate from then on: not the old count until the edge, not
+    the whole window's permits at once."""
+    now = W0 * S
+    share = Share(S, pace=True)
+    given_grant(share, 2000, now)
+    assert share.take(now) == 0
+    share.apply(10_000, 10_000, piece(0, 10_000), now + S // 2, settled=True)
+    times = []
+    t = now + S // 2
+    while t < now + S:
+        wait = share.take(t)
+        if wait == 0:
+            times.append((t - now) * 10 // S)
+        t += wait or 1
+    assert times == [5, 6, 7, 8, 9]  # a tenth of a second apart, from the grant on
+
+
 def test_pieces_count_the_marks_inside_them() -> None:
     share = Share(S)
     share.apply(3000, 3000, ((0, 1000), (5000, 1000), (9000, 1000)), W0 * S, settled=True)

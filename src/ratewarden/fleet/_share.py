@@ -175,8 +175,13 @@ class Share:
             return
         self._pending = None
         self.grant, self.held, self.pieces, self.line = grant, held, pieces, line
-        if self._w == w:  # less space: this window may spend no more than it allows
-            self._count = min(self._count, self.permits(w))
+        if self._w == w:
+            if self.pace and not self.strict:
+                # more space too: the marks of the new pieces, at their spacing
+                # from now on, so the rest of the window sees the new rate
+                self._count = self.permits(w)
+            else:  # less space: this window may spend no more than it allows
+                self._count = min(self._count, self.permits(w))
             self._space()
 
     def scale(self, new_total: int, old_total: int) -> None:
