@@ -443,3 +443,5 @@ def test_the_drain_drops_what_outlasts_it(server: Running) -> None:
         assert time.monotonic() - started < 0.2 + 1.0
         assert closed(busy)
         assert server.server.listener.connections == set()
+    address = ("127.0.0.1", server.port)
+    assert repr(server.server).startswith(f"<HttpServer {address!r} <HttpListener 0 of")

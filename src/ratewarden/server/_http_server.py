@@ -140,11 +140,12 @@ class HttpServer:
     ) -> None:
         self.app = app
         self.sock = sock
+        self.address = sock.getsockname()  # the socket is closed with the server
         self.listener = HttpListener(limits, max_body, server_limits)
         self._server: asyncio.AbstractServer | None = None
 
     def __repr__(self) -> str:
-        return f"<HttpServer {self.sock.getsockname()!r} {self.listener!r}>"
+        return f"<HttpServer {self.address!r} {self.listener!r}>"
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -172,4 +173,4 @@ class HttpServer:
 
     @property
     def port(self) -> int:
-        return int(self.sock.getsockname()[1])
+        return int(self.address[1])
