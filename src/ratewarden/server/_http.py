@@ -384,16 +384,21 @@ class HttpConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def answered(self, cycle: Cycle) -> None:
-        """``cycle``'s answer is complete (its transport closed after it, if it
-        ends the connection); the next request's turn."""
+        """``cycle``'s answer is complete: the connection closes if it ends
+        it, else the next request's turn."""
         self.listener.requests += 1
-        if self.transport.is_closing():  # the answer ended the connection
-            self.closing = True  # and if it cannot be flushed, the sweep drops it
+        if self.transport.is_closing():
+            self.closing = True  # and if the close cannot flush, the sweep drops it
             self.deadline = self.loop.time() + LINGER
             return
         if self.phase == _BODY and cycle is self.cycle:
             # answered before its body was in: the rest of it is of no use
             self._linger()
+            return
+        if not cycle.keep_alive:
+            self.closing = True  # and if the close cannot flush, the sweep drops it
+            self.transport.close()
+            self.deadline = self.loop.time() + LINGER
             return
         if self.read_paused:
             self.read_paused = False

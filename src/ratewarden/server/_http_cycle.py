@@ -226,6 +226,8 @@ class Cycle:
                 self.keep_alive = False
                 self.remaining = -1
                 self.chunked = False
+        if self.more_body:  # answered before its body is in: the connection ends after it
+            self.keep_alive = False
         if close:
             self.keep_alive = False
         elif not self.keep_alive:
@@ -294,6 +296,4 @@ class Cycle:
             return
         self.response_complete = True
         self.wake()  # an app waiting in receive() is told the exchange is over
-        if not self.keep_alive or self.remaining < 0:
-            transport.close()
         self.conn.answered(self)
