@@ -75,6 +75,30 @@ def test_space_a_paced_member_gives_up_a_paced_one_spends_at_once(
     assert b.try_acquire()
 
 
+def test_a_small_move_between_running_paced_members_waits_for_the_edge(
+    client: redis.Redis, name: str
+) -> None:
+    """Only a member that had less than half of its new grant (one that joins)
+    takes given-up space at once: for the small moves of a running fleet, the
+    slots the giver's callers reserved at its old rate would add up."""
+    clock = FakeClock(START + 0.25)
+    config = QuotaConfig("10/second", "fair_share")
+    a = member(name, client, clock, "a", config=config, pace=True).start()
+    b = member(name, client, clock, "b", pace=True).start()
+    a.demand(2)
+    b.demand(8)
+    for _ in range(3):
+        clock.advance(1.0)
+        b.refresh()
+        a.refresh()
+    assert (a.grant, b.grant) == (2.0, 8.0)
+    a.demand(3)
+    b.demand(7)
+    b.refresh()  # gives up a permit, at once
+    a.refresh()
+    assert a.local_status()["pending"] is not None  # from the next window edge
+
+
 def test_a_quota_that_does_not_exist_is_a_clear_error(client: redis.Redis, name: str) -> None:
     with pytest.raises(ConfigurationError, match="ratewarden quota set"):
         member(name, client, FakeClock(START), "a").start()

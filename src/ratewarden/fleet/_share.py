@@ -23,10 +23,11 @@ takes new space applies from the next window edge, so that the space another
 member gave up (at its own refresh, before this one) is not spent twice in a
 window the two share; unless nobody gave up any space for two windows (the
 coordinator says when it last happened), as when a member joins a resource with
-room to spare. A paced member takes up at once the space that paced members gave
-up at their refreshes: they spent it at most at their old rate until then, and
-it spends it at most at its new one, so no stretch of the window sees more
-than the total and a permit a member (fleet.lua, ``hard_ms``).
+room to spare. A paced member that joins takes up at once the space that paced
+members gave up at their refreshes (`Member.on_reply` says when): they spent it
+at most at their old rate until then, and it spends it at most at its new one
+from then on (a larger grant applied in the middle of a window raises that
+window's permits, spaced from then).
 
 ``pace``: the window's permits are spread evenly across it (GCRA, one permit per
 ``window / permits``), not spent at its start, so that members whose clocks

@@ -189,11 +189,15 @@ class Member:
         freed = int(fields.get("freed_ms", "0"))
         two_windows = 2 * config.window_ns // 1_000_000
         settled = reply.now_ms - freed >= two_windows
-        if self.pace and not settled:
-            # space that paced members gave up at their refreshes is taken up at
-            # once and spread over the rest of the window: they spent it at most
-            # at their old rate until then, and this member spends it at most at
-            # its new one (see fleet.lua); space given up any other way waits
+        if self.pace and not settled and reply.grant > 2 * self.share.grant:
+            # a member that had less than half of this (it joins, or its demand
+            # came back) takes up at once the space that paced members gave up at
+            # their refreshes, spread over the rest of the window: they spent it
+            # at most at their old rate until then (but for the few slots their
+            # waiting callers reserved), and it spends it at most at its new one
+            # (see fleet.lua). Space given up any other way waits for the edge,
+            # as do the small moves of a running fleet, where those reserved
+            # slots would add up
             hard = int(fields.get("hard_ms", "0"))
             settled = reply.now_ms - hard >= two_windows
         not_before = 0
