@@ -4,8 +4,10 @@
 The answer is framed as the app's headers say: with a Content-Length, the body
 is sent as it is (and must be that long); without one, it is chunked (HTTP/1.1)
 or ends with the connection (HTTP/1.0). A HEAD request, a 204 and a 304 get no
-body. A header whose name is not a token, or whose value holds CR, LF or
-another control byte, is refused (RuntimeError in the app, so a 500 if nothing
+body. An answer begun before the request's body is all in says ``connection:
+close``: the connection ends after it, the rest of the body unread. A header
+whose name is not a token, or whose value holds CR, LF or another control
+byte, is refused (RuntimeError in the app, so a 500 if nothing
 was sent): the app must not be able to split an answer.
 
 An answer with a Content-Length is held until its body comes, so that head and
