@@ -10,10 +10,12 @@ own, with a small ASGI app that says what it was given."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Coroutine, Iterator
 from typing import Any, BinaryIO, TypeVar
 
@@ -446,3 +448,30 @@ def test_the_drain_drops_what_outlasts_it(server: Running) -> None:
         assert server.server.listener.connections == set()
     address = ("127.0.0.1", server.port)
     assert repr(server.server).startswith(f"<HttpServer {address!r} <HttpListener 0 of")
+
+
+def test_a_closed_connection_is_freed_without_the_collector() -> None:
+    """Nothing of a connection refers back to it once it has closed (parser,
+    requests): reference counting frees it, and a connection a request does
+    not leave a cycle for the collector."""
+    from ratewarden.server._http import HttpConnection  # noqa: PLC0415
+    from ratewarden.server._http_server import HttpListener  # noqa: PLC0415
+    from tests.fuzz.test_http_split import Transport, echo  # noqa: PLC0415
+
+    async def closed_connection() -> weakref.ref[HttpConnection]:
+        connection = HttpConnection(HttpListener(ConnectionLimits(), 65536), echo)
+        connection.connection_made(Transport())
+        connection.data_received(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nab")
+        while connection.task is not None:
+            await asyncio.sleep(0)
+        connection.data_received(b"GET /y HTTP/1.1\r\nhost: x\r\n\r\n")  # lost while answered
+        connection.connection_lost(None)
+        await asyncio.sleep(0.01)
+        return weakref.ref(connection)
+
+    gc.disable()
+    try:
+        freed = asyncio.run(closed_connection())
+        assert freed() is None
+    finally:
+        gc.enable()

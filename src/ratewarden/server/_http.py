@@ -179,6 +179,10 @@ class HttpConnection(asyncio.Protocol):
         self.write_paused = False
         self._wake_writers()
         self.listener.left(self)
+        # the parser and the requests refer back to the connection: without these
+        # cycles, reference counting frees a closed connection, not the collector
+        self.parser = None  # type: ignore[assignment]
+        self.cycle = self.answering = None
 
     def evict(self) -> None:
         """Closed, idle, to admit a new connection (HTTP/1.1 lets a server close
@@ -370,7 +374,7 @@ class HttpConnection(asyncio.Protocol):
         self.task = self.loop.create_task(cycle.run(self.app))
 
     def app_done(self, cycle: Cycle) -> None:
-        if self.answering is cycle:
+        if self.answering is cycle or self.answering is None:
             self.task = None
 
     def want_body(self, cycle: Cycle) -> None:
