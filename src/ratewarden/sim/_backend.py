@@ -162,6 +162,7 @@ class RedisBackend:
         self.coordinator = Coordinator(client, name, clock=clock)
         self._keys = keys(name)
         self._exists = False
+        self._nudged: str | None = None  # the last nudge's time, its message read
         self.pubsub = client.pubsub()
         self.pubsub.subscribe(self.coordinator.channel)
         self._next("subscribe")
@@ -203,9 +204,13 @@ class RedisBackend:
         )
 
     def messages(self, reply: Reply) -> list[Any]:
-        """What the last refresh published: it says so in the time of its nudge."""
-        if reply.fields.get("nudge_ms") != str(reply.now_ms):
+        """What the last refresh published: it says so in the time of its nudge
+        (one a millisecond at most, so another refresh in the same millisecond
+        as the one that nudged published nothing)."""
+        nudged = reply.fields.get("nudge_ms")
+        if nudged != str(reply.now_ms) or nudged == self._nudged:
             return []
+        self._nudged = nudged
         return [self._next("message")]
 
     def leave(self, member: str) -> None:
