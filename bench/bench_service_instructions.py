@@ -5,6 +5,9 @@ the memory store, the answer) without the noise of a shared machine.
     .venv/bin/python bench/bench_service_instructions.py [--checks N] [--rounds R]
     PYTHONPATH=/path/to/other/checkout/src .venv/bin/python bench/bench_service_instructions.py
 
+Each line names the package the server ran (a PYTHONPATH that does not hold one
+falls back to this checkout's).
+
 The server runs under ``valgrind --tool=callgrind`` on examples/rules.yaml and the
 memory store, twice: once answering nothing and once answering N checks (the
 requests of bench_service.py: 10,000 users, one keep-alive connection, one request
@@ -89,7 +92,11 @@ def main() -> None:
     parser.add_argument("--checks", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    where = os.environ.get("PYTHONPATH") or "this checkout"
+    # the package the server imports: a PYTHONPATH that is gone falls back to this checkout
+    where = subprocess.run(
+        [sys.executable, "-c", "import ratewarden; print(ratewarden.__path__[0])"],
+        capture_output=True, text=True, check=True, cwd="/",
+    ).stdout.strip()  # fmt: skip
     for _ in range(args.rounds):
         started = time.monotonic()
         base = count(0)
