@@ -348,10 +348,8 @@ class HttpConnection(asyncio.Protocol):
         }
 
     def _keep_alive(self) -> bool:
-        if self.draining or not self.parser.should_keep_alive():
-            return False
-        version = self.parser.get_http_version()
-        return version in ("1.1", "1.0")
+        # llhttp's answer: HTTP/1.1 unless "close", HTTP/1.0 only with "keep-alive"
+        return not self.draining and self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
@@ -418,6 +416,7 @@ class HttpConnection(asyncio.Protocol):
             self.deadline = self.loop.time() + LINGER
         elif self.phase == _BUSY:
             self.phase = _IDLE
+            self.cycle = self.answering = None  # an idle connection holds no request
             self.deadline = self.loop.time() + self.idle_timeout
             self.listener.admission.idle(self)
             if self.draining:
