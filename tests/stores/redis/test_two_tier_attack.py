@@ -48,7 +48,9 @@ def made(redis_single: RedisServer, clock: FakeClock) -> Iterator[list[RedisStor
 def store(
     made: list[RedisStore], url: str, clock: FakeClock, settings: TwoTierSettings = FAST
 ) -> RedisStore:
-    s = RedisStore(url, clock=clock, two_tier=settings)
+    # a generous timeout: these tests count what the tiers admit, and a busy
+    # machine's round trip past the 50 ms default would read as Redis failing
+    s = RedisStore(url, clock=clock, two_tier=settings, timeout=2.0)
     made.append(s)
     return s
 
