@@ -230,14 +230,17 @@ class FleetQuota(Line, Shell):
         in class order, and only its head waits for the share (see `_line`)."""
         rank = check_priority(priority)
         max_wait = math.inf if max_wait is None else max_wait
-        caller = self._caller()
+        # a call that may not wait shows nothing by its caller coming back: it is
+        # counted without its caller's bookkeeping, as `try_acquire`'s
+        caller = self._caller() if max_wait else None
         line = self._line
         if line.busy(LINE):  # others wait already: join them in class order, never barge
             wait = self._asked(max_wait, cost, caller)
         else:
             wait = self._first(max_wait, cost, caller)
             if not wait:
-                self._done(caller)
+                if caller is not None:
+                    self._done(caller)
                 return
         try:
             deadline = self._deadline(max_wait, wait)
@@ -253,7 +256,8 @@ class FleetQuota(Line, Shell):
             finally:
                 line.leave(LINE)
         finally:
-            self._done(caller)
+            if caller is not None:
+                self._done(caller)
 
     def slot(self, max_wait: float | None, cost: int = 1) -> QuotaSlot:
         """`acquire` as a context manager or decorator."""
