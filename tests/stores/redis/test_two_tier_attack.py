@@ -80,7 +80,7 @@ def entry(s: RedisStore, key: str, limit: int = 0) -> Entry:
 
 def used(url: str, clock: FakeClock, name: str, rate: str, key: str, algorithm: str) -> int:  # noqa: PLR0917
     """The limit's count in Redis, as an exact limiter on another store sees it."""
-    with RedisStore(url, clock=clock) as observer:
+    with RedisStore(url, clock=clock, timeout=2.0) as observer:
         decision = Limiter(rate, store=observer, name=name, algorithm=algorithm).peek(key)
     return decision.limit - decision.remaining
 
@@ -156,7 +156,7 @@ def test_a_key_repeated_in_hit_many(
 ) -> None:
     a = store(made, redis_single.url, clock)
     name = fresh()
-    with RedisStore(redis_single.url, clock=clock) as other:
+    with RedisStore(redis_single.url, clock=clock, timeout=2.0) as other:
         Limiter("1000/hour", store=other, name=name, algorithm="fixed_window").hit("k", 1000)
         exact = Limiter("1000/hour", store=other, name=name + "x", algorithm="fixed_window")
         assert not hit_many([(exact, "k", 12)] * 100).allowed  # the exact store: denied
@@ -173,7 +173,7 @@ def test_key_churn_does_not_reopen_a_full_key(
 ) -> None:
     a = store(made, redis_single.url, clock, TwoTierSettings(sync_interval=0.05, max_keys=10))
     name = fresh()
-    with RedisStore(redis_single.url, clock=clock) as other:
+    with RedisStore(redis_single.url, clock=clock, timeout=2.0) as other:
         Limiter("1000/hour", store=other, name=name, algorithm="fixed_window").hit("v", 1000)
     two = Limiter("1000/hour", store=a, name=name, algorithm="fixed_window", two_tier=True)
     manual(a)
@@ -369,12 +369,12 @@ def test_a_skewed_clock_before_the_first_sync(
     monkeypatch.setattr(_twotierio, "time", shim)
     monkeypatch.setattr(_twotierplan, "time", shim)
     name = fresh()
-    with RedisStore(redis_single.url, two_tier=TwoTierSettings(sync_interval=60)) as s:
+    with RedisStore(redis_single.url, two_tier=TwoTierSettings(sync_interval=60), timeout=2.0) as s:
         limiter = Limiter("8000/hour", store=s, name=name, algorithm="fixed_window",
                           two_tier=True)  # fmt: skip
         admitted = sum(limiter.hit("k").allowed for _ in range(100))  # the unknown budget
         sync(s)
-    with RedisStore(redis_single.url) as observer:
+    with RedisStore(redis_single.url, timeout=2.0) as observer:
         decision = Limiter("8000/hour", store=observer, name=name,
                            algorithm="fixed_window").peek("k")  # fmt: skip
     assert decision.limit - decision.remaining == admitted
@@ -407,7 +407,7 @@ def test_local_denials_are_redis_denials(
     engine.call = call
     rnd = random.Random(7)
     checked = 0
-    with RedisStore(redis_single.url, clock=clock) as observer:
+    with RedisStore(redis_single.url, clock=clock, timeout=2.0) as observer:
         exact = Limiter(rate, store=observer, name=name, algorithm=algorithm)
         for _ in range(1200):
             limiter = la if rnd.random() < 0.6 else lb
