@@ -42,9 +42,10 @@ local function num(cfg, field) return tonumber(cfg[field]) or 0 end
 -- total was cut): a member may spend new space at once only when nothing was
 -- given up for two windows, for until then its last holder may still spend it
 -- (freed_ms). A paced member that gives up space at its refresh has spent it
--- at most at its old rate so far and stops at once, so a paced member may take
--- it at once too, spreading it over what is left of the window: hard_ms is the
--- last time space was given up any other way
+-- at most at its old rate so far and stops at once, so a paced member that
+-- joins may take it at once, spreading it over what is left of the window (the
+-- member decides, see member.py): hard_ms is the last time space was given up
+-- any other way
 local function freed(cfg, paced)
   redis.call('HSET', CFG, 'freed_ms', now)
   cfg.freed_ms = tostring(now)
@@ -318,7 +319,7 @@ local id = ARGV[4]
 
 if op == 'leave' then
   if redis.call('HDEL', MEMBERS, id) == 1 and redis.call('EXISTS', CFG) == 1 then
-    freed({})
+    freed({})  -- hard: nothing says how the member spent its space
   end
   return {1}
 end
