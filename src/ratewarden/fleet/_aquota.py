@@ -273,8 +273,7 @@ class AsyncFleetQuota(Line, Shell):
         else:
             wait = self._first(max_wait, cost, caller)
             if not wait:
-                if caller is not None:
-                    self._done(caller)
+                self._done(caller)
                 return
         try:
             deadline = self._deadline(max_wait, wait)
@@ -290,8 +289,7 @@ class AsyncFleetQuota(Line, Shell):
             finally:
                 line.leave(LINE)
         finally:
-            if caller is not None:
-                self._done(caller)
+            self._done(caller)
 
     def slot(self, max_wait: float | None, cost: int = 1) -> AsyncQuotaSlot:
         """`acquire` as a context manager or decorator."""

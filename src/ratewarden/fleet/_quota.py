@@ -239,8 +239,7 @@ class FleetQuota(Line, Shell):
         else:
             wait = self._first(max_wait, cost, caller)
             if not wait:
-                if caller is not None:
-                    self._done(caller)
+                self._done(caller)
                 return
         try:
             deadline = self._deadline(max_wait, wait)
@@ -256,8 +255,7 @@ class FleetQuota(Line, Shell):
             finally:
                 line.leave(LINE)
         finally:
-            if caller is not None:
-                self._done(caller)
+            self._done(caller)
 
     def slot(self, max_wait: float | None, cost: int = 1) -> QuotaSlot:
         """`acquire` as a context manager or decorator."""

@@ -60,7 +60,10 @@ class Line:
         return 1
 
     def _done(self, caller: object) -> None:
-        """A call that `_asked` or `_first` counted returned, served or not."""
+        """A call that `_asked` or `_first` counted returned, served or not
+        (None: counted without its caller, nothing to note)."""
+        if caller is None:
+            return
         with self._lock:
             self._member.share.done(self.clock.time_ns(), caller)
 
