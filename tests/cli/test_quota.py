@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -24,17 +22,6 @@ from ratewarden.fleet.coordinator import keys
 from tests.redis_server import RedisServer, free_port
 
 Capture = pytest.CaptureFixture[str]
-
-
-@pytest.fixture
-def client(redis_single: RedisServer) -> Iterator[redis.Redis]:
-    with redis_single.client() as c:
-        yield c
-
-
-@pytest.fixture
-def name() -> str:
-    return f"q-{uuid.uuid4().hex[:10]}"
 
 
 def run(redis_single: RedisServer, *args: str) -> int:

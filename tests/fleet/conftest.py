@@ -1,23 +1,5 @@
-"""The fleet tests' fixtures on a real Redis: a client of the test's server and a
-fresh resource name."""
+"""The fleet tests' fixtures on a real Redis (defined in `tests.fleet.members`)."""
 
-from __future__ import annotations
+from tests.fleet.members import client, name
 
-import uuid
-from collections.abc import Iterator
-
-import pytest
-import redis
-
-from tests.redis_server import RedisServer
-
-
-@pytest.fixture
-def client(redis_single: RedisServer) -> Iterator[redis.Redis]:
-    with redis_single.client() as c:
-        yield c
-
-
-@pytest.fixture
-def name() -> str:
-    return f"q-{uuid.uuid4().hex[:10]}"
+__all__ = ["client", "name"]
