@@ -87,7 +87,8 @@ class Model:
 
     def _freed(self, now: int, paced: bool = False) -> None:
         """Space of the line was given up now; ``paced``: by a paced member at
-        its refresh, which a paced member may take up at once (see fleet.lua)."""
+        its refresh, which a paced member that joins may take up at once (see
+        fleet.lua)."""
         self.cfg["freed_ms"] = str(now)
         if not paced:
             self.cfg["hard_ms"] = str(now)
