@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import pairwise
+from random import Random
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratewarden.fleet._share import Share
+from ratewarden.fleet._share import SKEW_NS, Share, margin
 from ratewarden.fleet.alloc import allocate
 
 S = 1_000_000_000
 W0 = 1_763_900_000  # a window index of today's magnitude (1 s windows)
+M = margin(S)  # paced, nothing is spent this close to either edge of a window
+SPAN = S - 2 * M  # paced, where a window's permits are spread
 
 
 def piece(start: int, grant: int) -> tuple[tuple[int, int], ...]:
@@ -89,7 +95,8 @@ def test_pacing_spreads_the_window() -> None:
             times.append(now - start)
         else:
             now += wait
-    assert times == [0, S // 4, S // 2, 3 * S // 4, S, S + S // 4, S + S // 2, S + 3 * S // 4]
+    i = SPAN // 4
+    assert times == [M, M + i, M + 2 * i, M + 3 * i, S + M, S + M + i, S + M + 2 * i, S + M + 3 * i]
 
 
 def test_a_smaller_grant_applies_at_once_a_larger_from_the_next_window() -> None:
@@ -218,11 +225,11 @@ def test_a_late_wake_up_keeps_the_pacing_schedule() -> None:
     share = Share(S, pace=True)
     start = W0 * S
     given_grant(share, 4000, start)
-    i = S // 4
-    assert share.take(start) == 0
-    assert share.take(start + i + i // 2) == 0  # half an interval late
-    assert share.take(start + 2 * i) == 0  # the next slot has not moved
-    assert share.take(start + 2 * i + 1) > 0  # and no burst beyond it
+    i = SPAN // 4
+    assert share.take(start + M) == 0
+    assert share.take(start + M + i + i // 2) == 0  # half an interval late
+    assert share.take(start + M + 2 * i) == 0  # the next slot has not moved
+    assert share.take(start + M + 2 * i + 1) > 0  # and no burst beyond it
 
 
 def test_after_an_idle_spell_the_schedule_starts_again() -> None:
@@ -230,7 +237,7 @@ def test_after_an_idle_spell_the_schedule_starts_again() -> None:
     start = W0 * S
     given_grant(share, 4000, start)
     assert share.take(start + S // 2) == 0
-    assert share.take(start + S // 2) == S // 4  # no catching up on the idle slots
+    assert share.take(start + S // 2) == SPAN // 4  # no catching up on the idle slots
 
 
 def test_a_call_more_or_less_is_the_same_demand() -> None:
@@ -281,16 +288,17 @@ def test_a_paced_grant_applied_mid_window_spends_at_its_new_rate_from_then() -> 
     now = W0 * S
     share = Share(S, pace=True)
     given_grant(share, 2000, now)
-    assert share.take(now) == 0
+    assert share.take(now + M) == 0
     share.apply(10_000, 10_000, piece(0, 10_000), now + S // 2, settled=True)
     times = []
     t = now + S // 2
     while t < now + S:
         wait = share.take(t)
         if wait == 0:
-            times.append((t - now) * 10 // S)
+            times.append(t - now)
         t += wait or 1
-    assert times == [5, 6, 7, 8, 9]  # a tenth of a second apart, from the grant on
+    # the new spacing from the grant on, up to the window's last moment
+    assert times == [S // 2 + k * SPAN // 10 for k in range(5)]
 
 
 def test_pieces_count_the_marks_inside_them() -> None:
@@ -307,14 +315,15 @@ def test_waiting_callers_reserve_the_next_slots_in_turn() -> None:
     share = Share(S, pace=True)
     start = W0 * S
     given_grant(share, 4000, start)
-    i = S // 4
-    assert share.take(start) == 0
-    assert share.reserve(start, 1, S) == (True, i)  # the next slot is the caller's
-    assert share.reserve(start, 1, S) == (True, 2 * i)  # and the one after, the next's
-    assert share.reserve(start, 1, 2 * i) == (False, 3 * i)  # past its patience
-    assert share.reserve(start, 1, S) == (True, 3 * i)
-    assert share.reserve(start, 1, S) == (False, S)  # the window is spent: its edge
-    assert share.window_state(start + 3 * i + i // 2) == (4, 4)  # all four spent
+    i = SPAN // 4
+    now = start + M
+    assert share.take(now) == 0
+    assert share.reserve(now, 1, S) == (True, i)  # the next slot is the caller's
+    assert share.reserve(now, 1, S) == (True, 2 * i)  # and the one after, the next's
+    assert share.reserve(now, 1, 2 * i) == (False, 3 * i)  # past its patience
+    assert share.reserve(now, 1, S) == (True, 3 * i)
+    assert share.reserve(now, 1, S) == (False, S - M)  # the window is spent: its edge
+    assert share.window_state(now + 3 * i + i // 2) == (4, 4)  # all four spent
 
 
 def test_a_wait_within_one_paced_spacing_is_not_held_back_demand() -> None:
@@ -337,3 +346,40 @@ def test_a_wait_within_one_paced_spacing_is_not_held_back_demand() -> None:
     wants, _, used = share.report(now + S)
     assert used == 50_000
     assert wants <= 51_000
+
+
+@given(
+    st.integers(1, 40),
+    st.lists(st.integers(1, 10**6), min_size=1, max_size=30),
+    st.integers(2, 8),
+    st.randoms(use_true_random=False),
+)
+def test_no_provider_second_passes_the_total_whatever_the_clocks_and_fragments(
+    total: int, cuts: list[int], members: int, rng: Random
+) -> None:
+    """The line cut into fragments dealt to the members at random (as a fleet
+    whose demand moved leaves it), every member's clock off the provider's by up
+    to the margin, callers always waiting: each member's count moves from window
+    to window as the marks rotate, yet every provider second gets at most the
+    total, for each window's permits are spent inside it."""
+    line = total * 1000
+    points = sorted({c % line for c in cuts} | {0, line})
+    fragments = [(a, b - a) for a, b in pairwise(points)]
+    dealt: list[list[tuple[int, int]]] = [[] for _ in range(members)]
+    for fragment in fragments:
+        dealt[rng.randrange(members)].append(fragment)
+    start = W0 * S
+    seconds: Counter[int] = Counter()
+    for pieces in dealt:
+        skew = rng.randint(-SKEW_NS, SKEW_NS)  # the offset pacing is documented to absorb
+        share = Share(S, pace=True, phase=rng.random())
+        grant = sum(length for _, length in pieces)
+        share.apply(grant, line, tuple(pieces), start + skew, settled=True, line=line)
+        t = start + skew
+        while t < start + skew + 6 * S:
+            wait = share.take(t)
+            if not wait:
+                seconds[(t - skew) // S] += 1
+            t += wait or 1
+    whole = [seconds[start // S + k] for k in range(1, 6)]
+    assert max(whole) <= total, whole

@@ -68,6 +68,13 @@ SAMPLE = 20  # calls a demand estimate wants at least (else earlier periods join
 STEADY = 0.02  # a demand that moves less than this (or one call) has not moved
 CALLERS = 4096  # callers remembered between their calls, at most
 STEP = 618  # how far the marks move each window, in millipermits: 1000 / golden ratio
+SKEW_NS = 100_000_000  # the offset from the provider's clock that pacing absorbs
+
+
+def margin(window_ns: int) -> int:
+    """Paced, how far from either edge of its window a member spends nothing:
+    `SKEW_NS`, or a tenth of a shorter window."""
+    return min(SKEW_NS, window_ns // 10)
 
 
 class Share:
@@ -95,6 +102,7 @@ class Share:
         "line",
         "pace",
         "period_start",
+        "phase",
         "pieces",
         "spent",
         "strict",
@@ -103,7 +111,13 @@ class Share:
     )
 
     def __init__(
-        self, window_ns: int, *, pace: bool = False, now: int = 0, strict: bool = False
+        self,
+        window_ns: int,
+        *,
+        pace: bool = False,
+        now: int = 0,
+        strict: bool = False,
+        phase: float = 0.0,
     ) -> None:
         if window_ns <= 0:
             raise ValueError("window must be > 0")
@@ -113,6 +127,9 @@ class Share:
         # lateness not made up, a larger grant from when the coordinator says
         self.strict = strict
         self.pace = pace or strict
+        # paced, not strict: where in its first spacing a window's first permit
+        # falls (0-1), so that members' schedules do not all begin at one moment
+        self.phase = phase
         self.grant = self.held = 0
         self.pieces: tuple[Piece, ...] = ()
         self.line = 0  # the effective total the pieces are laid out on (0: unknown)
@@ -246,6 +263,11 @@ class Share:
         self._w = w
         self._used = 0
         self._count = self.permits(w)
+        if self.pace and not self.strict:
+            # a window's schedule starts anew: the margins keep its permits
+            # apart from the last window's, and a spacing carried over from
+            # another count would push its last permits past its end
+            self.tat = 0
         self._space()
 
     def _space(self) -> None:
@@ -255,6 +277,8 @@ class Share:
         window = self.window_ns
         if not self.strict:
             count = self._count
+            if self.pace:  # inside the window, clear of its edges
+                window -= 2 * margin(window)
             self._interval = window // count if count else window
             return
         whole = self.grant // MILLI
@@ -262,6 +286,27 @@ class Share:
         due, cost = self._last
         if cost:
             self.tat = due + self._interval * cost
+
+    def _end(self, w: int) -> int:
+        """From when no permit of window ``w`` is spent (paced, not strict: a
+        margin before its end)."""
+        window = self.window_ns
+        return (w + 1) * window - (0 if self.strict else margin(window))
+
+    def _tat(self, w: int, now: int) -> int:
+        """When the next paced permit of window ``w`` may be spent. Not strict,
+        a member spends nothing within `margin` of either edge of its window:
+        each window's permits are spent inside it whatever the clock's offset
+        from the provider's, up to the margin, and the provider's window gets
+        no permit of a neighbour's, however the members' counts move from
+        window to window (their pieces' marks rotate; see the module docstring)."""
+        tat = self.tat
+        if self.strict:
+            return tat
+        edge = margin(self.window_ns)
+        if now >= self._end(w):
+            return (w + 1) * self.window_ns + edge  # the next window's first moment
+        return max(tat, w * self.window_ns + edge + round(self.phase * self._interval))
 
     def take(self, now: int, cost: int = 1) -> int:
         """Spend ``cost`` permits at ``now``: 0 when granted, else the nanoseconds
@@ -273,7 +318,7 @@ class Share:
         if self._used + cost > self._count:
             return (w + 1) * window - now
         if self.pace:
-            tat = self.tat
+            tat = self._tat(w, now)
             if now < tat:
                 return tat - now
             # a caller that wakes late (by less than an interval) keeps the
@@ -310,9 +355,9 @@ class Share:
         if self._used + cost > self._count:
             return False, (w + 1) * window - now
         if self.pace:
-            tat = self.tat
+            tat = self._tat(w, now)
             if now < tat:
-                if tat >= (w + 1) * window or tat - now > patience:
+                if tat >= self._end(w) or tat - now > patience:
                     return False, tat - now
                 self._last = (tat, cost)
                 self.tat = tat + self._interval * cost
@@ -344,7 +389,9 @@ class Share:
             # average however large the grant, and counting it would inflate
             # the demand of one whose calls follow a schedule of their own
             if self.pace:
-                waited = max(0, waited - self._interval)
+                # and so is the wait across a window's edges, where nothing is spent
+                edges = 0 if self.strict else 2 * margin(self.window_ns)
+                waited = max(0, waited - self._interval - edges)
             self.extra += last_cost * waited / work
         if len(self._calls) < CALLERS:
             self._calls[caller] = (now, cost)

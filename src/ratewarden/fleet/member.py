@@ -39,6 +39,7 @@ import random
 import socket
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -92,7 +93,9 @@ class Member:
         self.known: dict[str, str] | None = None  # the coordinator's fields, last seen
         window = config.window_ns if config is not None else 1_000_000_000
         strict = config is not None and config.sliding
-        self.share = Share(window, pace=pace, now=clock.time_ns(), strict=strict)
+        # where in its spacing its paced permits fall: its own, and the same each run
+        self.phase = zlib.crc32(member.encode()) / 2**32
+        self.share = Share(window, pace=pace, now=clock.time_ns(), strict=strict, phase=self.phase)
         self.lease_until = 0  # ns of the member's clock; 0: no grant yet
         self.members = 0
         self.safe: int | None = None  # the coordinator's word on its safe share
@@ -175,7 +178,9 @@ class Member:
         if not self.refreshes:  # joining: later changes are the operator's (`quota set`)
             self._check_config(config)
         if config.window_ns != self.share.window_ns or config.sliding != self.share.strict:
-            self.share = Share(config.window_ns, pace=self.pace, now=now, strict=config.sliding)
+            self.share = Share(
+                config.window_ns, pace=self.pace, now=now, strict=config.sliding, phase=self.phase
+            )
         elif reply.effective_total < self.share.line:  # a cut it did not hear of yet
             self.share.scale(reply.effective_total, self.share.line)
         self.known = fields
@@ -189,17 +194,6 @@ class Member:
         freed = int(fields.get("freed_ms", "0"))
         two_windows = 2 * config.window_ns // 1_000_000
         settled = reply.now_ms - freed >= two_windows
-        if self.pace and not settled and reply.grant > 2 * self.share.grant:
-            # a member that had less than half of this (it joins, or its demand
-            # came back) takes up at once the space that paced members gave up at
-            # their refreshes, spread over the rest of the window: they spent it
-            # at most at their old rate until then (but for the few slots their
-            # waiting callers reserved), and it spends it at most at its new one
-            # (see fleet.lua). Space given up any other way waits for the edge,
-            # as do the small moves of a running fleet, where those reserved
-            # slots would add up
-            hard = int(fields.get("hard_ms", "0"))
-            settled = reply.now_ms - hard >= two_windows
         not_before = 0
         if config.sliding:
             # space given up at freed_ms (the coordinator's clock) is taken up a
