@@ -321,16 +321,19 @@ class Share:
             tat = self._tat(w, now)
             if now < tat:
                 return tat - now
-            # a caller that wakes late (by less than an interval) keeps the
+            # a caller that wakes late (by less than an interval, or half the
+            # margin: a busy machine's threads wake that late) keeps the
             # schedule: the next slot stays where it was, so lateness costs no
-            # permit; after an idle spell the schedule starts again from now
-            # (strict: always from now, so no two permits come closer)
+            # permit before the window's last moment; after an idle spell the
+            # schedule starts again from now (strict: always from now, so no two
+            # permits come closer)
             interval = self._interval
             if self.strict:
                 self._last = (now, cost)
                 self.tat = now + interval * cost
             else:
-                self.tat = (tat if tat >= now - interval else now) + interval * cost
+                late = max(interval, margin(window) // 2)
+                self.tat = (tat if tat >= now - late else now) + interval * cost
         self._used += cost
         self.spent += cost
         return 0
@@ -389,12 +392,22 @@ class Share:
             # average however large the grant, and counting it would inflate
             # the demand of one whose calls follow a schedule of their own
             if self.pace:
-                # and so is the wait across a window's edges, where nothing is spent
-                edges = 0 if self.strict else 2 * margin(self.window_ns)
+                # and so is a wait's part near a window's edge, where nothing is spent
+                edges = 0 if self.strict else self._at_edges(ended - waited, ended)
                 waited = max(0, waited - self._interval - edges)
             self.extra += last_cost * waited / work
         if len(self._calls) < CALLERS:
             self._calls[caller] = (now, cost)
+
+    def _at_edges(self, began: int, ended: int) -> int:
+        """How much of ``[began, ended)`` lies within `margin` of a window's edge."""
+        window = self.window_ns
+        edge = margin(window)
+        total = 0
+        for k in range((began + edge) // window, (ended + edge) // window + 1):
+            low, high = k * window - edge, k * window + edge
+            total += max(0, min(ended, high) - max(began, low))
+        return total
 
     def done(self, now: int, caller: object = None) -> None:
         """``caller``'s call returned, served or not."""
