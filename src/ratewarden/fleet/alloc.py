@@ -136,7 +136,7 @@ def grant(target: int, total: int, others_hold: int) -> int:
 
 
 Piece = tuple[int, int]  # a stretch of the line: (start, length), millipermits
-MAX_PIECES = 64  # stretches a member's grant may lie in
+MAX_PIECES = 128  # stretches a member's grant may lie in (see `place`)
 
 
 def place(total: int, mine: Sequence[Piece], want: int, others: Sequence[Piece]) -> list[Piece]:

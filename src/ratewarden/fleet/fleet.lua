@@ -166,7 +166,7 @@ end
 -- start of what it had; a larger one keeps all it had and grows into the free
 -- space next to its pieces, then into the largest free gaps, a piece each, up
 -- to MAX_PIECES
-local MAX_PIECES = 64
+local MAX_PIECES = 128
 
 local function merge(pieces)
   table.sort(pieces, function(a, b) return a[1] < b[1] end)

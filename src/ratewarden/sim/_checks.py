@@ -38,7 +38,7 @@ def _pct(x: float) -> str:
 
 
 def check(results: dict[str, Result]) -> list[Check]:
-    """The figures (a)-(f) from the runs of `documented` (missing runs are skipped)."""
+    """The figures (a)-(g) from the runs of `documented` (missing runs are skipped)."""
     out: list[Check] = []
     for key, r in results.items():
         if key.startswith(("a/", "b/", "a-poisson/", "b-poisson/")):
@@ -133,6 +133,34 @@ def check(results: dict[str, Result]) -> list[Check]:
                       limit, ok)
             )  # fmt: skip
     out.extend(_pools(results))
+    out.extend(_starts(results))
+    return out
+
+
+def _starts(results: dict[str, Result]) -> list[Check]:
+    """(g): a low total over many members, and a skewed fleet's first seconds."""
+    out: list[Check] = []
+    if "g/low-rate" in results:
+        r = results["g/low-rate"]
+        worst = max(r.admitted)
+        out.append(
+            Check("g", "g/low-rate: busiest provider second", f"{worst} ({len(r.over)} over)",
+                  f"<= {r.limits[0]}", worst <= r.limits[0])
+        )  # fmt: skip
+        out.append(
+            Check("g", "g/low-rate: utilisation", _pct(r.utilisation), ">= 95.0%",
+                  r.utilisation >= 0.95)
+        )  # fmt: skip
+    if "g/skewed-start" in results:
+        r = results["g/skewed-start"]
+        out.append(
+            Check("g", "g/skewed-start: utilisation after a 3 s warm-up", _pct(r.utilisation),
+                  ">= 98.0%", r.utilisation >= 0.98)
+        )  # fmt: skip
+        out.append(
+            Check("g", "g/skewed-start: provider seconds over the limit",
+                  f"{len(r.over)} (worst {r.max_excess:.2f}%)", "0", not r.over)
+        )  # fmt: skip
     return out
 
 

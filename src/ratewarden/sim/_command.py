@@ -220,7 +220,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--start-redis", action="store_true",
                        help="start a redis-server of our own on a free loopback port")  # fmt: skip
     add("--scenarios", action="store_true",
-        help="run the documented scenarios (a)-(f) and check their figures")  # fmt: skip
+        help="run the documented scenarios (a)-(g) and check their figures")  # fmt: skip
     add("--plots", metavar="DIR", type=Path, help="write fleet-*.png plots into DIR")
     add("--json", action="store_true", help="print the results as JSON")
 
