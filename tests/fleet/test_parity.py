@@ -82,7 +82,9 @@ ops = st.one_of(
         st.integers(0, 3_000_000),  # reported has
         st.integers(0, 3_000_000),  # used
         st.integers(0, 2),  # throttled
-        st.booleans(),  # send a configuration to restore
+        # a configuration to create the resource from, if it is missing: none,
+        # the one last stored (a rebuild), or one given and never stored
+        st.one_of(st.none(), st.just("known"), configs),
         st.one_of(  # where it says its grant lies: as it was told, or anything
             st.none(),
             st.lists(
@@ -163,11 +165,12 @@ def _refresh(
     told: dict[str, list[tuple[int, int]]],
 ) -> tuple[Any, Any]:
     """One refresh on both sides; ``told`` keeps each member's pieces."""
-    _, member, wants, has, used, throttled, with_restore, claim, paced = op
-    if not model.cfg and not restore:
-        with_restore = False
+    _, member, wants, has, used, throttled, create, claim, paced = op
     pieces = told.get(member, []) if claim is None else claim
-    extra = restore if with_restore and restore else None
+    if isinstance(create, QuotaConfig):
+        extra: dict[str, str] | None = create.fields()
+    else:
+        extra = restore if create == "known" and restore else None
     args = [member, wants, has, used, throttled, spans(pieces), "paced" if paced else ""]
     if extra:
         args += [p for pair in extra.items() for p in pair]
@@ -325,5 +328,34 @@ def test_a_grant_gathers_the_free_gaps(client: redis.Redis) -> None:
         # the hole next to it, then holes of a permit each until it has MAX_PIECES
         assert pieces == [(0, 2000)] + [(2000 * k + 1000, 1000) for k in range(1, MAX_PIECES)]
         assert reply[1] == wants - 1000  # a hole short: the last one stays free
+    finally:
+        client.delete(*keys(name))
+
+
+@pytest.mark.parametrize("holds", [0, 5_000])
+def test_a_config_never_stored_creates_the_resource_as_set_does(
+    client: redis.Redis, holds: int
+) -> None:
+    """A member that started before its Redis sends the configuration it was
+    given (no version): the first refresh creates the resource as `set` would, and
+    only a member that spends a safe share meanwhile starts a rebuild."""
+    name = f"parity-{uuid.uuid4().hex[:12]}"
+    clock = Clock()
+    lua = Coordinator(client, name, clock=clock)
+    model = Model()
+    given_config = QuotaConfig("50/second", "fair_share", safe=5)
+    op = ("refresh", "late", 50_000, holds, 0, 0, given_config, None, False)
+    try:
+        got, want = _refresh(lua, model, clock, op, restore=None, told={})
+        assert _normal(got) == _normal(want)
+        assert _text_dict(client.hgetall(keys(name)[0])) == model.cfg
+        assert model.cfg["version"] == "1"
+        assert model.cfg["eff_m"] == "50000"
+        if holds:  # it spends space the coordinator never knew of
+            assert int(model.cfg["rebuild_ms"]) > clock.ms
+            assert want[1] == holds
+        else:
+            assert "rebuild_ms" not in model.cfg
+            assert want[1] == 50_000  # the whole total, at once
     finally:
         client.delete(*keys(name))

@@ -181,7 +181,11 @@ class Model:
                 return [0]
             cfg.update(restore)
             cfg["seq"] = "0"
-            self._rebuild(now)  # where the members spend is not known yet
+            if "version" in cfg:
+                self._rebuild(now)  # where the members spend is not known yet
+            else:  # a member's configuration, never stored: created as `set` does
+                cfg["version"] = "1"
+                cfg["eff_m"] = str(self._num("total") * 1000)
         members = self._live(now)
         me = next((m for m in members if m.id == member_id), None)
         if me is None:
