@@ -115,10 +115,9 @@ class AsyncFleetQuota(Line, Shell):
         self._started = True
         try:
             member = self._member
-            if not await self.refresh() and member.config is not None:
-                await self.coordinator.set(member.config)
-                await self.refresh()
-            elif member.replace_config and member.config_differs():
+            # a missing resource is created from config= by the refresh itself,
+            # now or at whichever later refresh first reaches Redis
+            if await self.refresh() and member.replace_config and member.config_differs():
                 assert member.config is not None
                 log.warning(
                     "quota %r: storing config= (%s) in place of the stored one (replace_config)",

@@ -99,10 +99,9 @@ class FleetQuota(Line, Shell):
         self._started = True
         try:
             member = self._member
-            if not self.refresh() and member.config is not None:
-                self.coordinator.set(member.config)
-                self.refresh()
-            elif member.replace_config and member.config_differs():
+            # a missing resource is created from config= by the refresh itself,
+            # now or at whichever later refresh first reaches Redis
+            if self.refresh() and member.replace_config and member.config_differs():
                 assert member.config is not None
                 log.warning(
                     "quota %r: storing config= (%s) in place of the stored one (replace_config)",

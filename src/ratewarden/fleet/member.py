@@ -20,6 +20,9 @@ the resource's channel. The cases:
 - the resource is gone from Redis (restarted empty): the next refresh carries
   the configuration the member last knew, and the coordinator rebuilds from it,
   granting nobody more than it says it holds for two refresh intervals;
+- the resource never reached Redis (the member started before its Redis
+  answered): every refresh until the first reply carries the ``config`` given,
+  and the coordinator creates the resource from it, as ``quota set`` would;
 - a message: the total was cut; the grant shrinks in proportion at once, and a
   refresh follows.
 
@@ -113,10 +116,12 @@ class Member:
 
     def report(self) -> tuple[int, int, int, int, tuple[Piece, ...], dict[str, str] | None]:
         """What the next refresh sends: wants, has, used, throttled, where its
-        grant lies, and the configuration to restore if the coordinator
-        lost it."""
+        grant lies, and the configuration to create the resource with if the
+        coordinator does not have it: the one last seen stored (restored with a
+        rebuild), else the one given (created as `set` creates it), so that a
+        member that started before its Redis answered joins when it answers."""
         least = 0
-        restore = None
+        restore = None if self.config is None else self.config.fields()
         if self.known is not None:
             least = int(self.known.get("refresh_ms", "1000")) * 500_000  # half, in ns
             restore = {k: v for k, v in self.known.items() if k not in _TRANSIENT}
