@@ -210,6 +210,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--sliding", action="store_true",
         help="the resource's sliding mode: no stretch of one window, wherever it starts,"
              " over the total (see rolling_max)")  # fmt: skip
+    add("--safe", type=_safe, default="equal",
+        help="the resource's safe share: equal, or permits a window (default equal)")  # fmt: skip
+    add("--unreachable", type=float, default=0.0, metavar="SECONDS",
+        help="the coordinator does not answer for the first SECONDS (at most a quarter of"
+             " the run): the members start before their Redis and create the resource from"
+             " their config when it answers (default 0)")  # fmt: skip
     add("--warmup", type=float, default=5.0,
         help="seconds left out of utilisation (default 5)")  # fmt: skip
     where = parser.add_mutually_exclusive_group()
@@ -223,6 +229,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the documented scenarios (a)-(f) and check their figures")  # fmt: skip
     add("--plots", metavar="DIR", type=Path, help="write fleet-*.png plots into DIR")
     add("--json", action="store_true", help="print the results as JSON")
+
+
+def _safe(text: str) -> str | int:
+    return text if text == "equal" else int(text)
 
 
 def _rate(text: str) -> str:
@@ -255,6 +265,8 @@ def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
             think_ms=args.think_ms,
             closed=args.closed,
             sliding=args.sliding,
+            safe=args.safe,
+            unreachable=args.unreachable,
         )
         for algorithm in algorithms
     ]
