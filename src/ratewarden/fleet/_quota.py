@@ -34,10 +34,11 @@ class FleetQuota(Line, Shell):
 
     ``redis``: a URL (``redis://``, ``redis+cluster://``...) or a ``redis.Redis``
     client (``decode_responses=False``). ``config``: the resource's configuration
-    (a `QuotaConfig` or a rate such as ``"2000/second"``), used only if the
-    resource does not exist yet; otherwise it must have been created with
-    ``ratewarden quota set``. ``pace``: spread the permits of each window evenly
-    across it. ``clock``: the member's clock (tests and simulations).
+    (a `QuotaConfig` or a rate such as ``"2000/second"``), used only to create
+    the resource if it does not exist when a refresh reaches Redis, at start or
+    later (Redis may come up after the application); without it, the resource
+    must have been created with ``ratewarden quota set``. ``pace``: spread the
+    permits of each window evenly across it. ``clock``: the member's clock (tests and simulations).
     ``wants``: a function that gives this member's demand in permits a window,
     asked at each refresh (None from it: what the calls show); see also `demand`.
     ``replace_config``: when the stored configuration differs from ``config``,
