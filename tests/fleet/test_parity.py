@@ -17,7 +17,7 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratewarden.fleet import Coordinator, QuotaConfig
+from ratewarden.fleet import Coordinator, QuotaConfig, Report
 from ratewarden.fleet.alloc import ALLOCATORS, MAX_PIECES
 from ratewarden.fleet.coordinator import keys
 from ratewarden.fleet.model import Model
@@ -175,17 +175,8 @@ def _refresh(
     if extra:
         args += [p for pair in extra.items() for p in pair]
     got = lua._call("refresh", args)
-    want = model.refresh(
-        clock.ms,
-        member,
-        wants=wants,
-        reported=has,
-        used=used,
-        throttled=throttled,
-        pieces=pieces,
-        restore=extra,
-        paced=paced,
-    )
+    report = Report(wants, has, used, throttled, tuple(pieces), extra, paced)
+    want = model.refresh(clock.ms, member, report)
     if want[0]:
         told[member] = list(zip(want[3][::2], want[3][1::2], strict=True))
     return got, want
@@ -225,7 +216,7 @@ def test_busy_resource_agrees(
                 assert lua._call("leave", [member]) == model.leave(clock.ms, member)
                 continue
             got = lua._call("refresh", [member, wants, 0, 0, 0, ""])
-            want = model.refresh(clock.ms, member, wants=wants, reported=0, used=0, throttled=0)
+            want = model.refresh(clock.ms, member, Report(wants, 0, 0))
             assert _normal(got) == _normal(want)
     finally:
         client.delete(*keys(name))
@@ -257,7 +248,7 @@ def test_rebuild_agrees(
         for member, wants in before:
             clock.ms += 100
             lua._call("refresh", [member, wants, 0, 0, 0, ""])
-            want = model.refresh(clock.ms, member, wants=wants, reported=0, used=0, throttled=0)
+            want = model.refresh(clock.ms, member, Report(wants, 0, 0))
             told[member] = (want[1], list(zip(want[3][::2], want[3][1::2], strict=True)))
         restore = {k: v for k, v in model.cfg.items() if k not in ("seq", "rebuild_ms")}
         client.delete(*keys(name))
@@ -271,16 +262,8 @@ def test_rebuild_agrees(
             args = [member, 3_000_000, has, 0, 0, spans(pieces), ""]
             args += [p for pair in restore.items() for p in pair]
             got = lua._call("refresh", args)
-            want = model.refresh(
-                clock.ms,
-                member,
-                wants=3_000_000,
-                reported=has,
-                used=0,
-                throttled=0,
-                pieces=pieces,
-                restore=restore,
-            )
+            report = Report(3_000_000, has, 0, pieces=tuple(pieces), restore=restore)
+            want = model.refresh(clock.ms, member, report)
             assert _normal(got) == _normal(want)
             members_key = keys(name)[1]
             assert {_text(k): v for k, v in client.hgetall(members_key).items()} == model.members
@@ -304,10 +287,10 @@ def test_a_grant_gathers_the_free_gaps(client: redis.Redis) -> None:
     n = 2 * MAX_PIECES + 2  # members of a permit each, end to end
     fields = QuotaConfig(f"{n}/second", algorithm="static", cap=n).fields()
 
-    def both(op: str, args: list[Any], **kwargs: Any) -> Any:
+    def both(op: str, args: list[Any], report: Report | None = None) -> Any:
         got = lua._call(op, args)
-        if op == "refresh":
-            want = model.refresh(clock.ms, args[0], **kwargs)
+        if report is not None:
+            want = model.refresh(clock.ms, args[0], report)
         else:
             want = model.leave(clock.ms, args[0])
         assert _normal(got) == _normal(want)
@@ -317,13 +300,11 @@ def test_a_grant_gathers_the_free_gaps(client: redis.Redis) -> None:
         lua._call("set", [p for pair in fields.items() for p in pair])
         model.set(clock.ms, fields)
         for i in range(n):
-            both("refresh", [f"m{i:02d}", 1000, 0, 0, 0, ""], wants=1000, reported=0, used=0,
-                 throttled=0)  # fmt: skip
+            both("refresh", [f"m{i:02d}", 1000, 0, 0, 0, ""], Report(1000, 0, 0))
         for i in range(1, n, 2):  # a hole after every other member: MAX_PIECES + 1 holes
             both("leave", [f"m{i:02d}"])
         wants = (MAX_PIECES + 2) * 1000
-        reply = both("refresh", ["m00", wants, 1000, 0, 0, ""], wants=wants, reported=1000,
-                     used=0, throttled=0)  # fmt: skip
+        reply = both("refresh", ["m00", wants, 1000, 0, 0, ""], Report(wants, 1000, 0))
         pieces = list(zip(reply[3][::2], reply[3][1::2], strict=True))
         # the hole next to it, then holes of a permit each until it has MAX_PIECES
         assert pieces == [(0, 2000)] + [(2000 * k + 1000, 1000) for k in range(1, MAX_PIECES)]

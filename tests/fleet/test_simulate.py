@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ratewarden.cli import main as ratewarden
+from ratewarden.fleet import Report
 from ratewarden.sim._backend import TrueClock
 from ratewarden.sim._checks import check
 from ratewarden.sim._command import (
@@ -241,7 +242,7 @@ def test_the_model_backend_reports_what_is_held() -> None:
     backend = ModelBackend(clock)
     scenario = Scenario(members=2, rate="10/second")
     assert backend.set(scenario.config()) == []
-    reply = backend.refresh("a", wants=4000, has=0, used=0, throttled=0, pieces=(), restore=None)
+    reply = backend.refresh("a", Report(wants=4000, has=0, used=0))
     assert reply is not None
     assert reply.grant == 7000  # what it wants, and half the spare (half for a joiner)
     assert backend.held() == (7000, 10_000)

@@ -133,19 +133,10 @@ class FleetQuota(Line, Shell):
         not exist. Raises `StoreUnavailable` when Redis cannot be reached."""
         member = self._member
         with self._lock:
-            wants, has, used, throttled, pieces, restore = member.report()
+            report = member.report()
         sent_at = self.clock.time_ns()
         try:
-            reply = self.coordinator.refresh(
-                member.id,
-                wants=wants,
-                has=has,
-                used=used,
-                throttled=throttled,
-                pieces=pieces,
-                restore=restore,
-                paced=member.pace,
-            )
+            reply = self.coordinator.report(member.id, report)
         except StoreUnavailable as exc:
             with self._lock:
                 member.on_failure(exc)

@@ -4,13 +4,13 @@ coordinator's Python model, or the real ``fleet.lua`` in a Redis (see `_command`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._errors import StoreUnavailable
-from ..fleet.alloc import MILLI, Piece
+from ..fleet.alloc import MILLI
 from ..fleet.config import QuotaConfig
-from ..fleet.coordinator import Coordinator, Reply, keys, parse_refresh
+from ..fleet.coordinator import Coordinator, Reply, Report, keys, parse_refresh
 from ..fleet.model import Model
 
 __all__ = [
@@ -64,18 +64,9 @@ class Backend(Protocol):
         """Create or change the resource; the messages it published."""
         ...
 
-    def refresh(
-        self,
-        member: str,
-        *,
-        wants: int,
-        has: int,
-        used: int,
-        throttled: int,
-        pieces: Sequence[Piece],
-        restore: dict[str, str] | None,
-        paced: bool = False,
-    ) -> Reply | None: ...
+    def refresh(self, member: str, report: Report) -> Reply | None:
+        """The member's refresh; the coordinator's reply."""
+        ...
 
     def messages(self, reply: Reply) -> list[Any]:
         """What the refresh that gave ``reply`` published."""
@@ -113,30 +104,8 @@ class ModelBackend:
         self._seen = len(self.model.published)
         return list(published)
 
-    def refresh(
-        self,
-        member: str,
-        *,
-        wants: int,
-        has: int,
-        used: int,
-        throttled: int,
-        pieces: Sequence[Piece],
-        restore: dict[str, str] | None,
-        paced: bool = False,
-    ) -> Reply | None:
-        raw = self.model.refresh(
-            self._ms(),
-            member,
-            wants=wants,
-            reported=has,
-            used=used,
-            throttled=throttled,
-            pieces=pieces,
-            restore=restore,
-            paced=paced,
-        )
-        return parse_refresh(raw)
+    def refresh(self, member: str, report: Report) -> Reply | None:
+        return parse_refresh(self.model.refresh(self._ms(), member, report))
 
     def messages(self, reply: Reply) -> list[Any]:
         """What the last refresh published (a request to the others to refresh)."""
@@ -187,28 +156,8 @@ class RedisBackend:
         self.coordinator.set(config)
         return [self._next("message")] if existed else []  # a change is always published
 
-    def refresh(
-        self,
-        member: str,
-        *,
-        wants: int,
-        has: int,
-        used: int,
-        throttled: int,
-        pieces: Sequence[Piece],
-        restore: dict[str, str] | None,
-        paced: bool = False,
-    ) -> Reply | None:
-        return self.coordinator.refresh(
-            member,
-            wants=wants,
-            has=has,
-            used=used,
-            throttled=throttled,
-            pieces=pieces,
-            restore=restore,
-            paced=paced,
-        )
+    def refresh(self, member: str, report: Report) -> Reply | None:
+        return self.coordinator.report(member, report)
 
     def messages(self, reply: Reply) -> list[Any]:
         """What the last refresh published: it says so in the time of its nudge
@@ -257,29 +206,9 @@ class Unreachable:
         self._reach()
         return self.backend.set(config)
 
-    def refresh(
-        self,
-        member: str,
-        *,
-        wants: int,
-        has: int,
-        used: int,
-        throttled: int,
-        pieces: Sequence[Piece],
-        restore: dict[str, str] | None,
-        paced: bool = False,
-    ) -> Reply | None:
+    def refresh(self, member: str, report: Report) -> Reply | None:
         self._reach()
-        return self.backend.refresh(
-            member,
-            wants=wants,
-            has=has,
-            used=used,
-            throttled=throttled,
-            pieces=pieces,
-            restore=restore,
-            paced=paced,
-        )
+        return self.backend.refresh(member, report)
 
     def messages(self, reply: Reply) -> list[Any]:
         return self.backend.messages(reply)

@@ -318,19 +318,10 @@ class Run(Measures):
     def _refresh(self, node: Node) -> None:
         member = node.member
         assert member is not None
-        wants, has, used, throttled, pieces, restore = member.report()
+        report = member.report()
         sent_at = node.clock.time_ns()
         try:
-            reply = self.backend.refresh(
-                member.id,
-                wants=wants,
-                has=has,
-                used=used,
-                throttled=throttled,
-                pieces=pieces,
-                restore=restore,
-                paced=member.pace,
-            )
+            reply = self.backend.refresh(member.id, report)
         except StoreUnavailable as exc:  # tries again at its next interval, as the quota does
             member.on_failure(exc)
             self._applied(node)
