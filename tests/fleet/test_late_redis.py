@@ -18,13 +18,14 @@ from ratewarden.fleet import AsyncFleetQuota, FleetQuota, QuotaConfig
 from tests.redis_server import RedisServer, redis_server
 
 REFRESH = 0.25
-TOTAL = 20  # permits a 100 ms window: shares move at window edges, 100 ms apart
+TOTAL = 20  # permits a window of 100 ms: shares move at window edges, 100 ms apart
+WINDOW = 0.1
 MEMBERS = 2
 SHARE = TOTAL // MEMBERS * 1000  # millipermits: fair_share between two saturated members
 
 
 def config(safe: str | int) -> QuotaConfig:
-    return QuotaConfig(Rate(TOTAL, 0.1), "fair_share", refresh=REFRESH, lease=1.0, safe=safe)
+    return QuotaConfig(Rate(TOTAL, WINDOW), "fair_share", refresh=REFRESH, lease=1.0, safe=safe)
 
 
 def bound(safe: str | int) -> float:
@@ -33,10 +34,14 @@ def bound(safe: str | int) -> float:
     An equal safe share spends nothing before joining: the first refresh that
     reaches Redis creates the resource and grants at once, within two refresh
     intervals. A numeric one is spent meanwhile, where the coordinator knows
-    nothing of it: the member that reports it starts a rebuild (two intervals,
-    in which nobody gets more than it holds, since other members may spend
-    their safe shares too), so the share comes two intervals later."""
-    return 2 * REFRESH if safe == "equal" else 4 * REFRESH
+    nothing of it: each member that reports it (within an interval and its
+    jitter) starts a rebuild of two intervals, in which nobody gets more than
+    it holds, since other members may still spend their safe shares; each
+    grows at its next refresh after that (another interval and its jitter),
+    from a window edge, and 0.1 s more is for a loaded test machine."""
+    if safe == "equal":
+        return 2 * REFRESH
+    return (1.1 + 2 + 1.1) * REFRESH + WINDOW + 0.1
 
 
 @contextmanager
