@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import socket
 import subprocess
@@ -122,6 +123,7 @@ def _row(key: str, r: Result) -> list[str]:
     conv = r.convergence_max
     reclaim = r.reclaim_max
     reach = r.reach_max
+    answered = r.answered_max
     return [
         key,
         r.scenario.algorithm,
@@ -135,12 +137,13 @@ def _row(key: str, r: Result) -> list[str]:
         "-" if conv is None else ("never" if conv < 0 else str(conv)),
         "-" if reclaim is None else f"{reclaim:.2f}",
         "-" if reach is None else f"{reach[0] * 1000:.0f}ms/{reach[1]}",
+        "-" if answered is None else ("never" if answered[1] < 0 else f"{answered[0]:.2f}"),
         f"{r.wall:.1f}",
     ]
 
 
 _HEADER = ["run", "algorithm", "paced", "util", "over", "coord", "members", "at cut",
-           "10ms peak", "conv", "reclaim s", "reach", "wall s"]  # fmt: skip
+           "10ms peak", "conv", "reclaim s", "reach", "answered s", "wall s"]  # fmt: skip
 
 
 def table(rows: list[list[str]]) -> str:
@@ -159,7 +162,8 @@ def _explain(out: TextIO) -> None:
         " a cut;\n10ms peak: the fullest 10 ms of a saturated second over its mean; conv:"
         " refreshes until a late joiner is within 5% of its target;\nreclaim: seconds from a"
         " death to the coordinator dropping the member; reach: a change of the total to every"
-        " member (time/refreshes)",
+        " member (time/refreshes);\nanswered: seconds from a coordinator that answered late"
+        " (--unreachable) to every member holding its share",
         file=out,
     )
 
@@ -341,6 +345,20 @@ def _redis_url(args: argparse.Namespace) -> Iterator[str]:
         yield str(args.redis)
 
 
+@contextmanager
+def _members_quiet() -> Iterator[None]:
+    """The simulated members' warnings (the coordinator they cannot reach, with
+    ``--unreachable``) are the scenario, not news: one pair a member would bury
+    the table."""
+    fleet = logging.getLogger("ratewarden.fleet")
+    level = fleet.level
+    fleet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        fleet.setLevel(level)
+
+
 def main(args: argparse.Namespace) -> int:
     """``ratewarden simulate``: 0, or 1 when a documented figure missed or an
     option was wrong."""
@@ -365,7 +383,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     results: dict[str, Result] = {}
     try:
-        with coordinator(args) as backend:
+        with coordinator(args) as backend, _members_quiet():
             for key, scenario in runs.items():
                 progress.label = key
                 results[key] = simulate(scenario, backend, progress)
