@@ -83,20 +83,12 @@ class Fleet:
         return [(m.id, m.share.grant, m.fallen_back) for m in self.members]
 
     def refresh(self, member: Member) -> None:
-        wants, has, used, throttled, pieces, restore = member.report()
+        report = member.report()
         sent_at = self.clock.time_ns()
         if not self.up:
             member.on_failure(StoreUnavailable("redis: gone"))
             return
-        reply = self.backend.refresh(
-            member.id,
-            wants=wants,
-            has=has,
-            used=used,
-            throttled=throttled,
-            pieces=pieces,
-            restore=restore,
-        )
+        reply = self.backend.refresh(member.id, report)
         assert reply is not None
         member.on_reply(reply, sent_at)
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ratewarden.fleet import QuotaConfig
 from ratewarden.fleet.alloc import ALLOCATORS
+from ratewarden.fleet.coordinator import Report
 from ratewarden.fleet.model import Model, _unpack
 
 START_MS = 1_763_900_000_000
@@ -63,14 +64,13 @@ def test_sum_of_grants_never_exceeds_the_total(
         kind = step[0]
         if kind == "refresh":
             _, member, wants, claims, throttled = step
-            reply = model.refresh(
-                now,
-                f"m{member}",
-                wants=int(wants),  # type: ignore[call-overload]
-                reported=int(claims),  # type: ignore[call-overload]
-                used=0,
-                throttled=int(throttled),  # type: ignore[call-overload]
+            report = Report(
+                int(wants),  # type: ignore[call-overload]
+                int(claims),  # type: ignore[call-overload]
+                0,
+                int(throttled),  # type: ignore[call-overload]
             )
+            reply = model.refresh(now, f"m{member}", report)
             assert reply[1] >= 0  # never a negative grant
         elif kind == "total":
             config = config.but(rate=f"{step[1]}/second")
@@ -90,14 +90,14 @@ def test_a_new_member_converges_within_two_refreshes() -> None:
     now = START_MS
     model.set(now, QuotaConfig("100/second", "fair_share").fields())
     for m in ("a", "b", "c"):
-        model.refresh(now, m, wants=100_000, reported=0, used=0, throttled=0)
+        model.refresh(now, m, Report(wants=100_000, has=0, used=0))
     for m in ("a", "b", "c"):  # settled: a third each
-        model.refresh(now, m, wants=100_000, reported=0, used=0, throttled=0)
+        model.refresh(now, m, Report(wants=100_000, has=0, used=0))
     grants = {}
     for _ in range(2):  # d joins; everybody refreshes twice
         for m in ("d", "a", "b", "c"):
             now += 250
-            grants[m] = model.refresh(now, m, wants=100_000, reported=0, used=0, throttled=0)[1]
+            grants[m] = model.refresh(now, m, Report(wants=100_000, has=0, used=0))[1]
     assert grants == {"a": 25_000, "b": 25_000, "c": 25_000, "d": 25_000}
 
 
@@ -105,14 +105,14 @@ def test_adaptive_total_cuts_multiplicatively_and_recovers_additively() -> None:
     model = Model()
     now = START_MS
     model.set(now, QuotaConfig("1000/second", "equal", adaptive=True, floor=100).fields())
-    model.refresh(now, "a", wants=0, reported=0, used=0, throttled=1)
+    model.refresh(now, "a", Report(wants=0, has=0, used=0, throttled=1))
     assert model.cfg["eff_m"] == "750000"
-    model.refresh(now + 500, "a", wants=0, reported=0, used=0, throttled=1)
+    model.refresh(now + 500, "a", Report(wants=0, has=0, used=0, throttled=1))
     assert model.cfg["eff_m"] == "750000"  # one cut per two refresh intervals
     now += 2_000
     effective = []
     for _ in range(20):
-        model.refresh(now, "a", wants=0, reported=0, used=0, throttled=0)
+        model.refresh(now, "a", Report(wants=0, has=0, used=0))
         effective.append(int(model.cfg["eff_m"]))
         now += 1_000
     assert effective[:3] == [770_000, 790_000, 810_000]  # +2% of the ceiling a refresh

@@ -17,7 +17,7 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratewarden.fleet import Coordinator, QuotaConfig
+from ratewarden.fleet import Coordinator, QuotaConfig, Report
 from ratewarden.fleet.alloc import ALLOCATORS, MAX_PIECES
 from ratewarden.fleet.coordinator import keys
 from ratewarden.fleet.model import Model
@@ -82,7 +82,9 @@ ops = st.one_of(
         st.integers(0, 3_000_000),  # reported has
         st.integers(0, 3_000_000),  # used
         st.integers(0, 2),  # throttled
-        st.booleans(),  # send a configuration to restore
+        # a configuration to create the resource from, if it is missing: none,
+        # the one last stored (a rebuild), or one given and never stored
+        st.one_of(st.none(), st.just("known"), configs),
         st.one_of(  # where it says its grant lies: as it was told, or anything
             st.none(),
             st.lists(
@@ -163,26 +165,18 @@ def _refresh(
     told: dict[str, list[tuple[int, int]]],
 ) -> tuple[Any, Any]:
     """One refresh on both sides; ``told`` keeps each member's pieces."""
-    _, member, wants, has, used, throttled, with_restore, claim, paced = op
-    if not model.cfg and not restore:
-        with_restore = False
+    _, member, wants, has, used, throttled, create, claim, paced = op
     pieces = told.get(member, []) if claim is None else claim
-    extra = restore if with_restore and restore else None
+    if isinstance(create, QuotaConfig):
+        extra: dict[str, str] | None = create.fields()
+    else:
+        extra = restore if create == "known" and restore else None
     args = [member, wants, has, used, throttled, spans(pieces), "paced" if paced else ""]
     if extra:
         args += [p for pair in extra.items() for p in pair]
     got = lua._call("refresh", args)
-    want = model.refresh(
-        clock.ms,
-        member,
-        wants=wants,
-        reported=has,
-        used=used,
-        throttled=throttled,
-        pieces=pieces,
-        restore=extra,
-        paced=paced,
-    )
+    report = Report(wants, has, used, throttled, tuple(pieces), extra, paced)
+    want = model.refresh(clock.ms, member, report)
     if want[0]:
         told[member] = list(zip(want[3][::2], want[3][1::2], strict=True))
     return got, want
@@ -222,7 +216,7 @@ def test_busy_resource_agrees(
                 assert lua._call("leave", [member]) == model.leave(clock.ms, member)
                 continue
             got = lua._call("refresh", [member, wants, 0, 0, 0, ""])
-            want = model.refresh(clock.ms, member, wants=wants, reported=0, used=0, throttled=0)
+            want = model.refresh(clock.ms, member, Report(wants, 0, 0))
             assert _normal(got) == _normal(want)
     finally:
         client.delete(*keys(name))
@@ -254,7 +248,7 @@ def test_rebuild_agrees(
         for member, wants in before:
             clock.ms += 100
             lua._call("refresh", [member, wants, 0, 0, 0, ""])
-            want = model.refresh(clock.ms, member, wants=wants, reported=0, used=0, throttled=0)
+            want = model.refresh(clock.ms, member, Report(wants, 0, 0))
             told[member] = (want[1], list(zip(want[3][::2], want[3][1::2], strict=True)))
         restore = {k: v for k, v in model.cfg.items() if k not in ("seq", "rebuild_ms")}
         client.delete(*keys(name))
@@ -268,16 +262,8 @@ def test_rebuild_agrees(
             args = [member, 3_000_000, has, 0, 0, spans(pieces), ""]
             args += [p for pair in restore.items() for p in pair]
             got = lua._call("refresh", args)
-            want = model.refresh(
-                clock.ms,
-                member,
-                wants=3_000_000,
-                reported=has,
-                used=0,
-                throttled=0,
-                pieces=pieces,
-                restore=restore,
-            )
+            report = Report(3_000_000, has, 0, pieces=tuple(pieces), restore=restore)
+            want = model.refresh(clock.ms, member, report)
             assert _normal(got) == _normal(want)
             members_key = keys(name)[1]
             assert {_text(k): v for k, v in client.hgetall(members_key).items()} == model.members
@@ -301,10 +287,10 @@ def test_a_grant_gathers_the_free_gaps(client: redis.Redis) -> None:
     n = 2 * MAX_PIECES + 2  # members of a permit each, end to end
     fields = QuotaConfig(f"{n}/second", algorithm="static", cap=n).fields()
 
-    def both(op: str, args: list[Any], **kwargs: Any) -> Any:
+    def both(op: str, args: list[Any], report: Report | None = None) -> Any:
         got = lua._call(op, args)
-        if op == "refresh":
-            want = model.refresh(clock.ms, args[0], **kwargs)
+        if report is not None:
+            want = model.refresh(clock.ms, args[0], report)
         else:
             want = model.leave(clock.ms, args[0])
         assert _normal(got) == _normal(want)
@@ -314,16 +300,43 @@ def test_a_grant_gathers_the_free_gaps(client: redis.Redis) -> None:
         lua._call("set", [p for pair in fields.items() for p in pair])
         model.set(clock.ms, fields)
         for i in range(n):
-            both("refresh", [f"m{i:02d}", 1000, 0, 0, 0, ""], wants=1000, reported=0, used=0,
-                 throttled=0)  # fmt: skip
+            both("refresh", [f"m{i:02d}", 1000, 0, 0, 0, ""], Report(1000, 0, 0))
         for i in range(1, n, 2):  # a hole after every other member: MAX_PIECES + 1 holes
             both("leave", [f"m{i:02d}"])
         wants = (MAX_PIECES + 2) * 1000
-        reply = both("refresh", ["m00", wants, 1000, 0, 0, ""], wants=wants, reported=1000,
-                     used=0, throttled=0)  # fmt: skip
+        reply = both("refresh", ["m00", wants, 1000, 0, 0, ""], Report(wants, 1000, 0))
         pieces = list(zip(reply[3][::2], reply[3][1::2], strict=True))
         # the hole next to it, then holes of a permit each until it has MAX_PIECES
         assert pieces == [(0, 2000)] + [(2000 * k + 1000, 1000) for k in range(1, MAX_PIECES)]
         assert reply[1] == wants - 1000  # a hole short: the last one stays free
+    finally:
+        client.delete(*keys(name))
+
+
+@pytest.mark.parametrize("holds", [0, 5_000])
+def test_a_config_never_stored_creates_the_resource_as_set_does(
+    client: redis.Redis, holds: int
+) -> None:
+    """A member that started before its Redis sends the configuration it was
+    given (no version): the first refresh creates the resource as `set` would, and
+    only a member that spends a safe share meanwhile starts a rebuild."""
+    name = f"parity-{uuid.uuid4().hex[:12]}"
+    clock = Clock()
+    lua = Coordinator(client, name, clock=clock)
+    model = Model()
+    given_config = QuotaConfig("50/second", "fair_share", safe=5)
+    op = ("refresh", "late", 50_000, holds, 0, 0, given_config, None, False)
+    try:
+        got, want = _refresh(lua, model, clock, op, restore=None, told={})
+        assert _normal(got) == _normal(want)
+        assert _text_dict(client.hgetall(keys(name)[0])) == model.cfg
+        assert model.cfg["version"] == "1"
+        assert model.cfg["eff_m"] == "50000"
+        if holds:  # it spends space the coordinator never knew of
+            assert int(model.cfg["rebuild_ms"]) > clock.ms
+            assert want[1] == holds
+        else:
+            assert "rebuild_ms" not in model.cfg
+            assert want[1] == 50_000  # the whole total, at once
     finally:
         client.delete(*keys(name))

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratewarden import ConfigurationError
-from ratewarden.fleet import RegionSplit
+from ratewarden.fleet import RegionSplit, Report
 from ratewarden.fleet._regions import Demand, Record, limit_at, next_limits
 from ratewarden.fleet.coordinator import parse_refresh
 from ratewarden.fleet.model import Model
@@ -147,14 +147,8 @@ def test_regional_limits_never_sum_past_the_global_in_any_window(
             dead = dies is not None and dies[0] == i and now >= T0 + dies[1]
             down = home_down is not None and now >= T0 + home_down
             if (now - T0 - phases[i]) % 1000 == 0 and not dead and not down:
-                raw = model.refresh(
-                    now,
-                    region,
-                    wants=demands[step][i] * 1000,
-                    reported=held[region],
-                    used=0,
-                    throttled=0,
-                )
+                report = Report(demands[step][i] * 1000, held[region], 0)
+                raw = model.refresh(now, region, report)
                 reply = parse_refresh(raw)
                 assert reply is not None
                 held[region] = reply.grant

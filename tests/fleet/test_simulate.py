@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ratewarden.cli import main as ratewarden
+from ratewarden.fleet import Report
 from ratewarden.sim._backend import TrueClock
 from ratewarden.sim._checks import check
 from ratewarden.sim._command import (
@@ -241,7 +242,7 @@ def test_the_model_backend_reports_what_is_held() -> None:
     backend = ModelBackend(clock)
     scenario = Scenario(members=2, rate="10/second")
     assert backend.set(scenario.config()) == []
-    reply = backend.refresh("a", wants=4000, has=0, used=0, throttled=0, pieces=(), restore=None)
+    reply = backend.refresh("a", Report(wants=4000, has=0, used=0))
     assert reply is not None
     assert reply.grant == 7000  # what it wants, and half the spare (half for a joiner)
     assert backend.held() == (7000, 10_000)
@@ -277,3 +278,35 @@ def test_a_blocking_fleet_is_served_in_its_first_full_second() -> None:
     r = simulate(scenario)
     assert r.admitted[1] >= 450, r.admitted
     assert r.over == []
+
+
+@pytest.mark.parametrize("safe", ["equal", 5])
+def test_members_started_before_the_coordinator_hold_their_share_when_it_answers(
+    safe: str | int, redis_single: RedisServer
+) -> None:
+    """The coordinator does not answer for the first 3 s (a Redis started after
+    the application) and nobody ran ``quota set``: the members create the
+    resource from their config at their first refresh that reaches it. With an
+    equal safe share each holds its share within two refresh intervals of the
+    coordinator answering. A numeric one is spent meanwhile, unknown to the
+    coordinator, so the members' first refreshes start a rebuild: nobody is
+    granted more than it holds for two intervals after the last of them reached
+    it (within an interval), then each grows at its next refresh, from a window
+    edge. The model and the real script agree."""
+    scenario = Scenario(members=8, rate="200/second", seconds=12, unreachable=3.0, safe=safe)
+    model = simulate(scenario)
+    with redis_single.client() as client:
+
+        def backend(clock: TrueClock) -> RedisBackend:
+            return RedisBackend(client, clock, "test-simulate-unreachable")
+
+        real = simulate(scenario, backend)
+    assert real.answered == model.answered
+    assert len(model.answered) == scenario.members
+    slowest = model.answered_max
+    assert slowest is not None
+    refresh, window = scenario.refresh, scenario.window_ns / 1e9
+    bound = 2 * refresh if safe == "equal" else 1.1 * refresh + 2 * refresh + 1.1 * refresh + window
+    assert slowest[0] <= bound, model.answered
+    invariant(model)
+    invariant(real)

@@ -26,7 +26,7 @@ from ._regionio import RegionalLimiter, RegionRebalancer
 from ._regions import RegionSplit
 from .alloc import ALLOCATORS, allocate
 from .config import QuotaConfig
-from .coordinator import AsyncCoordinator, Coordinator, MemberStatus, QuotaStatus
+from .coordinator import AsyncCoordinator, Coordinator, MemberStatus, QuotaStatus, Report
 
 __all__ = [
     "ALLOCATORS",
@@ -42,6 +42,7 @@ __all__ = [
     "RegionRebalancer",
     "RegionSplit",
     "RegionalLimiter",
+    "Report",
     "alist_quotas",
     "allocate",
     "ashow_quota",

@@ -18,6 +18,7 @@ from ._coordinator_plan import (
     CoordinatorBase,
     QuotaStatus,
     Reply,
+    Report,
     failure,
     parse_refresh,
     parse_set,
@@ -46,6 +47,11 @@ class Coordinator(CoordinatorBase):
         except (RedisError, OSError) as exc:
             raise failure(exc) from exc
 
+    def report(self, member: str, report: Report) -> Reply | None:
+        """Send ``member``'s report and receive its grant; None when the resource
+        does not exist and the report carries no configuration to create it."""
+        return parse_refresh(self._call("refresh", refresh_args(member, report)))
+
     def refresh(
         self,
         member: str,
@@ -58,20 +64,9 @@ class Coordinator(CoordinatorBase):
         restore: dict[str, str] | None = None,
         paced: bool = False,
     ) -> Reply | None:
-        """Report and receive a grant; None when the resource does not exist.
-        ``paced``: the member paces its permits (space it gives up may be taken
-        up at once by another paced member)."""
-        rest = refresh_args(
-            member,
-            wants=wants,
-            has=has,
-            used=used,
-            throttled=throttled,
-            pieces=pieces,
-            restore=restore,
-            paced=paced,
-        )
-        return parse_refresh(self._call("refresh", rest))
+        """`report` with the report's figures as keywords (see `Report`)."""
+        figures = Report(wants, has, used, throttled, tuple(pieces), restore, paced)
+        return self.report(member, figures)
 
     def set(self, config: QuotaConfig) -> int:
         """Create or change the resource; its new version."""

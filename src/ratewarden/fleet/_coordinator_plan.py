@@ -1,5 +1,6 @@
 """The coordinator's calls planned, no I/O: ``fleet.lua``'s keys, each
-operation's arguments, and its reply read into `Reply` or `QuotaStatus`.
+operation's arguments (a member's refresh from its `Report`), and its reply
+read into `Reply` or `QuotaStatus`.
 
 `AsyncCoordinator` and its generated twin `Coordinator` only send the calls.
 Keys carry the hash tag ``{rw:quota:NAME}`` so that a Redis Cluster keeps a
@@ -9,7 +10,6 @@ resource's state on one node.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -24,6 +24,7 @@ __all__ = [
     "MemberStatus",
     "QuotaStatus",
     "Reply",
+    "Report",
     "channel",
     "failure",
     "keys",
@@ -60,6 +61,30 @@ def _text(value: Any) -> str:
 
 def _fields(flat: list[Any]) -> dict[str, str]:
     return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a member's refresh tells the coordinator, in millipermits per window:
+    built by the member (`Member.report`), sent whole by each coordinator (the
+    twins, the model, the simulator's backends).
+
+    ``wants``, ``has``, ``used``: its demand, what it holds, what it spent;
+    ``throttled``: the provider's refusals since its last report while it kept
+    its share; ``pieces``: where it says its grant lies on the line;
+    ``restore``: the configuration to create the resource from if it is
+    missing (the one last seen stored, with its version: restored with a
+    rebuild; one never stored: created as `set` creates it); ``paced``: it
+    paces its permits (space it gives up may be taken up at once by another
+    paced member)."""
+
+    wants: int
+    has: int
+    used: int
+    throttled: int = 0
+    pieces: tuple[Piece, ...] = ()
+    restore: dict[str, str] | None = None
+    paced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,20 +261,14 @@ def _time(clock: Clock | None) -> str:
     return "" if clock is None else str(clock.time_ns() // 1_000_000)
 
 
-def refresh_args(
-    member: str,
-    *,
-    wants: int,
-    has: int,
-    used: int,
-    throttled: int,
-    pieces: Sequence[Piece],
-    restore: dict[str, str] | None,
-    paced: bool = False,
-) -> list[Any]:
-    spans = " ".join(f"{start} {length}" for start, length in pieces)
-    args: list[Any] = [member, wants, has, used, throttled, spans, "paced" if paced else ""]
-    for pair in (restore or {}).items():
+def refresh_args(member: str, report: Report) -> list[Any]:
+    """The script's refresh arguments, in the layout every version of the
+    member sends (a fleet upgrades one member at a time)."""
+    spans = " ".join(f"{start} {length}" for start, length in report.pieces)
+    paced = "paced" if report.paced else ""
+    args: list[Any] = [member, report.wants, report.has, report.used, report.throttled, spans]
+    args.append(paced)
+    for pair in (report.restore or {}).items():
         args.extend(pair)
     return args
 

@@ -34,10 +34,11 @@ class FleetQuota(Line, Shell):
 
     ``redis``: a URL (``redis://``, ``redis+cluster://``...) or a ``redis.Redis``
     client (``decode_responses=False``). ``config``: the resource's configuration
-    (a `QuotaConfig` or a rate such as ``"2000/second"``), used only if the
-    resource does not exist yet; otherwise it must have been created with
-    ``ratewarden quota set``. ``pace``: spread the permits of each window evenly
-    across it. ``clock``: the member's clock (tests and simulations).
+    (a `QuotaConfig` or a rate such as ``"2000/second"``), used only to create
+    the resource if it does not exist when a refresh reaches Redis, at start or
+    later (Redis may come up after the application); without it, the resource
+    must have been created with ``ratewarden quota set``. ``pace``: spread the
+    permits of each window evenly across it. ``clock``: the member's clock (tests and simulations).
     ``wants``: a function that gives this member's demand in permits a window,
     asked at each refresh (None from it: what the calls show); see also `demand`.
     ``replace_config``: when the stored configuration differs from ``config``,
@@ -99,10 +100,9 @@ class FleetQuota(Line, Shell):
         self._started = True
         try:
             member = self._member
-            if not self.refresh() and member.config is not None:
-                self.coordinator.set(member.config)
-                self.refresh()
-            elif member.replace_config and member.config_differs():
+            # a missing resource is created from config= by the refresh itself,
+            # now or at whichever later refresh first reaches Redis
+            if self.refresh() and member.replace_config and member.config_differs():
                 assert member.config is not None
                 log.warning(
                     "quota %r: storing config= (%s) in place of the stored one (replace_config)",
@@ -133,19 +133,10 @@ class FleetQuota(Line, Shell):
         not exist. Raises `StoreUnavailable` when Redis cannot be reached."""
         member = self._member
         with self._lock:
-            wants, has, used, throttled, pieces, restore = member.report()
+            report = member.report()
         sent_at = self.clock.time_ns()
         try:
-            reply = self.coordinator.refresh(
-                member.id,
-                wants=wants,
-                has=has,
-                used=used,
-                throttled=throttled,
-                pieces=pieces,
-                restore=restore,
-                paced=member.pace,
-            )
+            reply = self.coordinator.report(member.id, report)
         except StoreUnavailable as exc:
             with self._lock:
                 member.on_failure(exc)

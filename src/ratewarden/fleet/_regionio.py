@@ -41,7 +41,7 @@ from ._regions import (
 )
 from ._shell import log
 from .alloc import MILLI, Piece
-from .coordinator import Coordinator
+from .coordinator import Coordinator, Report
 from .member import _TRANSIENT
 
 __all__ = ["RegionRebalancer", "RegionalLimiter"]
@@ -353,15 +353,8 @@ class RegionRebalancer:
         return record
 
     def _refresh(self, wants: int, used: int) -> Any:
-        return self.coordinator.refresh(
-            self.region,
-            wants=wants,
-            has=self.grant_m,
-            used=used,
-            throttled=0,
-            pieces=self.pieces,
-            restore=self.known,
-        )
+        report = Report(wants, self.grant_m, used, pieces=tuple(self.pieces), restore=self.known)
+        return self.coordinator.report(self.region, report)
 
     def start(self) -> RegionRebalancer:
         """A round now, then one every ``refresh`` seconds (±10%) on a thread."""

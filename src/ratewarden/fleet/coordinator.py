@@ -6,7 +6,15 @@ The arguments and replies are built and read once (`_coordinator_plan`);
 
 from ._acoordinator import AsyncCoordinator
 from ._coordinator import Coordinator
-from ._coordinator_plan import MemberStatus, QuotaStatus, Reply, channel, keys, parse_refresh
+from ._coordinator_plan import (
+    MemberStatus,
+    QuotaStatus,
+    Reply,
+    Report,
+    channel,
+    keys,
+    parse_refresh,
+)
 
 __all__ = [
     "AsyncCoordinator",
@@ -14,6 +22,7 @@ __all__ = [
     "MemberStatus",
     "QuotaStatus",
     "Reply",
+    "Report",
     "channel",
     "keys",
     "parse_refresh",

@@ -327,7 +327,9 @@ end
 -- refresh: ARGV[4] id, [5] wants_m, [6] has_m, [7] used_m, [8] throttled (the
 -- provider refused while the member kept its share), [9] its pieces ("start
 -- length start length ..."), [10] "paced" if it paces its permits (else ""),
--- [11..] the configuration the member last knew, to restore if Redis lost it
+-- [11..] the configuration to create the resource with if it does not exist:
+-- the one the member last saw stored (it has a version), or the one it was
+-- given and never saw stored
 local wants, reported, used, throttled = tonumber(ARGV[5]), tonumber(ARGV[6]),
   tonumber(ARGV[7]), tonumber(ARGV[8])
 local paced = ARGV[10] == 'paced'
@@ -338,10 +340,19 @@ if not found then
     redis.call('HSET', CFG, ARGV[i], ARGV[i + 1])
     cfg[ARGV[i]] = ARGV[i + 1]
   end
-  -- rebuilt from what a member knew: where the members spend is not known yet
   cfg.seq = '0'
   redis.call('HSET', CFG, 'seq', 0)
-  rebuild(cfg)
+  if cfg.version then
+    -- rebuilt from what a member knew: where the members spend is not known yet
+    rebuild(cfg)
+  else
+    -- created from a member's configuration, as set creates it: a member that
+    -- started before its Redis answered joins with its first reply (one that
+    -- spends a safe share meanwhile starts a rebuild below, as any newcomer
+    -- that holds space does)
+    cfg.version, cfg.eff_m = '1', tostring(num(cfg, 'total') * 1000)
+    redis.call('HSET', CFG, 'version', 1, 'eff_m', cfg.eff_m)
+  end
 end
 
 local members = live_members(cfg)

@@ -20,6 +20,9 @@ the resource's channel. The cases:
 - the resource is gone from Redis (restarted empty): the next refresh carries
   the configuration the member last knew, and the coordinator rebuilds from it,
   granting nobody more than it says it holds for two refresh intervals;
+- the resource never reached Redis (the member started before its Redis
+  answered): every refresh until the first reply carries the ``config`` given,
+  and the coordinator creates the resource from it, as ``quota set`` would;
 - a message: the total was cut; the grant shrinks in proportion at once, and a
   refresh follows.
 
@@ -46,10 +49,10 @@ from typing import Any
 from .._clock import Clock
 from .._errors import ConfigurationError
 from ._share import Share
-from .alloc import MILLI, Piece
+from .alloc import MILLI
 from .alloc import place as alloc_place
 from .config import QuotaConfig, check_name
-from .coordinator import Reply
+from .coordinator import Reply, Report
 
 __all__ = ["Member", "default_member_id"]
 
@@ -114,12 +117,14 @@ class Member:
 
     # -- refresh ----------------------------------------------------------------
 
-    def report(self) -> tuple[int, int, int, int, tuple[Piece, ...], dict[str, str] | None]:
-        """What the next refresh sends: wants, has, used, throttled, where its
-        grant lies, and the configuration to restore if the coordinator
-        lost it."""
+    def report(self) -> Report:
+        """What the next refresh sends (see `Report`); the configuration in it,
+        to create the resource with if the coordinator does not have it, is the
+        one last seen stored (restored with a rebuild), else the one given
+        (created as `set` creates it), so that a member that started before its
+        Redis answered joins when it answers."""
         least = 0
-        restore = None
+        restore = None if self.config is None else self.config.fields()
         if self.known is not None:
             least = int(self.known.get("refresh_ms", "1000")) * 500_000  # half, in ns
             restore = {k: v for k, v in self.known.items() if k not in _TRANSIENT}
@@ -137,7 +142,7 @@ class Member:
             equal = int(self.known.get("eff_m", "0")) // max(1, self.members)
             wants = max(wants, equal)
         throttled, self.throttled = self.throttled, 0
-        return wants, has, used, throttled, self.share.position, restore
+        return Report(wants, has, used, throttled, self.share.position, restore, self.pace)
 
     def _told(self) -> int | None:
         """The demand the application states (millipermits a window), if it does."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._coordinator_plan import Report
 from .alloc import MAX_PIECES, Piece, allocate, grant, place, scaled, with_spare, within
 
 __all__ = ["Model"]
@@ -162,26 +163,25 @@ class Model:
             self._freed(now)
         return [1]
 
-    def refresh(
-        self,
-        now: int,
-        member_id: str,
-        *,
-        wants: int,
-        reported: int,
-        used: int,
-        throttled: int,
-        pieces: Sequence[Piece] = (),
-        restore: dict[str, str] | None = None,
-        paced: bool = False,
-    ) -> list[Any]:
+    def _create(self, now: int, fields: dict[str, str]) -> None:
+        """The resource is missing: made from the configuration a member sent
+        (see fleet.lua)."""
+        cfg = self.cfg
+        cfg.update(fields)
+        cfg["seq"] = "0"
+        if "version" in cfg:
+            self._rebuild(now)  # one it saw stored: where the members spend is not known
+        else:  # one it was given, never stored: created as `set` creates it
+            cfg["version"] = "1"
+            cfg["eff_m"] = str(self._num("total") * 1000)
+
+    def refresh(self, now: int, member_id: str, report: Report) -> list[Any]:
+        wants, reported = report.wants, report.has
         cfg = self.cfg
         if not cfg:
-            if not restore:
+            if not report.restore:
                 return [0]
-            cfg.update(restore)
-            cfg["seq"] = "0"
-            self._rebuild(now)  # where the members spend is not known yet
+            self._create(now, report.restore)
         members = self._live(now)
         me = next((m for m in members if m.id == member_id), None)
         if me is None:
@@ -194,10 +194,10 @@ class Model:
                 self._rebuild(now)
         me.expires = now + self._num("lease_ms")
         fell = me.wants - wants  # how far its demand fell (see fleet.lua)
-        me.wants, me.used = wants, used
+        me.wants, me.used = wants, report.used
 
         if cfg.get("adaptive") == "1":
-            self._adapt(now, throttled, members)
+            self._adapt(now, report.throttled, members)
 
         total = self._num("eff_m")
         mine = members.index(me)
@@ -212,12 +212,13 @@ class Model:
         self._nudge(now, granted, target, fell * 10 >= self._num("eff_m"))
         if now < self._num("rebuild_ms"):
             granted = min(granted, reported)
-            if not me.pieces and _sound(pieces, total) and not _overlaps(pieces, taken):
-                me.pieces = list(pieces)  # where it says it spends
+            said = report.pieces
+            if not me.pieces and _sound(said, total) and not _overlaps(said, taken):
+                me.pieces = list(said)  # where it says it spends
         had = me.pieces
         me.pieces = place(total, had, granted, taken)
         if not within(had, me.pieces):
-            self._freed(now, paced)
+            self._freed(now, report.paced)
         me.has = sum(length for _, length in me.pieces)
         me.safe = self._safe(now, me, members, total)
         self._save(me)

@@ -4,16 +4,23 @@ coordinator's Python model, or the real ``fleet.lua`` in a Redis (see `_command`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._errors import StoreUnavailable
-from ..fleet.alloc import MILLI, Piece
+from ..fleet.alloc import MILLI
 from ..fleet.config import QuotaConfig
-from ..fleet.coordinator import Coordinator, Reply, keys, parse_refresh
+from ..fleet.coordinator import Coordinator, Reply, Report, keys, parse_refresh
 from ..fleet.model import Model
 
-__all__ = ["Backend", "BackendFactory", "ModelBackend", "RedisBackend", "TrueClock"]
+__all__ = [
+    "Backend",
+    "BackendFactory",
+    "ModelBackend",
+    "RedisBackend",
+    "TrueClock",
+    "Unreachable",
+]
 
 # -- clocks ---------------------------------------------------------------------
 
@@ -57,18 +64,9 @@ class Backend(Protocol):
         """Create or change the resource; the messages it published."""
         ...
 
-    def refresh(
-        self,
-        member: str,
-        *,
-        wants: int,
-        has: int,
-        used: int,
-        throttled: int,
-        pieces: Sequence[Piece],
-        restore: dict[str, str] | None,
-        paced: bool = False,
-    ) -> Reply | None: ...
+    def refresh(self, member: str, report: Report) -> Reply | None:
+        """The member's refresh; the coordinator's reply."""
+        ...
 
     def messages(self, reply: Reply) -> list[Any]:
         """What the refresh that gave ``reply`` published."""
@@ -106,30 +104,8 @@ class ModelBackend:
         self._seen = len(self.model.published)
         return list(published)
 
-    def refresh(
-        self,
-        member: str,
-        *,
-        wants: int,
-        has: int,
-        used: int,
-        throttled: int,
-        pieces: Sequence[Piece],
-        restore: dict[str, str] | None,
-        paced: bool = False,
-    ) -> Reply | None:
-        raw = self.model.refresh(
-            self._ms(),
-            member,
-            wants=wants,
-            reported=has,
-            used=used,
-            throttled=throttled,
-            pieces=pieces,
-            restore=restore,
-            paced=paced,
-        )
-        return parse_refresh(raw)
+    def refresh(self, member: str, report: Report) -> Reply | None:
+        return parse_refresh(self.model.refresh(self._ms(), member, report))
 
     def messages(self, reply: Reply) -> list[Any]:
         """What the last refresh published (a request to the others to refresh)."""
@@ -161,7 +137,6 @@ class RedisBackend:
         self.client = client
         self.coordinator = Coordinator(client, name, clock=clock)
         self._keys = keys(name)
-        self._exists = False
         self._nudged: str | None = None  # the last nudge's time, its message read
         self.pubsub = client.pubsub()
         self.pubsub.subscribe(self.coordinator.channel)
@@ -176,32 +151,13 @@ class RedisBackend:
         raise StoreUnavailable(f"redis: no {kind} on {self.coordinator.channel} within 5 s")
 
     def set(self, config: QuotaConfig) -> list[Any]:
-        existed, self._exists = self._exists, True
+        # the members may have created it (they start before their Redis)
+        existed = bool(self.client.exists(self._keys[0]))
         self.coordinator.set(config)
         return [self._next("message")] if existed else []  # a change is always published
 
-    def refresh(
-        self,
-        member: str,
-        *,
-        wants: int,
-        has: int,
-        used: int,
-        throttled: int,
-        pieces: Sequence[Piece],
-        restore: dict[str, str] | None,
-        paced: bool = False,
-    ) -> Reply | None:
-        return self.coordinator.refresh(
-            member,
-            wants=wants,
-            has=has,
-            used=used,
-            throttled=throttled,
-            pieces=pieces,
-            restore=restore,
-            paced=paced,
-        )
+    def refresh(self, member: str, report: Report) -> Reply | None:
+        return self.coordinator.report(member, report)
 
     def messages(self, reply: Reply) -> list[Any]:
         """What the last refresh published: it says so in the time of its nudge
@@ -231,6 +187,44 @@ class RedisBackend:
             self.pubsub.close()
         finally:
             self.client.delete(*self._keys)
+
+
+class Unreachable:
+    """A coordinator that does not answer until ``until`` (ns of the true clock):
+    its calls raise `StoreUnavailable`, as a Redis not yet started makes the
+    real coordinator's raise; the one behind it afterwards."""
+
+    def __init__(self, backend: Backend, clock: TrueClock, until: int) -> None:
+        self.backend, self.clock, self.until = backend, clock, until
+        self.label = backend.label
+
+    def _reach(self) -> None:
+        if self.clock.now < self.until:
+            raise StoreUnavailable("redis: quota coordination failed: connection refused")
+
+    def set(self, config: QuotaConfig) -> list[Any]:
+        self._reach()
+        return self.backend.set(config)
+
+    def refresh(self, member: str, report: Report) -> Reply | None:
+        self._reach()
+        return self.backend.refresh(member, report)
+
+    def messages(self, reply: Reply) -> list[Any]:
+        return self.backend.messages(reply)
+
+    def leave(self, member: str) -> None:
+        self._reach()
+        self.backend.leave(member)
+
+    def holds(self, member: str) -> bool:
+        return self.clock.now >= self.until and self.backend.holds(member)
+
+    def held(self) -> tuple[int, int]:
+        return self.backend.held() if self.clock.now >= self.until else (0, 0)
+
+    def close(self) -> None:
+        self.backend.close()
 
 
 BackendFactory = Callable[[TrueClock], Backend]

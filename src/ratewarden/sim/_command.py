@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import socket
 import subprocess
@@ -122,6 +123,7 @@ def _row(key: str, r: Result) -> list[str]:
     conv = r.convergence_max
     reclaim = r.reclaim_max
     reach = r.reach_max
+    answered = r.answered_max
     return [
         key,
         r.scenario.algorithm,
@@ -135,12 +137,13 @@ def _row(key: str, r: Result) -> list[str]:
         "-" if conv is None else ("never" if conv < 0 else str(conv)),
         "-" if reclaim is None else f"{reclaim:.2f}",
         "-" if reach is None else f"{reach[0] * 1000:.0f}ms/{reach[1]}",
+        "-" if answered is None else ("never" if answered[1] < 0 else f"{answered[0]:.2f}"),
         f"{r.wall:.1f}",
     ]
 
 
 _HEADER = ["run", "algorithm", "paced", "util", "over", "coord", "members", "at cut",
-           "10ms peak", "conv", "reclaim s", "reach", "wall s"]  # fmt: skip
+           "10ms peak", "conv", "reclaim s", "reach", "answered s", "wall s"]  # fmt: skip
 
 
 def table(rows: list[list[str]]) -> str:
@@ -159,7 +162,8 @@ def _explain(out: TextIO) -> None:
         " a cut;\n10ms peak: the fullest 10 ms of a saturated second over its mean; conv:"
         " refreshes until a late joiner is within 5% of its target;\nreclaim: seconds from a"
         " death to the coordinator dropping the member; reach: a change of the total to every"
-        " member (time/refreshes)",
+        " member (time/refreshes);\nanswered: seconds from a coordinator that answered late"
+        " (--unreachable) to every member holding its share",
         file=out,
     )
 
@@ -210,6 +214,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--sliding", action="store_true",
         help="the resource's sliding mode: no stretch of one window, wherever it starts,"
              " over the total (see rolling_max)")  # fmt: skip
+    add("--safe", type=_safe, default="equal",
+        help="the resource's safe share: equal, or permits a window (default equal)")  # fmt: skip
+    add("--unreachable", type=float, default=0.0, metavar="SECONDS",
+        help="the coordinator does not answer for the first SECONDS (at most a quarter of"
+             " the run): the members start before their Redis and create the resource from"
+             " their config when it answers (default 0)")  # fmt: skip
     add("--warmup", type=float, default=5.0,
         help="seconds left out of utilisation (default 5)")  # fmt: skip
     where = parser.add_mutually_exclusive_group()
@@ -223,6 +233,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run the documented scenarios (a)-(g) and check their figures")  # fmt: skip
     add("--plots", metavar="DIR", type=Path, help="write fleet-*.png plots into DIR")
     add("--json", action="store_true", help="print the results as JSON")
+
+
+def _safe(text: str) -> str | int:
+    return text if text == "equal" else int(text)
 
 
 def _rate(text: str) -> str:
@@ -255,6 +269,8 @@ def scenarios_from(args: argparse.Namespace) -> list[Scenario]:
             think_ms=args.think_ms,
             closed=args.closed,
             sliding=args.sliding,
+            safe=args.safe,
+            unreachable=args.unreachable,
         )
         for algorithm in algorithms
     ]
@@ -329,6 +345,20 @@ def _redis_url(args: argparse.Namespace) -> Iterator[str]:
         yield str(args.redis)
 
 
+@contextmanager
+def _members_quiet() -> Iterator[None]:
+    """The simulated members' warnings (the coordinator they cannot reach, with
+    ``--unreachable``) are the scenario, not news: one pair a member would bury
+    the table."""
+    fleet = logging.getLogger("ratewarden.fleet")
+    level = fleet.level
+    fleet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        fleet.setLevel(level)
+
+
 def main(args: argparse.Namespace) -> int:
     """``ratewarden simulate``: 0, or 1 when a documented figure missed or an
     option was wrong."""
@@ -353,7 +383,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     results: dict[str, Result] = {}
     try:
-        with coordinator(args) as backend:
+        with coordinator(args) as backend, _members_quiet():
             for key, scenario in runs.items():
                 progress.label = key
                 results[key] = simulate(scenario, backend, progress)

@@ -2,7 +2,8 @@
 simulate`, recorded in its `Result` as it goes: the requests admitted and
 offered per provider window, the sum of the members' grants against the total
 (everyone informed, and while some member has not heard of a cut), the reach of
-a change of the total, how late joiners converge and dead members are
+a change of the total, how late joiners converge, how soon members started
+before the coordinator answered hold their share, and how dead members are
 reclaimed. `Run` (`_run`) drives the members and their callers; what it sees
 goes through these."""
 
@@ -57,6 +58,10 @@ class Measures:
         self.reach_at = 0
         self.reach_seen: list[tuple[float, int]] = []
         self.dead: dict[int, tuple[int, int]] = {}  # member: died at, last refresh
+        # when the coordinator first answers, and the members started before
+        # that which do not hold their share yet
+        self.answered_at = self.start + round(scenario.unreachable * 1e9)
+        self.awaiting: set[int] = set()
         self.fleet_rate = 0.0
         self.offer_t = self.start
         self.r = Result(
@@ -112,6 +117,8 @@ class Measures:
         node.local = value
         if value > 0:
             self._check_local()
+        if self.awaiting:
+            self._holds(node)
 
     def _check_local(self) -> None:
         if self.eff <= 0:
@@ -205,6 +212,23 @@ class Measures:
                 }
             )
 
+    def _holds(self, node: Node) -> None:
+        """A member started before the coordinator answered spends its share
+        (within 5% of its target) after it answered."""
+        if node.index not in self.awaiting or self.clock.now < self.answered_at:
+            return
+        target = self._target(node)
+        if node.member is not None and abs(node.local - target) <= CONVERGED * target:
+            self.awaiting.discard(node.index)
+            self.r.answered.append(
+                {
+                    "member": node.id,
+                    "seconds": (self.clock.now - self.answered_at) / 1e9,
+                    "refreshes": node.refreshes,  # all since it answered: none got through before
+                    "target": target / MILLI,
+                }
+            )
+
     def _reclaimed(self) -> None:
         for index, (died, last) in list(self.dead.items()):
             node = self.nodes[index]
@@ -230,6 +254,11 @@ class Measures:
                     self.r.convergence.append(
                         {"member": node.id, "refreshes": None, "seconds": None, "target": None}
                     )
+            for index in sorted(self.awaiting):
+                self.r.answered.append(
+                    {"member": self.nodes[index].id, "seconds": None, "refreshes": None}
+                )
+            self.awaiting.clear()
             for index in self.dead:
                 self.r.reclaims.append(
                     {

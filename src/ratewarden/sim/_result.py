@@ -41,6 +41,9 @@ class Result:
     local_violations_cut: int = 0
     cut_unheard_ms: float = 0.0  # the longest such moment
     convergence: list[dict[str, Any]] = field(default_factory=list)
+    # members started before the coordinator answered: how soon after it
+    # answered each held its share (seconds, refreshes; None: never)
+    answered: list[dict[str, Any]] = field(default_factory=list)
     reclaims: list[dict[str, Any]] = field(default_factory=list)
     reaches: list[dict[str, Any]] = field(default_factory=list)
     grants: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
@@ -131,6 +134,20 @@ class Result:
         return -1 if None in counts else max(counts)
 
     @property
+    def answered_max(self) -> tuple[float, int] | None:
+        """Seconds and refreshes from the coordinator answering until the slowest
+        member started before it held its share (inf, -1: one never did); None:
+        it answered from the start."""
+        if not self.answered:
+            return None
+        if any(a["seconds"] is None for a in self.answered):
+            return math.inf, -1
+        return (
+            max(a["seconds"] for a in self.answered),
+            max(a["refreshes"] for a in self.answered),
+        )
+
+    @property
     def reclaim_max(self) -> float | None:
         """Seconds from a death to the coordinator dropping the member, worst case."""
         times = [r["after_death"] for r in self.reclaims]
@@ -187,6 +204,7 @@ class Result:
             "pacing_profile_peak": self.profile_peak,
             "convergence_max_refreshes": self.convergence_max,
             "convergence": self.convergence,
+            "answered": self.answered,
             "reclaim_max_s": self.reclaim_max,
             "reclaims": self.reclaims,
             "reach": self.reaches,

@@ -12,9 +12,10 @@ import random
 import time
 from typing import Any
 
+from .._errors import StoreUnavailable
 from ..fleet.alloc import MILLI
 from ..fleet.member import Member
-from ._backend import BackendFactory, TrueClock, _MemberClock
+from ._backend import BackendFactory, TrueClock, Unreachable, _MemberClock
 from ._measure import Measures, Progress
 from ._node import Node
 from ._plans import BURST_OFF, BURST_ON, Plan, make_plan
@@ -48,6 +49,9 @@ class Run(Measures):
         self.windows = -(-(self.end - self.start) // self.window)
         self.clock = TrueClock(self.start)
         self.backend = backend(self.clock)
+        if scenario.unreachable:
+            until = self.start + round(scenario.unreachable * 1e9)
+            self.backend = Unreachable(self.backend, self.clock, until)
         self.progress = progress
         self.max_wait = round(scenario.wait * 1e9)
         self.nodes = [
@@ -69,7 +73,8 @@ class Run(Measures):
 
     def _schedule_plan(self) -> None:
         plan, start = self.plan, self.start
-        self.backend.set(self.s.config())  # the operator creates the resource
+        if not self.s.unreachable:  # else the members create it, from their config
+            self.backend.set(self.s.config())  # the operator creates the resource
         for i, at in enumerate(plan.joins):
             self.push(start + round(at * 1e9), JOIN, i)
         for i, at in plan.leaves.items():
@@ -283,6 +288,8 @@ class Run(Measures):
         )
         node.joined_at = self.clock.now
         self.order.append(node)
+        if self.clock.now < self.answered_at:
+            self.awaiting.add(node.index)
         self._refresh(node)
         if member.known is not None:
             self._refresh(node)
@@ -311,18 +318,14 @@ class Run(Measures):
     def _refresh(self, node: Node) -> None:
         member = node.member
         assert member is not None
-        wants, has, used, throttled, pieces, restore = member.report()
+        report = member.report()
         sent_at = node.clock.time_ns()
-        reply = self.backend.refresh(
-            member.id,
-            wants=wants,
-            has=has,
-            used=used,
-            throttled=throttled,
-            pieces=pieces,
-            restore=restore,
-            paced=member.pace,
-        )
+        try:
+            reply = self.backend.refresh(member.id, report)
+        except StoreUnavailable as exc:  # tries again at its next interval, as the quota does
+            member.on_failure(exc)
+            self._applied(node)
+            return
         if reply is None:
             raise RuntimeError("the simulated resource vanished from the coordinator")
         self.r.refreshes += 1
@@ -340,6 +343,8 @@ class Run(Measures):
         self._heard(node)
         if node.tracked:
             self._converged(node)
+        if self.awaiting:
+            self._holds(node)
         if self.dead:
             self._reclaimed()
 

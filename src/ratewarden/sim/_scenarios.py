@@ -49,6 +49,11 @@ class Scenario:
     think_ms: float = 0.0  # a worker's time between being served and asking again
     closed: int | None = None  # only the first K members with demand have workers; None: all
     sliding: bool = False  # the resource's strict mode for rolling-window providers
+    safe: str | int = "equal"  # the resource's safe share: "equal" or permits a window
+    # seconds from the start in which the coordinator does not answer (its
+    # backend raises StoreUnavailable): the members start before their Redis,
+    # nobody ran `quota set`, and they create the resource from their config
+    unreachable: float = 0.0
 
     def __post_init__(self) -> None:
         rate = parse_rate(self.rate)
@@ -70,6 +75,12 @@ class Scenario:
             )
         if not 0 <= self.demand <= 100:
             raise ConfigurationError(f"demand must be 0-100 times the total, got {self.demand}")
+        if not (math.isfinite(self.unreachable) and 0 <= self.unreachable <= self.seconds / 4):
+            # answered in the run's first quarter: before churn's late joins, the
+            # cuts of total-change and the departures
+            raise ConfigurationError(
+                f"unreachable must be 0 to a quarter of the run's seconds, got {self.unreachable}"
+            )
         for name in ("skew_ms", "max_wait", "pubsub_ms", "warmup"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -123,6 +134,7 @@ class Scenario:
             refresh=self.refresh,
             lease=self.lease,
             cap=cap,
+            safe=self.safe,
             sliding=self.sliding,
         )
 
@@ -151,6 +163,8 @@ class Scenario:
             "workers": self.workers,
             "think_ms": self.think_ms,
             "closed": self.closed_count if self.workers else 0,
+            "safe": self.safe,
+            "unreachable": self.unreachable,
         }
 
 
