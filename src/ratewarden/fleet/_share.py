@@ -69,12 +69,13 @@ STEADY = 0.02  # a demand that moves less than this (or one call) has not moved
 CALLERS = 4096  # callers remembered between their calls, at most
 STEP = 618  # how far the marks move each window, in millipermits: 1000 / golden ratio
 SKEW_NS = 100_000_000  # the offset from the provider's clock that pacing absorbs
+DELIVERY_NS = 20_000_000  # and the time a request takes from its permit to the provider
 
 
 def margin(window_ns: int) -> int:
     """Paced, how far from either edge of its window a member spends nothing:
-    `SKEW_NS`, or a tenth of a shorter window."""
-    return min(SKEW_NS, window_ns // 10)
+    `SKEW_NS` and `DELIVERY_NS`, or an eighth of a shorter window."""
+    return min(SKEW_NS + DELIVERY_NS, window_ns // 8)
 
 
 class Share:
@@ -307,6 +308,17 @@ class Share:
         if now >= self._end(w):
             return (w + 1) * self.window_ns + edge  # the next window's first moment
         return max(tat, w * self.window_ns + edge + round(self.phase * self._interval))
+
+    def end(self, at: int) -> int:
+        """From when the permits of the window that holds ``at`` are no longer
+        spent: a caller that reserved one and wakes later gives it up (see
+        `forfeit`), for it would reach the provider in its next window."""
+        return self._end(at // self.window_ns)
+
+    def forfeit(self, cost: int) -> None:
+        """A reserved permit woken too late is not spent (it stays used: its
+        window's count is not raised again)."""
+        self.spent -= cost
 
     def take(self, now: int, cost: int = 1) -> int:
         """Spend ``cost`` permits at ``now``: 0 when granted, else the nanoseconds

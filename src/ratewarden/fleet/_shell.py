@@ -209,9 +209,16 @@ class Shell:
             with lock:
                 held, wait = share.reserve(now, cost, deadline - now)
             if held:
-                if wait:
-                    yield wait / 1e9
-                return
+                if not wait:
+                    return
+                end = share.end(now + wait)
+                yield wait / 1e9
+                now = clock.time_ns()
+                if now < end:
+                    return
+                with lock:  # woke too late: its permit would reach the next window
+                    share.forfeit(cost)
+                continue
             if now + wait > deadline:
                 raise _timeout(self._member, max_wait, wait)
             yield wait / 1e9
