@@ -398,7 +398,11 @@ class Share:
         last = self._returns.pop(caller, None)
         if last is not None:
             waited, ended, last_cost = last
-            work = max(now - ended, self.window_ns // 1000)  # its own time between calls
+            # its own time between calls; paced, at least a spacing: one that
+            # serves a backlog in turn asks again at once, and a wait of a
+            # spacing and its event loop's lateness is the schedule's, which
+            # divided by no time at all would read as a large demand
+            work = max(now - ended, self.window_ns // 1000, self._interval if self.pace else 0)
             # paced, a wait up to one spacing is the schedule's, not a lack of
             # permits: a caller that arrives at random waits half a spacing on
             # average however large the grant, and counting it would inflate
