@@ -70,6 +70,7 @@ CALLERS = 4096  # callers remembered between their calls, at most
 STEP = 618  # how far the marks move each window, in millipermits: 1000 / golden ratio
 SKEW_NS = 100_000_000  # the offset from the provider's clock that pacing absorbs
 DELIVERY_NS = 20_000_000  # and the time a request takes from its permit to the provider
+WAKE_NS = 2_000_000  # how late a busy machine's event loop or thread wakes a sleeper
 
 
 def margin(window_ns: int) -> int:
@@ -398,19 +399,18 @@ class Share:
         last = self._returns.pop(caller, None)
         if last is not None:
             waited, ended, last_cost = last
-            # its own time between calls; paced, at least a spacing: one that
-            # serves a backlog in turn asks again at once, and a wait of a
-            # spacing and its event loop's lateness is the schedule's, which
-            # divided by no time at all would read as a large demand
-            work = max(now - ended, self.window_ns // 1000, self._interval if self.pace else 0)
+            work = max(now - ended, self.window_ns // 1000)  # its own time between calls
             # paced, a wait up to one spacing is the schedule's, not a lack of
             # permits: a caller that arrives at random waits half a spacing on
             # average however large the grant, and counting it would inflate
             # the demand of one whose calls follow a schedule of their own
+            # and so is a wait's part near a window's edge, where nothing is spent,
+            # and the lateness of a busy machine's event loop or thread waking:
+            # one that serves a backlog in turn asks again at once, and that
+            # lateness divided by no time at all would read as a large demand
             if self.pace:
-                # and so is a wait's part near a window's edge, where nothing is spent
                 edges = 0 if self.strict else self._at_edges(ended - waited, ended)
-                waited = max(0, waited - self._interval - edges)
+                waited = max(0, waited - self._interval - edges - WAKE_NS)
             self.extra += last_cost * waited / work
         if len(self._calls) < CALLERS:
             self._calls[caller] = (now, cost)
