@@ -399,3 +399,28 @@ def test_a_caller_up_to_half_the_margin_late_keeps_the_schedule() -> None:
     assert len(due) >= 3
     spent = [share.take(late) for _ in range(len(due) + 1)]
     assert spent == [0] * len(due) + [start + M + (len(due) + 1) * i - late]
+
+
+def test_a_backlog_served_in_turn_is_not_read_as_held_back_demand() -> None:
+    """One task serving its arrivals in turn, behind after a window's edge:
+    it asks again the moment a call returns, and each call waits until its
+    slot and then its event loop's lateness, 0 or 1.5 ms in turn, so that its
+    waits are a spacing give or take 1.5 ms. Its demand is its calls, not the
+    lateness that made a wait longer divided by no time at all."""
+    share = Share(S, pace=True)
+    now = W0 * S
+    given_grant(share, 100_000, now)
+    share.report(now)
+    server = object()
+    i = SPAN // 100
+    t = now + M
+    for k in range(60):
+        share.ask(t, 1, server)
+        wait = share.take(t)
+        t += wait + (1_500_000 if wait and k % 2 else 0)  # woken late, every other time
+        assert wait == 0 or share.take(t) == 0
+        share.done(t, server)
+    wants, _, used = share.report(now + S)
+    assert used == 60_000
+    assert wants <= 61_000, wants
+    assert i > 1_000_000  # the spacing is longer than the lateness
