@@ -12,9 +12,10 @@ the job is sent again. Each worker's clock is off by a fixed amount, spread over
 
 Prints the provider's count for every second of its own clock, the 429s and the
 drain time, then the verdict: paced (the default), no provider second may see
-more than the limit plus one permit per worker (docs/fleet.md: any stretch of one
-window holds at most one permit more than a member's share). Exits 1 when a
-second was over that, or the queue did not drain.
+more than the limit plus one permit per worker (docs/fleet.md: paced, none sees
+more than the limit while clocks are within 100 ms and requests arrive within 20
+ms of their permits; the permit per worker is for a busy machine's delays).
+Exits 1 when a second was over that, or the queue did not drain.
 
 ``--unshared`` shows what goes wrong without coordination: every worker gets a
 resource of its own with the provider's whole limit.

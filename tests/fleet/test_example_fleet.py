@@ -3,9 +3,10 @@
 The example runs as a script, on a redis-server of the test's own: 4 workers drain
 1,000 jobs into a provider that allows 200 a second by its own clock, each
 worker's clock off by up to 100 ms. Paced, no second of the provider's may see
-more than the limit plus one permit per worker (docs/fleet.md: any stretch of
-one window holds at most one permit more than a member's share). The same run
-with a resource per worker shows that the check has teeth.
+more than the limit plus one permit per worker (docs/fleet.md: none sees more
+than the limit while requests reach it within 20 ms of their permits; the permit
+per worker is for a busy machine's delays). The same run with a resource per
+worker shows that the check has teeth.
 """
 
 from __future__ import annotations
