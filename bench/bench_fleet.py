@@ -410,12 +410,23 @@ def show_runs(runs: list[Run], args: argparse.Namespace) -> None:
 # -- the micro-benchmark ----------------------------------------------------------
 
 
+# paced, a member spends nothing this close to either edge of its window (docs/fleet.md)
+EDGE_NS = 120_000_000
+
+
 class CountingClock:
     """A clock that moves ``step_ns`` every time it is read (a C call, as
-    time.time_ns is), so that every paced call lands on its permit."""
+    time.time_ns is), so that every paced call lands on its permit; paced, it
+    skips each second's edges, where no permit is spent, and its first slot."""
 
-    def __init__(self, start_ns: int, step_ns: int) -> None:
-        self.time_ns = itertools.count(start_ns, step_ns).__next__
+    def __init__(self, start_ns: int, step_ns: int, *, paced: bool = False) -> None:
+        if not paced:
+            self.time_ns = itertools.count(start_ns, step_ns).__next__
+            return
+        first = start_ns - start_ns % 10**9
+        windows = itertools.count(first, 10**9)
+        reads = (range(w + EDGE_NS + step_ns, w + 10**9 - EDGE_NS, step_ns) for w in windows)
+        self.time_ns = itertools.chain.from_iterable(reads).__next__
 
     def sleep(self, seconds: float) -> None:
         raise AssertionError("the micro-benchmark never waits")
@@ -465,11 +476,14 @@ def micro(url: str, client: redis.Redis, args: argparse.Namespace) -> dict[str, 
         grant = probe.grant
         members = probe.local_status()["members"]
         probe.close()
-        # granted: the clock moves one paced interval (a window over its permits) per read
-        step = math.ceil(1e9 / math.floor(grant))
+        # granted: the clock moves one paced interval (a window over its permits,
+        # paced: the part of it where permits are spent) per read
+        span = 1e9 - 2 * EDGE_NS if pace else 1e9
+        step = math.ceil(span / math.floor(grant))
         label = "paced" if pace else "unpaced"
         for method in ("try_acquire", "acquire(0)"):
-            quota = micro_member(url, client, pace, CountingClock(time.time_ns(), step))
+            clock = CountingClock(time.time_ns(), step, paced=pace)
+            quota = micro_member(url, client, pace, clock)
             f: Callable[[], object] = quota.try_acquire
             if method == "acquire(0)":
                 f = functools.partial(quota.acquire, 0)

@@ -89,10 +89,14 @@ class Share:
     __slots__ = (
         "_calls",
         "_count",
+        "_edge",
+        "_first",
         "_interval",
         "_last",
+        "_late",
         "_pending",
         "_returns",
+        "_stop",
         "_used",
         "_w",
         "asked",
@@ -132,6 +136,12 @@ class Share:
         # paced, not strict: where in its first spacing a window's first permit
         # falls (0-1), so that members' schedules do not all begin at one moment
         self.phase = phase
+        # paced, not strict: how far from either edge of a window nothing is
+        # spent; the current window's first moment and the one from which no
+        # permit is spent (`_space` works them out for each window)
+        self._edge = margin(window_ns) if self.pace and not strict else 0
+        self._first = self._stop = 0
+        self._late = window_ns  # how late a caller may be and keep the schedule
         self.grant = self.held = 0
         self.pieces: tuple[Piece, ...] = ()
         self.line = 0  # the effective total the pieces are laid out on (0: unknown)
@@ -277,11 +287,14 @@ class Share:
         over the grant's whole permits, rounded up, and counted from the last
         permit spent (a smaller grant spaces the next one further at once)."""
         window = self.window_ns
+        start = self._w * window
+        self._stop = start + window - self._edge
         if not self.strict:
             count = self._count
-            if self.pace:  # inside the window, clear of its edges
-                window -= 2 * margin(window)
+            window -= 2 * self._edge  # paced, inside the window, clear of its edges
             self._interval = window // count if count else window
+            self._first = start + self._edge + round(self.phase * self._interval)
+            self._late = max(self._interval, self._edge // 2)
             return
         whole = self.grant // MILLI
         self._interval = -(-window // whole) if whole else window
@@ -292,23 +305,22 @@ class Share:
     def _end(self, w: int) -> int:
         """From when no permit of window ``w`` is spent (paced, not strict: a
         margin before its end)."""
-        window = self.window_ns
-        return (w + 1) * window - (0 if self.strict else margin(window))
+        return (w + 1) * self.window_ns - self._edge
 
-    def _tat(self, w: int, now: int) -> int:
-        """When the next paced permit of window ``w`` may be spent. Not strict,
-        a member spends nothing within `margin` of either edge of its window:
-        each window's permits are spent inside it whatever the clock's offset
-        from the provider's, up to the margin, and the provider's window gets
-        no permit of a neighbour's, however the members' counts move from
-        window to window (their pieces' marks rotate; see the module docstring)."""
+    def _tat(self, now: int) -> int:
+        """When the next paced permit of the current window may be spent. Not
+        strict, a member spends nothing within `margin` of either edge of its
+        window: each window's permits are spent inside it whatever the clock's
+        offset from the provider's, up to the margin, and the provider's window
+        gets no permit of a neighbour's, however the members' counts move from
+        window to window (their pieces' marks rotate; see the module docstring).
+        What it compares with is worked out once a window (`_space`)."""
         tat = self.tat
         if self.strict:
             return tat
-        edge = margin(self.window_ns)
-        if now >= self._end(w):
-            return (w + 1) * self.window_ns + edge  # the next window's first moment
-        return max(tat, w * self.window_ns + edge + round(self.phase * self._interval))
+        if now >= self._stop:
+            return self._stop + 2 * self._edge  # the next window's first moment
+        return tat if tat > self._first else self._first
 
     def end(self, at: int) -> int:
         """From when the permits of the window that holds ``at`` are no longer
@@ -331,7 +343,12 @@ class Share:
         if self._used + cost > self._count:
             return (w + 1) * window - now
         if self.pace:
-            tat = self._tat(w, now)
+            tat = self.tat
+            if not self.strict:  # `_tat`, written out: this is the hot path
+                if now >= self._stop:
+                    return self._stop + 2 * self._edge - now
+                if tat < self._first:  # noqa: PLR1730 - cheaper than a call to max
+                    tat = self._first
             if now < tat:
                 return tat - now
             # a caller that wakes late (by less than an interval, or half the
@@ -345,8 +362,7 @@ class Share:
                 self._last = (now, cost)
                 self.tat = now + interval * cost
             else:
-                late = max(interval, margin(window) // 2)
-                self.tat = (tat if tat >= now - late else now) + interval * cost
+                self.tat = (tat if tat >= now - self._late else now) + interval * cost
         self._used += cost
         self.spent += cost
         return 0
@@ -371,9 +387,9 @@ class Share:
         if self._used + cost > self._count:
             return False, (w + 1) * window - now
         if self.pace:
-            tat = self._tat(w, now)
+            tat = self._tat(now)
             if now < tat:
-                if tat >= self._end(w) or tat - now > patience:
+                if tat >= self._stop or tat - now > patience:
                     return False, tat - now
                 self._last = (tat, cost)
                 self.tat = tat + self._interval * cost
@@ -418,7 +434,7 @@ class Share:
     def _at_edges(self, began: int, ended: int) -> int:
         """How much of ``[began, ended)`` lies within `margin` of a window's edge."""
         window = self.window_ns
-        edge = margin(window)
+        edge = self._edge
         total = 0
         for k in range((began + edge) // window, (ended + edge) // window + 1):
             low, high = k * window - edge, k * window + edge
