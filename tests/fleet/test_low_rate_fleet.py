@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from ratewarden import RateLimitTimeout
+from ratewarden import RateLimitTimeout, SystemClock
 from ratewarden.fleet import AsyncFleetQuota, QuotaConfig
 from tests.redis_server import RedisServer, redis_server
 
@@ -40,7 +40,7 @@ BUSY = (0, 6, 12, 24, 36)  # members with callers: in every process
 WARMUP, MEASURED = 4, 8  # seconds: grants settle, then the provider's seconds judged
 
 
-class SkewedClock:
+class SkewedClock(SystemClock):
     """The machine's clock off by ``offset`` seconds, as a machine whose NTP is off."""
 
     def __init__(self, offset: float) -> None:
@@ -48,12 +48,6 @@ class SkewedClock:
 
     def time_ns(self) -> int:
         return time.time_ns() + self.offset_ns
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    async def asleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
 
 
 def member(index: int, url: str, port: int, skews: list[float], go: Any) -> None:
