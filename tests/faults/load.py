@@ -75,6 +75,7 @@ class Usage:
     fds: int
     tasks: int | None  # asyncio tasks of the test's loop
     memory: int | None  # bytes traced (allocated since tracing began) and held, ours aside
+    held_by: str  # the lines holding most of them (see traced_memory)
     objects: int  # objects the garbage collector tracks, the samples excluded
     rss: int  # bytes
 
@@ -117,13 +118,31 @@ def tcp_connections(ports: set[int]) -> dict[int, int]:
 _OURS = (__file__, tracemalloc.__file__)
 
 
-def traced_memory() -> int:
+def traced_memory() -> tuple[int, str]:
     """Bytes held now that were allocated since tracing began, except by this
-    module (the samples) and by tracemalloc itself."""
+    module (the samples) and by tracemalloc itself; and the lines that hold the
+    most of them, one string (``size file:line`` a line: no objects the count of
+    objects would see), so that a check that finds memory grown names where."""
     snapshot = tracemalloc.take_snapshot().filter_traces(
         [tracemalloc.Filter(False, name) for name in _OURS]
     )
-    return sum(stat.size for stat in snapshot.statistics("filename"))
+    lines = snapshot.statistics("lineno")
+    where = "\n".join(f"{s.size} {s.traceback[0]}" for s in lines[:HELD_LINES])
+    return sum(stat.size for stat in lines), where
+
+
+HELD_LINES = 40  # the lines a usage keeps, by bytes held
+
+
+def grown_lines(before: str, after: str, top: int = 5) -> str:
+    """The lines of `traced_memory` whose bytes grew most from ``before`` to ``after``."""
+
+    def parse(text: str) -> dict[str, int]:
+        return {line: int(size) for size, line in (row.split(" ", 1) for row in text.splitlines())}
+
+    was, now = parse(before), parse(after)
+    grown = sorted(((size - was.get(line, 0), line) for line, size in now.items()), reverse=True)
+    return "; ".join(f"{line} +{size} B" for size, line in grown[:top] if size > 0)
 
 
 @dataclass
@@ -383,7 +402,10 @@ class Report:
         if self.final.memory is not None:
             assert self.before.memory is not None
             grew = self.final.memory - self.before.memory
-            assert grew < MEMORY_BOUND, f"{grew} bytes more held after the fault"
+            assert grew < MEMORY_BOUND, (
+                f"{grew} bytes more held after the fault, most by"
+                f" {grown_lines(self.before.held_by, self.final.held_by)}"
+            )
 
 
 def name() -> str:
@@ -411,13 +433,15 @@ def rss() -> int:
 
 def usage(target: Target, tasks: int | None) -> Usage:
     gc.collect()
+    memory, held_by = traced_memory() if tracemalloc.is_tracing() else (None, "")
     return Usage(
         proxy=None if target.proxy_open is None else target.proxy_open(),
         redis=None if target.redis_clients is None else target.redis_clients(),
         conns=tcp_connections(target.ports()),
         fds=fds(),
         tasks=tasks,
-        memory=traced_memory() if tracemalloc.is_tracing() else None,
+        memory=memory,
+        held_by=held_by,
         objects=sum(type(o) is not Sample for o in gc.get_objects()),
         rss=rss(),
     )
