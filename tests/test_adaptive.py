@@ -17,7 +17,7 @@ from ratewarden._adaptive import Scale, parse_floor
 from ratewarden.cli import main
 from ratewarden.rules import RuleEngine, RuleFileError, loads
 from ratewarden.stores.redis import RedisStore
-from tests.redis_server import RedisServer
+from tests.redis_server import LIVE, RedisServer
 
 START = 1_700_000_040.0
 
@@ -263,7 +263,7 @@ def test_explain_shows_the_limit_a_load_leaves(
 
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter", "gcra"])
 def test_the_redis_store_counts_the_price(redis_single: RedisServer, algorithm: str) -> None:
-    store = RedisStore(redis_single.url)
+    store = RedisStore(redis_single.url, timeout=LIVE)
     adaptive = Adaptive(Feed(1000), good=200, bad=1000, floor=0.2)
     lim = Limiter("10/minute", store=store, algorithm=algorithm, adaptive=adaptive,
                   name=f"adaptive-{algorithm}")  # fmt: skip

@@ -7,12 +7,12 @@ import pytest
 
 from ratewarden import FakeClock, PacedQueue, QueueFull
 from ratewarden.stores.redis import RedisStore
-from tests.redis_server import RedisServer
+from tests.redis_server import LIVE, RedisServer
 
 
 def test_processes_share_one_line(redis_single: RedisServer) -> None:
     clock = FakeClock()
-    stores = [RedisStore(redis_single.url, clock=clock) for _ in range(3)]
+    stores = [RedisStore(redis_single.url, clock=clock, timeout=LIVE) for _ in range(3)]
     try:
         queues = [PacedQueue("50/second", size=5, store=s, name="fleet-line") for s in stores]
         for queue in queues:

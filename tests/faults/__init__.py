@@ -22,7 +22,10 @@ flight then may be slow, or time out, whatever the store does. A decision that
 was in flight during such a stall of the test process is excused from the time
 bound, and from being healthy where it should have been, and counted
 (tests/faults/load.py, `Stalls`); the policies, the fault's effect and what
-Redis counted are never excused.
+Redis counted are never excused. A check that failed while the servers (Redis,
+the fault proxy) waited 10 ms or more for a core (a busy machine, not the store)
+is excused from being healthy too, never from the time bound, which the client
+keeps alone.
 
 Each test prints its figures on a line starting with ``FAULT`` (``pytest -s``).
 tests/faults/test_time_bound.py pins down what the load does not: the timeout

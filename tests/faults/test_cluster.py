@@ -111,7 +111,10 @@ def tag_for(cluster: RedisCluster, wanted: Callable[[RedisServer], bool]) -> str
 
 
 def target(cluster: RedisCluster) -> Target:
-    return Target(lambda: {node.port for node in cluster.nodes})
+    def servers() -> list[int]:
+        return [node.process.pid for node in cluster.nodes if node.process is not None]
+
+    return Target(lambda: {node.port for node in cluster.nodes}, servers=servers)
 
 
 def promoted(replica: RedisServer) -> Heal:

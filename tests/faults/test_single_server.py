@@ -9,8 +9,10 @@ import contextlib
 import functools
 import os
 import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -39,6 +41,11 @@ def redis_clients(server: RedisServer) -> Callable[[], int]:
     return count
 
 
+def pids(*processes: Callable[[], subprocess.Popen[Any] | None]) -> Callable[[], list[int]]:
+    """The ids of the processes, each read when asked (a restart replaces one)."""
+    return lambda: [p.pid for p in (get() for get in processes) if p is not None]
+
+
 def _through(px: Proxy, server: RedisServer, mode: str, delay: float = 0.0) -> Fault:
     def inject() -> None:
         px.set(mode, delay)
@@ -46,7 +53,8 @@ def _through(px: Proxy, server: RedisServer, mode: str, delay: float = 0.0) -> F
     def heal() -> None:
         px.set("pass")
 
-    target = Target(lambda: {px.port}, redis_clients(server), lambda: int(px.stats()["open"]))
+    target = Target(lambda: {px.port}, redis_clients(server), lambda: int(px.stats()["open"]),
+                    pids(lambda: server.process, lambda: px.process))  # fmt: skip
     return Fault(px.url, target, inject, heal)
 
 
@@ -62,14 +70,16 @@ def fault(kind: str) -> Iterator[Fault]:
             px = stack.enter_context(proxy(server.port))
             yield _through(px, server, kind, LATENCY if kind == "latency" else 0.0)
         elif kind == "restart":  # SIGKILL, down for the fault's length, back on its port
-            target = Target(lambda: {server.port}, redis_clients(server))
+            target = Target(lambda: {server.port}, redis_clients(server),
+                            servers=pids(lambda: server.process))  # fmt: skip
             yield Fault(server.url, target, server.kill, server.start, keys_lost=True)
         elif kind == "hang":  # SIGSTOP: connections accepted by the kernel, no answers
             stop = functools.partial(signal_server, signal.SIGSTOP)
             cont = functools.partial(signal_server, signal.SIGCONT)
             try:
-                yield Fault(server.url, Target(lambda: {server.port}, redis_clients(server)),
-                            stop, cont)  # fmt: skip
+                target = Target(lambda: {server.port}, redis_clients(server),
+                                servers=pids(lambda: server.process))  # fmt: skip
+                yield Fault(server.url, target, stop, cont)
             finally:
                 if server.process is not None and server.process.poll() is None:
                     cont()

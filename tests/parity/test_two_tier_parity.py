@@ -14,7 +14,7 @@ from ratewarden.algorithms import get_algorithm
 from ratewarden.stores.redis import RedisStore
 from ratewarden.stores.redis._twotier import LocalLimit, TwoTierSettings, decode, force
 from ratewarden.stores.redis.scripts import SYNC, Scripts
-from tests.redis_server import RedisServer
+from tests.redis_server import LIVE, RedisServer
 
 EPOCH_US = 1_763_700_000_000_000
 OPTIONS = {"burst": None, "prefix": "p:", "rule": None, "on_failure": "raise"}
@@ -42,7 +42,7 @@ steps = st.lists(
 def test_sync_script_matches_python(
     redis_single: RedisServer, algorithm: str, rate: str, script: list[tuple[int, ...]]
 ) -> None:
-    store = RedisStore(redis_single.url)
+    store = RedisStore(redis_single.url, timeout=LIVE)
     scripts: Scripts = store.scripts
     limit = LocalLimit(get_algorithm(algorithm), parse_rate(rate), OPTIONS, TwoTierSettings())  # type: ignore[arg-type]
     key = f"parity:{uuid.uuid4().hex}"

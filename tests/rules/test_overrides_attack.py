@@ -24,7 +24,7 @@ from ratewarden.rules.overrides import OverrideRecord, check_text
 from ratewarden.stores import MemoryStore
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.engines import limit_of, within
-from tests.redis_server import RedisServer
+from tests.redis_server import LIVE, RedisServer
 
 SHAPED = loads("""
 rules:
@@ -154,7 +154,7 @@ def namespace() -> str:
 
 @pytest.fixture
 def store(redis_single: RedisServer) -> Iterator[RedisStore]:
-    with RedisStore(redis_single.url) as s:
+    with RedisStore(redis_single.url, timeout=LIVE) as s:
         yield s
 
 
@@ -216,7 +216,10 @@ def test_a_read_older_than_a_change_does_not_undo_it(store: RedisStore, namespac
 def test_a_flood_on_the_channel_does_not_stop_the_reads(
     redis_single: RedisServer, namespace: str
 ) -> None:
-    with RedisStore(redis_single.url) as one, RedisStore(redis_single.url) as two:
+    with (
+        RedisStore(redis_single.url, timeout=LIVE) as one,
+        RedisStore(redis_single.url, timeout=LIVE) as two,
+    ):
         a = RuleEngine(API, one, overrides_namespace=namespace)
         b = RuleEngine(API, two, overrides_namespace=namespace)
         stop = threading.Event()
@@ -251,7 +254,7 @@ def test_a_dropped_async_engine_is_collected_and_its_follower_ends(
         return sum(t.get_name() == "ratewarden-overrides" for t in asyncio.all_tasks())
 
     async def main() -> None:
-        store = AsyncRedisStore(redis_single.url)
+        store = AsyncRedisStore(redis_single.url, timeout=LIVE)
         engine = AsyncRuleEngine(API, store, overrides_namespace=namespace)
         await engine.acheck(who())
         assert followers() == 1

@@ -17,7 +17,7 @@ from ratewarden import StoreUnavailable
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, loads
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.engines import limit_of, within
-from tests.redis_server import RedisCluster, RedisServer, redis_server
+from tests.redis_server import LIVE, RedisCluster, RedisServer, redis_server
 
 RULES = loads("""
 rules:
@@ -40,7 +40,7 @@ def namespace() -> str:
 
 @pytest.fixture
 def pair(redis_single: RedisServer, namespace: str) -> Iterator[tuple[RuleEngine, RuleEngine]]:
-    stores = [RedisStore(redis_single.url) for _ in range(2)]
+    stores = [RedisStore(redis_single.url, timeout=LIVE) for _ in range(2)]
     engines = [RuleEngine(RULES, s, overrides_namespace=namespace) for s in stores]
     yield engines[0], engines[1]
     for e, s in zip(engines, stores, strict=True):
@@ -86,14 +86,14 @@ def test_an_engine_that_starts_later_finds_the_override(
 ) -> None:
     a, _ = pair
     a.set_override("api", "40/hour", duration=600, reason="r")
-    with RedisStore(redis_single.url) as store:
+    with RedisStore(redis_single.url, timeout=LIVE) as store:
         late = RuleEngine(RULES, store, overrides_namespace=namespace)
         assert limit_of(late, attributes()) == 40  # in force from its first check
         late.close()
 
 
 def test_namespaces_keep_overrides_apart(redis_single: RedisServer, namespace: str) -> None:
-    with RedisStore(redis_single.url) as store:
+    with RedisStore(redis_single.url, timeout=LIVE) as store:
         mine = RuleEngine(RULES, store, overrides_namespace=namespace)
         other = RuleEngine(RULES, store, overrides_namespace=namespace + "-other")
         mine.set_override("api", "40/hour", duration=600, reason="r")
@@ -106,7 +106,7 @@ def test_namespaces_keep_overrides_apart(redis_single: RedisServer, namespace: s
 
 def test_without_redis_a_change_fails_loudly_and_checks_go_on(namespace: str) -> None:
     with redis_server() as server:
-        store = RedisStore(server.url)
+        store = RedisStore(server.url, timeout=LIVE)
         engine = RuleEngine(RULES, store, overrides_namespace=namespace)
         engine.set_override("api", "40/hour", duration=600, reason="r")
         who = attributes()
@@ -130,7 +130,7 @@ def test_the_follower_ends_with_its_engine(redis_single: RedisServer, namespace:
         return sum(t.name == "ratewarden-overrides" for t in threading.enumerate())
 
     before = followers()
-    with RedisStore(redis_single.url) as store:
+    with RedisStore(redis_single.url, timeout=LIVE) as store:
         engine = RuleEngine(RULES, store, overrides_namespace=namespace)
         assert followers() == before + 1
         engine.close()
@@ -143,7 +143,7 @@ def test_the_follower_ends_with_its_engine(redis_single: RedisServer, namespace:
 
 def test_the_async_engine_follows_too(redis_single: RedisServer, namespace: str) -> None:
     async def main() -> None:
-        stores = [AsyncRedisStore(redis_single.url) for _ in range(2)]
+        stores = [AsyncRedisStore(redis_single.url, timeout=LIVE) for _ in range(2)]
         a, b = (AsyncRuleEngine(RULES, s, overrides_namespace=namespace) for s in stores)
         await a.astart()
         who = attributes()
@@ -164,7 +164,10 @@ def test_the_async_engine_follows_too(redis_single: RedisServer, namespace: str)
 
 
 def test_a_cluster_carries_them(redis_6_nodes: RedisCluster, namespace: str) -> None:
-    with RedisStore(redis_6_nodes.url) as one, RedisStore(redis_6_nodes.url) as two:
+    with (
+        RedisStore(redis_6_nodes.url, timeout=LIVE) as one,
+        RedisStore(redis_6_nodes.url, timeout=LIVE) as two,
+    ):
         a = RuleEngine(RULES, one, overrides_namespace=namespace)
         b = RuleEngine(RULES, two, overrides_namespace=namespace)
         who = attributes()

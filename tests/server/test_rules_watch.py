@@ -17,7 +17,14 @@ from ratewarden import AsyncMemoryStore
 from ratewarden.server import Service
 from tests.server.process import serving
 
-LOGIN = "rules:\n  - name: login\n    rate: {n}/minute\n    algorithm: fixed_window\n    by: ip\n"
+# A sliding log, not a fixed window: a fixed window's edge falls on the wall
+# clock's minute, and a key whose requests straddle it gets twice the limit, so a
+# look at the 3/minute rules could pass for the 5/minute ones (and a fresh key
+# could pass one request more than the rate). The log counts the last minute
+# exactly, whenever the test runs.
+LOGIN = (
+    "rules:\n  - name: login\n    rate: {n}/minute\n    algorithm: sliding_window_log\n    by: ip\n"
+)
 EDGE = "domain: edge\ndescriptors: [{key: a, rate_limit: {unit: day, requests_per_unit: 1}}]\n"
 BOUND = 2.0  # seconds from an edit to the new rules in force, with the default interval
 

@@ -25,9 +25,7 @@ from ratewarden import AsyncLimiter, Decision, Limiter, StoreUnavailable
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from ratewarden.stores.redis._wire import usable
 from ratewarden.stores.redis.connection import QUIET
-from tests.redis_server import RedisServer, free_port, redis_server
-
-LIVE = 5.0  # see test_async_redis_store.py
+from tests.redis_server import LIVE, RedisServer, free_port, redis_server
 
 Run = Callable[[Coroutine[Any, Any, None]], None]
 

@@ -13,7 +13,7 @@ from ratewarden import AsyncLimiter, ConfigurationError, Limiter, hit_many
 from ratewarden._clock import FakeClock
 from ratewarden.rules import RuleEngine
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore, TwoTierSettings
-from tests.redis_server import RedisServer, redis_server
+from tests.redis_server import LIVE, RedisServer, redis_server
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def recover(store: RedisStore | AsyncRedisStore) -> None:
 
 def test_the_limit_divided_by_the_instances(server: RedisServer) -> None:
     clock = FakeClock(1_800_000_000.0)
-    store = RedisStore(server.url, clock=clock, instances=4)
+    store = RedisStore(server.url, clock=clock, instances=4, timeout=LIVE)
     limiter = Limiter("100/minute", store=store, name=name(), algorithm="fixed_window",
                       on_failure="local_fallback")  # fmt: skip
     assert [limiter.hit("k").allowed for _ in range(10)] == [True] * 10
@@ -54,7 +54,7 @@ def test_the_limit_divided_by_the_instances(server: RedisServer) -> None:
 
 def test_a_callable_counts_the_instances_each_time(server: RedisServer) -> None:
     members = [2]
-    store = RedisStore(server.url, clock=FakeClock(), instances=lambda: members[0])
+    store = RedisStore(server.url, clock=FakeClock(), instances=lambda: members[0], timeout=LIVE)
     limiter = Limiter("10/minute", store=store, name=name(), algorithm="fixed_window",
                       on_failure="local_fallback")  # fmt: skip
     server.kill()
@@ -67,7 +67,7 @@ def test_a_callable_counts_the_instances_each_time(server: RedisServer) -> None:
 
 
 def test_tiers_fall_back_together(server: RedisServer) -> None:
-    store = RedisStore(server.url, clock=FakeClock(), instances=2)
+    store = RedisStore(server.url, clock=FakeClock(), instances=2, timeout=LIVE)
     minute = Limiter("20/minute", store=store, name=name(), on_failure="local_fallback")
     hour = Limiter("8/hour", store=store, name=name(), on_failure="local_fallback")
     server.kill()
@@ -78,7 +78,7 @@ def test_tiers_fall_back_together(server: RedisServer) -> None:
 
 
 def test_other_policies_beside_it_still_answer(server: RedisServer) -> None:
-    store = RedisStore(server.url, clock=FakeClock(), instances=2)
+    store = RedisStore(server.url, clock=FakeClock(), instances=2, timeout=LIVE)
     local = Limiter("4/minute", store=store, name=name(), on_failure="local_fallback")
     closed = Limiter("100/minute", store=store, name=name(), on_failure="fail_closed")
     server.kill()
@@ -90,7 +90,7 @@ def test_other_policies_beside_it_still_answer(server: RedisServer) -> None:
 def test_async_and_two_tier(server: RedisServer) -> None:
     async def main() -> tuple[int, int]:
         clock = FakeClock(1_800_000_000.0)
-        store = AsyncRedisStore(server.url, clock=clock, instances=3,
+        store = AsyncRedisStore(server.url, clock=clock, instances=3, timeout=LIVE,
                                 two_tier=TwoTierSettings(sync_interval=60))  # fmt: skip
         exact = AsyncLimiter("30/minute", store=store, name=name(), algorithm="fixed_window",
                              on_failure="local_fallback")  # fmt: skip
@@ -118,7 +118,7 @@ def test_rule_files_take_it(server: RedisServer, tmp_path: object) -> None:
     path = Path(str(tmp_path)) / "rules.yaml"
     path.write_text("defaults: {on_failure: local_fallback}\nrules:\n"
                     "  - {name: api, rate: 6/minute, algorithm: fixed_window}\n")  # fmt: skip
-    store = RedisStore(server.url, clock=FakeClock(), instances=3)
+    store = RedisStore(server.url, clock=FakeClock(), instances=3, timeout=LIVE)
     engine = RuleEngine(path, store)
     server.kill()
     outcomes = [engine.check({}) for _ in range(5)]

@@ -21,7 +21,7 @@ from ratewarden._clock import FakeClock
 from ratewarden.rules import RuleEngine, RuleFileError
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore, TwoTierSettings
 from ratewarden.stores.redis._twotier import LocalLimit
-from tests.redis_server import RedisServer, redis_server
+from tests.redis_server import LIVE, RedisServer, redis_server
 
 QUIET = TwoTierSettings(sync_interval=60.0)  # syncs happen when a test says so
 
@@ -47,7 +47,9 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def stores(redis_single: RedisServer, clock: FakeClock) -> Iterator[list[RedisStore]]:
-    made = [RedisStore(redis_single.url, clock=clock, two_tier=QUIET) for _ in range(3)]
+    made = [
+        RedisStore(redis_single.url, clock=clock, two_tier=QUIET, timeout=LIVE) for _ in range(3)
+    ]
     yield made
     for store in made:
         store.close()
@@ -130,7 +132,7 @@ def test_a_new_window_starts_empty(stores: list[RedisStore], clock: FakeClock) -
 
 def test_hits_survive_a_store_that_fails(clock: FakeClock) -> None:
     with redis_server() as server:
-        store = RedisStore(server.url, clock=clock, two_tier=QUIET)
+        store = RedisStore(server.url, clock=clock, two_tier=QUIET, timeout=LIVE)
         name = f"n{uuid.uuid4().hex}"
         limiter = Limiter("100000/hour", store=store, name=name, algorithm="fixed_window",
                           two_tier=True, on_failure="fail_open")  # fmt: skip
@@ -150,7 +152,7 @@ def test_hits_survive_a_store_that_fails(clock: FakeClock) -> None:
         server.start()
         store.breaker.succeeded()
         sync(store)
-        observer = RedisStore(server.url, clock=clock)
+        observer = RedisStore(server.url, clock=clock, timeout=LIVE)
         # the restarted server kept nothing: what it holds is what was sent again
         assert used(observer, name, "100000/hour", "k", "fixed_window") == admitted - 500
         store.close()
@@ -182,7 +184,7 @@ def test_rule_files_turn_it_on(redis_single: RedisServer, tmp_path: Path) -> Non
         "  - {name: hot, rate: 1000/second, algorithm: fixed_window, store: two_tier}\n"
         "  - {name: cold, rate: 10/second}\n"
     )
-    store = RedisStore(redis_single.url)
+    store = RedisStore(redis_single.url, timeout=LIVE)
     engine = RuleEngine(path, store)
     assert engine.check({}).allowed
     assert store._local is not None
@@ -191,7 +193,7 @@ def test_rule_files_turn_it_on(redis_single: RedisServer, tmp_path: Path) -> Non
     path.write_text("rules:\n  - {name: log, rate: 5/second, algorithm: sliding_window_log,"
                     " store: two_tier}\n")  # fmt: skip
     with pytest.raises(RuleFileError, match="store"):
-        RuleEngine(path, RedisStore(redis_single.url))
+        RuleEngine(path, RedisStore(redis_single.url, timeout=LIVE))
 
 
 def test_unsupported_algorithms_are_refused(stores: list[RedisStore]) -> None:
@@ -203,7 +205,7 @@ def test_unsupported_algorithms_are_refused(stores: list[RedisStore]) -> None:
 
 def test_async_counts_everything(redis_single: RedisServer, clock: FakeClock) -> None:
     async def main() -> tuple[int, int]:
-        store = AsyncRedisStore(redis_single.url, clock=clock, two_tier=QUIET)
+        store = AsyncRedisStore(redis_single.url, clock=clock, two_tier=QUIET, timeout=LIVE)
         name = f"n{uuid.uuid4().hex}"
         limiter = AsyncLimiter("500/hour", store=store, name=name, algorithm="gcra",
                                two_tier=True)  # fmt: skip
@@ -215,7 +217,7 @@ def test_async_counts_everything(redis_single: RedisServer, clock: FakeClock) ->
             assert store._local is not None
             await store._local.sync()
         await store.aclose()
-        observer = RedisStore(redis_single.url, clock=clock)
+        observer = RedisStore(redis_single.url, clock=clock, timeout=LIVE)
         seen = used(observer, name, "500/hour", "k", "gcra")
         observer.close()
         return admitted, seen
@@ -247,7 +249,7 @@ def test_an_unknown_key_passes_a_little_then_asks(
 def test_memory_stays_bounded_under_a_flood_of_keys(
     redis_single: RedisServer, clock: FakeClock
 ) -> None:
-    store = RedisStore(redis_single.url, clock=clock,
+    store = RedisStore(redis_single.url, clock=clock, timeout=LIVE,
                        two_tier=TwoTierSettings(sync_interval=60, max_keys=100))  # fmt: skip
     limiter = Limiter("1000/hour", store=store, name=f"n{uuid.uuid4().hex}",
                       algorithm="fixed_window", two_tier=True)  # fmt: skip
@@ -258,7 +260,7 @@ def test_memory_stays_bounded_under_a_flood_of_keys(
     assert len(entries) == 111  # a tenth over, then keys go to Redis, not to memory
     sync(store)
     assert len(entries) == 90  # the sync sent every hit, then dropped the oldest
-    observer = RedisStore(redis_single.url, clock=clock)
+    observer = RedisStore(redis_single.url, clock=clock, timeout=LIVE)
     assert sum(used(observer, limiter.name or "", "1000/hour", f"k{i}", "fixed_window")
                for i in range(300)) == 300  # fmt: skip
     store.close()
@@ -270,7 +272,7 @@ def test_a_store_dropped_without_close_ends_its_thread(redis_single: RedisServer
     import threading  # noqa: PLC0415
     import warnings  # noqa: PLC0415
 
-    store = RedisStore(redis_single.url, two_tier=TwoTierSettings(sync_interval=0.01))
+    store = RedisStore(redis_single.url, two_tier=TwoTierSettings(sync_interval=0.01), timeout=LIVE)
     Limiter("10/second", store=store, two_tier=True).hit("k")
     assert store._local is not None
     thread = store._local.thread
@@ -301,7 +303,7 @@ def test_a_sync_call_that_fails_unforeseen_keeps_its_hits(
         raise RuntimeError("unforeseen")
 
     sync_name, async_name = f"n{uuid.uuid4().hex}", f"n{uuid.uuid4().hex}"
-    store = RedisStore(redis_single.url, clock=clock, two_tier=QUIET)
+    store = RedisStore(redis_single.url, clock=clock, two_tier=QUIET, timeout=LIVE)
     limiter = Limiter("100000/hour", store=store, name=sync_name, algorithm="fixed_window",
                       two_tier=True)  # fmt: skip
     sync_admitted = sum(limiter.hit("k").allowed for _ in range(100))
@@ -314,7 +316,7 @@ def test_a_sync_call_that_fails_unforeseen_keeps_its_hits(
     store.close()
 
     async def main() -> int:
-        store = AsyncRedisStore(redis_single.url, clock=clock, two_tier=QUIET)
+        store = AsyncRedisStore(redis_single.url, clock=clock, two_tier=QUIET, timeout=LIVE)
         limiter = AsyncLimiter("100000/hour", store=store, name=async_name,
                                algorithm="fixed_window", two_tier=True)  # fmt: skip
         admitted = sum([(await limiter.hit("k")).allowed for _ in range(100)])
@@ -328,7 +330,7 @@ def test_a_sync_call_that_fails_unforeseen_keeps_its_hits(
         return admitted
 
     async_admitted = asyncio.run(main())
-    observer = RedisStore(redis_single.url, clock=clock)
+    observer = RedisStore(redis_single.url, clock=clock, timeout=LIVE)
     assert used(observer, sync_name, "100000/hour", "k", "fixed_window") == sync_admitted == 100
     assert used(observer, async_name, "100000/hour", "k", "fixed_window") == async_admitted == 100
     observer.close()

@@ -25,7 +25,7 @@ from ratewarden import AsyncLimiter, ConfigurationError, Limiter, hit_many
 from ratewarden._clock import FakeClock
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore, TwoTierSettings
 from ratewarden.stores.redis._twotier import Entry
-from tests.redis_server import RedisCluster, RedisServer, redis_server
+from tests.redis_server import LIVE, RedisCluster, RedisServer, redis_server
 
 FAST = TwoTierSettings(sync_interval=0.05)  # the default interval; its thread is stopped
 START = 1_800_000_000.0  # on a whole hour: windows start here
@@ -48,9 +48,7 @@ def made(redis_single: RedisServer, clock: FakeClock) -> Iterator[list[RedisStor
 def store(
     made: list[RedisStore], url: str, clock: FakeClock, settings: TwoTierSettings = FAST
 ) -> RedisStore:
-    # a generous timeout: these tests count what the tiers admit, and a busy
-    # machine's round trip past the 50 ms default would read as Redis failing
-    s = RedisStore(url, clock=clock, two_tier=settings, timeout=2.0)
+    s = RedisStore(url, clock=clock, two_tier=settings, timeout=LIVE)
     made.append(s)
     return s
 
@@ -80,7 +78,7 @@ def entry(s: RedisStore, key: str, limit: int = 0) -> Entry:
 
 def used(url: str, clock: FakeClock, name: str, rate: str, key: str, algorithm: str) -> int:  # noqa: PLR0917
     """The limit's count in Redis, as an exact limiter on another store sees it."""
-    with RedisStore(url, clock=clock, timeout=2.0) as observer:
+    with RedisStore(url, clock=clock, timeout=LIVE) as observer:
         decision = Limiter(rate, store=observer, name=name, algorithm=algorithm).peek(key)
     return decision.limit - decision.remaining
 
@@ -156,7 +154,7 @@ def test_a_key_repeated_in_hit_many(
 ) -> None:
     a = store(made, redis_single.url, clock)
     name = fresh()
-    with RedisStore(redis_single.url, clock=clock, timeout=2.0) as other:
+    with RedisStore(redis_single.url, clock=clock, timeout=LIVE) as other:
         Limiter("1000/hour", store=other, name=name, algorithm="fixed_window").hit("k", 1000)
         exact = Limiter("1000/hour", store=other, name=name + "x", algorithm="fixed_window")
         assert not hit_many([(exact, "k", 12)] * 100).allowed  # the exact store: denied
@@ -173,7 +171,7 @@ def test_key_churn_does_not_reopen_a_full_key(
 ) -> None:
     a = store(made, redis_single.url, clock, TwoTierSettings(sync_interval=0.05, max_keys=10))
     name = fresh()
-    with RedisStore(redis_single.url, clock=clock, timeout=2.0) as other:
+    with RedisStore(redis_single.url, clock=clock, timeout=LIVE) as other:
         Limiter("1000/hour", store=other, name=name, algorithm="fixed_window").hit("v", 1000)
     two = Limiter("1000/hour", store=a, name=name, algorithm="fixed_window", two_tier=True)
     manual(a)
@@ -288,6 +286,7 @@ def test_aclose_during_a_sync_in_flight_loses_nothing(redis_single: RedisServer)
             redis_single.url,
             clock=clock,
             two_tier=TwoTierSettings(sync_interval=0.02, flush_at=0.005),
+            timeout=LIVE,
         )
         name = fresh()
         limiter = AsyncLimiter("100000/hour", store=s, name=name, algorithm="fixed_window",
@@ -323,7 +322,10 @@ def test_async_sync_task_runs_after_a_peek_first(redis_single: RedisServer) -> N
 
     async def main() -> tuple[int, int]:
         s = AsyncRedisStore(
-            redis_single.url, clock=clock, two_tier=TwoTierSettings(sync_interval=0.01)
+            redis_single.url,
+            clock=clock,
+            two_tier=TwoTierSettings(sync_interval=0.01),
+            timeout=LIVE,
         )
         name = fresh()
         limiter = AsyncLimiter("100000/hour", store=s, name=name, algorithm="fixed_window",
@@ -369,12 +371,14 @@ def test_a_skewed_clock_before_the_first_sync(
     monkeypatch.setattr(_twotierio, "time", shim)
     monkeypatch.setattr(_twotierplan, "time", shim)
     name = fresh()
-    with RedisStore(redis_single.url, two_tier=TwoTierSettings(sync_interval=60), timeout=2.0) as s:
+    with RedisStore(
+        redis_single.url, two_tier=TwoTierSettings(sync_interval=60), timeout=LIVE
+    ) as s:
         limiter = Limiter("8000/hour", store=s, name=name, algorithm="fixed_window",
                           two_tier=True)  # fmt: skip
         admitted = sum(limiter.hit("k").allowed for _ in range(100))  # the unknown budget
         sync(s)
-    with RedisStore(redis_single.url, timeout=2.0) as observer:
+    with RedisStore(redis_single.url, timeout=LIVE) as observer:
         decision = Limiter("8000/hour", store=observer, name=name,
                            algorithm="fixed_window").peek("k")  # fmt: skip
     assert decision.limit - decision.remaining == admitted
@@ -407,7 +411,7 @@ def test_local_denials_are_redis_denials(
     engine.call = call
     rnd = random.Random(7)
     checked = 0
-    with RedisStore(redis_single.url, clock=clock, timeout=2.0) as observer:
+    with RedisStore(redis_single.url, clock=clock, timeout=LIVE) as observer:
         exact = Limiter(rate, store=observer, name=name, algorithm=algorithm)
         for _ in range(1200):
             limiter = la if rnd.random() < 0.6 else lb
@@ -463,7 +467,7 @@ def test_nothing_lost_across_a_restart_and_a_window_edge(clock: FakeClock, algor
     """Redis killed, hits passed here on both sides of a window edge while the syncs
     fail, Redis back empty: what it holds is what was passed since."""
     with redis_server() as server:
-        s = RedisStore(server.url, clock=clock, two_tier=FAST)
+        s = RedisStore(server.url, clock=clock, two_tier=FAST, timeout=LIVE)
         name, rate = fresh(), "100000/minute"
         limiter = Limiter(rate, store=s, name=name, algorithm=algorithm, two_tier=True,
                           on_failure="fail_closed")  # fmt: skip
@@ -486,7 +490,7 @@ def test_nothing_lost_across_a_restart_and_a_window_edge(clock: FakeClock, algor
         server.start()
         s.breaker.succeeded()
         sync(s)
-        with RedisStore(server.url, clock=clock) as observer:
+        with RedisStore(server.url, clock=clock, timeout=LIVE) as observer:
             decision = Limiter(rate, store=observer, name=name, algorithm=algorithm).peek("k")
         s.close()
     counted = decision.limit - decision.remaining
@@ -502,7 +506,10 @@ def test_nothing_lost_across_a_restart_and_a_window_edge(clock: FakeClock, algor
 def test_memory_stays_bounded_while_redis_is_down(clock: FakeClock) -> None:
     with redis_server() as server:
         s = RedisStore(
-            server.url, clock=clock, two_tier=TwoTierSettings(sync_interval=0.05, max_keys=10)
+            server.url,
+            clock=clock,
+            two_tier=TwoTierSettings(sync_interval=0.05, max_keys=10),
+            timeout=LIVE,
         )
         limiter = Limiter("1000/hour", store=s, name=fresh(), algorithm="fixed_window",
                           two_tier=True, on_failure="fail_open")  # fmt: skip
@@ -590,7 +597,7 @@ def test_async_never_blocks_the_loop_and_aclose_ends_the_task(
         s = AsyncRedisStore(
             redis_single.url,
             clock=clock,
-            timeout=2.0,
+            timeout=LIVE,
             two_tier=TwoTierSettings(sync_interval=0.01),
         )
         limiter = AsyncLimiter("1000/hour", store=s, name=fresh(), algorithm="fixed_window",
@@ -628,7 +635,7 @@ def test_async_never_blocks_the_loop_and_aclose_ends_the_task(
 
 
 def test_cluster_multi_tier_across_slots(redis_6_nodes: RedisCluster, clock: FakeClock) -> None:
-    a = RedisStore(redis_6_nodes.url, clock=clock, timeout=2.0, two_tier=FAST)
+    a = RedisStore(redis_6_nodes.url, clock=clock, timeout=LIVE, two_tier=FAST)
     name = fresh()
     two = Limiter("1000/hour", store=a, name=name, algorithm="fixed_window", two_tier=True)
     counter = Limiter("50/hour", store=a, name=name + "c", algorithm="sliding_window_counter",
@@ -644,7 +651,7 @@ def test_cluster_multi_tier_across_slots(redis_6_nodes: RedisCluster, clock: Fak
     admitted = sum(hit_many([(two, "u"), (counter, "v"), (exact, "w")]).allowed for _ in range(60))
     sync(a)
     a.close()
-    with RedisStore(redis_6_nodes.url, clock=clock, timeout=2.0) as observer:
+    with RedisStore(redis_6_nodes.url, clock=clock, timeout=LIVE) as observer:
 
         def count(n: str, rate: str, key: str, algorithm: str) -> int:
             decision = Limiter(rate, store=observer, name=n, algorithm=algorithm).peek(key)
