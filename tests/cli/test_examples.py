@@ -225,7 +225,11 @@ def run_server(argv: list[str], fixtures: Fixtures) -> None:
                 pytest.fail(f"{argv} did not answer /healthz:\n{log.read_text()[-3000:]}")
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
-        assert process.wait(30) == 0, log.read_text()[-3000:]
+        try:
+            status = process.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{argv} did not stop within 30 s of SIGTERM:\n{log.read_text()[-3000:]}")
+        assert status == 0, log.read_text()[-3000:]
     finally:
         if process.poll() is None:
             process.kill()
