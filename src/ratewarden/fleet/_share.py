@@ -23,17 +23,15 @@ takes new space applies from the next window edge, so that the space another
 member gave up (at its own refresh, before this one) is not spent twice in a
 window the two share; unless nobody gave up any space for two windows (the
 coordinator says when it last happened), as when a member joins a resource with
-room to spare. A paced member that joins takes up at once the space that paced
-members gave up at their refreshes (`Member.on_reply` says when): they spent it
-at most at their old rate until then, and it spends it at most at its new one
-from then on (a larger grant applied in the middle of a window raises that
+room to spare (a larger grant applied in the middle of a window then raises that
 window's permits, spaced from then).
 
-``pace``: the window's permits are spread evenly across it (GCRA, one permit per
-``window / permits``), not spent at its start, so that members whose clocks
-disagree by a fraction of the window cannot stack their bursts in one second of
-the provider's clock: any stretch of one window holds at most one permit more
-than the share.
+``pace``: the window's permits are spread evenly across it (GCRA), not spent at
+its start, and none within `margin` (120 ms) of either edge of the member's
+window: each window's permits are spent inside it, so that a member whose clock
+is within 100 ms of the provider's (and whose requests take at most 20 ms to
+reach it) has every permit of its window ``w`` counted in the provider's window
+``w``, however its count moves from window to window as the marks rotate.
 
 What the member reports back: ``used``, the permits it spent a window, and
 ``wants``, the permits a window its callers would spend if nothing held them
@@ -302,11 +300,6 @@ class Share:
         if cost:
             self.tat = due + self._interval * cost
 
-    def _end(self, w: int) -> int:
-        """From when no permit of window ``w`` is spent (paced, not strict: a
-        margin before its end)."""
-        return (w + 1) * self.window_ns - self._edge
-
     def _tat(self, now: int) -> int:
         """When the next paced permit of the current window may be spent. Not
         strict, a member spends nothing within `margin` of either edge of its
@@ -326,7 +319,7 @@ class Share:
         """From when the permits of the window that holds ``at`` are no longer
         spent: a caller that reserved one and wakes later gives it up (see
         `forfeit`), for it would reach the provider in its next window."""
-        return self._end(at // self.window_ns)
+        return (at // self.window_ns + 1) * self.window_ns - self._edge
 
     def forfeit(self, cost: int) -> None:
         """A reserved permit woken too late is not spent (it stays used: its

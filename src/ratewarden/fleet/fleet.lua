@@ -41,11 +41,10 @@ local function num(cfg, field) return tonumber(cfg[field]) or 0 end
 -- space of the line given up now (a member shrank, moved, left or died; the
 -- total was cut): a member may spend new space at once only when nothing was
 -- given up for two windows, for until then its last holder may still spend it
--- (freed_ms). A paced member that gives up space at its refresh has spent it
--- at most at its old rate so far and stops at once, so a paced member that
--- joins may take it at once, spreading it over what is left of the window (the
--- member decides, see member.py): hard_ms is the last time space was given up
--- any other way
+-- (freed_ms). hard_ms is the last time space was given up other than by a
+-- paced member at its refresh: members of an older version took such "soft"
+-- space at once when they joined, and read it during a rolling upgrade; this
+-- version's members wait for the window edge whoever gave it up (see member.py)
 local function freed(cfg, paced)
   redis.call('HSET', CFG, 'freed_ms', now)
   cfg.freed_ms = tostring(now)

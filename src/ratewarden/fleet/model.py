@@ -88,7 +88,7 @@ class Model:
 
     def _freed(self, now: int, paced: bool = False) -> None:
         """Space of the line was given up now; ``paced``: by a paced member at
-        its refresh, which a paced member that joins may take up at once (see
+        its refresh, which ``hard_ms`` leaves out for older members (see
         fleet.lua)."""
         self.cfg["freed_ms"] = str(now)
         if not paced:
