@@ -75,8 +75,8 @@ class Report:
     ``restore``: the configuration to create the resource from if it is
     missing (the one last seen stored, with its version: restored with a
     rebuild; one never stored: created as `set` creates it); ``paced``: it
-    paces its permits (space it gives up may be taken up at once by another
-    paced member)."""
+    paces its permits (space it gives up is left out of ``hard_ms``, which
+    older members read; see fleet.lua)."""
 
     wants: int
     has: int
@@ -266,8 +266,9 @@ def refresh_args(member: str, report: Report) -> list[Any]:
     member sends (a fleet upgrades one member at a time)."""
     spans = " ".join(f"{start} {length}" for start, length in report.pieces)
     paced = "paced" if report.paced else ""
-    args: list[Any] = [member, report.wants, report.has, report.used, report.throttled, spans]
-    args.append(paced)
+    args: list[Any] = [
+        member, report.wants, report.has, report.used, report.throttled, spans, paced
+    ]  # fmt: skip
     for pair in (report.restore or {}).items():
         args.extend(pair)
     return args
