@@ -353,6 +353,10 @@ def test_a_bad_wants_function_falls_back_to_what_is_measured(
     assert "the wants function failed" in caplog.text
 
 
+# Eight threads judged by what each is served in real time: beside the parallel
+# pass on two cores, a member whose two threads wait for the CPU asks less, and
+# the coordinator rightly gives the other member more (seen once: 306 against 254).
+@pytest.mark.serial
 def test_blocking_threads_are_served_alike_by_a_real_coordinator(
     client: redis.Redis, name: str
 ) -> None:
