@@ -499,12 +499,13 @@ def test_a_store_error_is_a_503_not_a_crash(rules_file: Path) -> None:
     from ratewarden import AsyncMemoryStore, StoreUnavailable  # noqa: PLC0415
     from ratewarden.server import App, Service  # noqa: PLC0415
 
-    class Broken(Service):
-        async def check_attributes(self, *args: Any, **kwargs: Any) -> Any:
-            raise StoreUnavailable("redis: connection refused")
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("redis: connection refused")
 
     async def main() -> None:
-        app = App(Broken(rules_file, AsyncMemoryStore()))
+        service = Service(rules_file, AsyncMemoryStore())
+        service.checker.check_attributes = broken  # type: ignore[method-assign]
+        app = App(service)
         async with client_for(app) as client:
             answer = await client.post("/v1/check", json=LOGIN)
             assert answer.status_code == 503

@@ -22,9 +22,9 @@ from typing import Any, BinaryIO, TypeVar
 import pytest
 import uvloop
 
+from ratewarden.server._addresses import bind
 from ratewarden.server._connection_limits import ConnectionLimits
 from ratewarden.server._http_server import HttpServer
-from ratewarden.server._serve import bind
 
 T = TypeVar("T")
 GET_ECHO = b"GET /echo HTTP/1.1\r\nhost: x\r\n\r\n"

@@ -21,18 +21,16 @@ With a Redis store they are in Redis and every instance on it applies them
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
 
 from .._errors import ConfigurationError
+from ..rules import AsyncRuleEngine
 from ..rules.overrides import MAX_BY, AuditEntry, RuntimeOverride, UnknownRule, check_text
 from ._refusals import NotFound, Unprocessable
 from ._request import HTTPError, parse, scan_duplicates, tail
-
-if TYPE_CHECKING:
-    from ._service import Service
 
 __all__ = [
     "LoadRequest",
@@ -74,7 +72,7 @@ _decode_load = msgspec.json.Decoder(LoadRequest).decode
 _encode = msgspec.json.Encoder().encode
 
 
-async def set_load(service: Service, scope: Any, body: bytes) -> bytes:
+async def set_load(engine: AsyncRuleEngine, scope: Any, body: bytes) -> bytes:
     try:
         signal = tail(scope, LOAD_PREFIX)
     except UnicodeDecodeError:
@@ -83,15 +81,14 @@ async def set_load(service: Service, scope: Any, body: bytes) -> bytes:
         raise HTTPError(400, "no signal named: PUT /v1/load/{signal}")
     request: LoadRequest = parse(_decode_load, body)
     scan_duplicates(body)
-    return _encode(_set_load(service, signal, request.value))
+    return _encode(_set_load(engine, signal, request.value))
 
 
-def _set_load(service: Service, signal: str, value: object) -> dict[str, Any]:
+def _set_load(engine: AsyncRuleEngine, signal: str, value: object) -> dict[str, Any]:
     """Feed the load signal to this process's engine alone, as the load is this
     process's (see `ratewarden._adaptive`); what the adaptive limits reading it
     are now. `NotFound` for a signal no rule reads, `Unprocessable` for a value
     that is not a finite number."""
-    engine = service.engine
     if signal not in engine.ruleset.signals:
         read = ", ".join(sorted(engine.ruleset.signals)) or "none"
         raise NotFound(f"no rule reads the load signal {signal[:100]!r} (the rules read: {read})")
@@ -203,30 +200,29 @@ def _rule(scope: Any) -> str:
     return rule
 
 
-def overrides_shared(service: Service) -> bool:
+def overrides_shared(engine: AsyncRuleEngine) -> bool:
     """True when overrides live in the store, for every instance on it."""
-    source = service.engine.overrides_source
+    source = engine.overrides_source
     return source is not None and source.shared
 
 
-async def override_list(service: Service) -> OverrideList:
+async def override_list(engine: AsyncRuleEngine) -> OverrideList:
     """The overrides in force and the last 100 changes."""
-    engine = service.engine
     overrides = await engine.alist_overrides()
     audit = await engine.aoverride_audit(100)
-    return OverrideList(overrides, audit, overrides_shared(service))
+    return OverrideList(overrides, audit, overrides_shared(engine))
 
 
-async def list_overrides(service: Service) -> bytes:
-    return _encode(await override_list(service))
+async def list_overrides(engine: AsyncRuleEngine) -> bytes:
+    return _encode(await override_list(engine))
 
 
-async def set_override(service: Service, scope: Any, body: bytes) -> bytes:
+async def set_override(engine: AsyncRuleEngine, scope: Any, body: bytes) -> bytes:
     rule = _rule(scope)
     request: OverrideRequest = parse(_decode_override, body)
     scan_duplicates(body)
     try:
-        override = await service.engine.aset_override(
+        override = await engine.aset_override(
             rule, request.limits, duration=request.duration, reason=request.reason,
             by=_who(scope, request.by),
         )  # fmt: skip
@@ -234,10 +230,10 @@ async def set_override(service: Service, scope: Any, body: bytes) -> bytes:
         raise HTTPError(404, str(exc)) from None
     except ConfigurationError as exc:
         raise HTTPError(422, str(exc)) from None
-    return _encode(OverrideSet(override, overrides_shared(service)))
+    return _encode(OverrideSet(override, overrides_shared(engine)))
 
 
-async def clear_override(service: Service, scope: Any) -> bytes:
+async def clear_override(engine: AsyncRuleEngine, scope: Any) -> bytes:
     rule = _rule(scope)
     try:
         query = parse_qs(scope.get("query_string", b"").decode(), errors="strict")
@@ -246,10 +242,10 @@ async def clear_override(service: Service, scope: Any) -> bytes:
     reason = query.get("reason", [""])[-1]
     by = query.get("by", [""])[-1]
     try:
-        removed = await service.engine.aclear_override(rule, reason=reason, by=_who(scope, by))
+        removed = await engine.aclear_override(rule, reason=reason, by=_who(scope, by))
     except ConfigurationError as exc:
         raise HTTPError(422, str(exc)) from None
-    return _encode(OverrideCleared(rule, removed, overrides_shared(service)))
+    return _encode(OverrideCleared(rule, removed, overrides_shared(engine)))
 
 
 def override_openapi_paths(problem: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -44,9 +44,8 @@ import msgspec
 
 from .._errors import ConfigurationError, StoreError
 from . import _admin_api as admin
-from ._admin import describe, reset
 from ._check_json import check_of, check_result
-from ._checks import AttributesCheck, decide
+from ._checks import AttributesCheck
 from ._dashboard import Dashboard
 from ._metrics import CONTENT_TYPE_LATEST
 from ._openapi import openapi
@@ -101,16 +100,22 @@ class App:
             raise ConfigurationError("the bearer token must not be empty")
         if type(max_body) is not int or max_body < 1024:
             raise ConfigurationError(f"max_body must be >= 1024 bytes, got {max_body!r}")
-        self.service = service
+        self.service = service  # for its owner: the routes use only the parts below
+        # the check routes take the checker, the admin routes the rules in force
+        self._decide = service.checker.decide
+        self._rules_in_force = service.rules
+        self._engine = service.rules.engine
+        self._prometheus = service.metrics
+        self._store_health = service.health
+        self._quota_source = service.quotas
         self._token = None if token is None else token.encode()
         self.open_checks = open_checks
         self.max_body = max_body
         self._openapi = json.dumps(
             openapi(secured=token is not None, open_checks=open_checks)
         ).encode()
-        observe = service.metrics.observe
-        self._observe = observe
-        self.dashboard = Dashboard(service)
+        self._observe = service.metrics.observe
+        self.dashboard = Dashboard(service.dashboard, service.rules, service.health, service.quotas)
         # (method, path) -> (handler, endpoint name for metrics, who may call it)
         self._routes: dict[tuple[str, str], tuple[_Handler, str, str]] = {
             ("POST", "/v1/check"): (self._check, "check", "check"),
@@ -185,7 +190,7 @@ class App:
         except InvalidRequest as exc:
             status, headers, body = exc.status, _JSON, _encode(Problem(str(exc)))
         except StoreError as exc:  # a limit whose failure policy is "raise"
-            self.service.metrics.store_errors.inc()
+            self._prometheus.store_errors.inc()
             status, headers, body = 503, _JSON, _encode(Problem(f"store unavailable: {exc}"))
         # with a length, the server sends the body as it is (with the head) instead of chunking it
         headers = [*headers, (b"content-length", str(len(body)).encode())]
@@ -253,7 +258,7 @@ class App:
         request: CheckRequest = parse(_decode_check, body)
         if body.count(b":") != least_members(request):  # what _refuse_duplicates tries first
             refuse_duplicates(body, (request,), 0)
-        verdict = await decide(self.service, check_of(request))
+        verdict = await self._decide(check_of(request))
         return 200, _JSON, _encode(check_result(verdict))
 
     async def _batch(self, scope: Scope, receive: Receive) -> _Answer:
@@ -269,18 +274,18 @@ class App:
         results: list[CheckResult] = []
         for check in checks:  # in order: a batch counts as its checks would
             try:
-                results.append(check_result(await decide(self.service, check)))
+                results.append(check_result(await self._decide(check)))
             except InvalidRequest as exc:
                 error = type(exc)(f"checks[{len(results)}]: {exc}")
                 raise error from None
         return 200, _JSON, _encode(BatchResult(results))
 
     async def _rules(self, scope: Scope, receive: Receive) -> _Answer:
-        return 200, _JSON, _encode(describe(self.service))
+        return 200, _JSON, _encode(self._rules_in_force.describe())
 
     async def _reload(self, scope: Scope, receive: Receive) -> _Answer:
         try:
-            answer = await self.service.reload()
+            answer = await self._rules_in_force.reload()
         except ConfigurationError as exc:
             message = f"not reloaded, the rules in force stay: {exc}"
             return 422, _JSON, _encode(Problem(message))
@@ -295,11 +300,11 @@ class App:
         if not key:
             raise HTTPError(400, "no key given: DELETE /v1/keys/{key}")
         rule = query.get("rule", [None])[-1]
-        count = await reset(self.service, key, rule)
+        count = await self._rules_in_force.reset(key, rule)
         return 200, _JSON, _encode({"key": key, "limits_reset": count})
 
     def _quota_reader(self) -> QuotaReader:
-        reader = self.service.quotas
+        reader = self._quota_source
         if reader is None:
             raise HTTPError(404, "no fleet quotas: they live in Redis, and this service's "
                              "store is memory (ratewarden serve --store redis://...)")  # fmt: skip
@@ -331,39 +336,39 @@ class App:
         return 200, _JSON, _encode(status.as_dict())
 
     async def _overrides(self, scope: Scope, receive: Receive) -> _Answer:
-        return 200, _JSON, await admin.list_overrides(self.service)
+        return 200, _JSON, await admin.list_overrides(self._engine)
 
     async def _set_override(self, scope: Scope, receive: Receive) -> _Answer:
         body = await self._body(scope, receive)
-        return 200, _JSON, await admin.set_override(self.service, scope, body)
+        return 200, _JSON, await admin.set_override(self._engine, scope, body)
 
     async def _clear_override(self, scope: Scope, receive: Receive) -> _Answer:
-        return 200, _JSON, await admin.clear_override(self.service, scope)
+        return 200, _JSON, await admin.clear_override(self._engine, scope)
 
     async def _set_load(self, scope: Scope, receive: Receive) -> _Answer:
         body = await self._body(scope, receive)
-        return 200, _JSON, await admin.set_load(self.service, scope, body)
+        return 200, _JSON, await admin.set_load(self._engine, scope, body)
 
     async def _health(self, scope: Scope, receive: Receive) -> _Answer:
-        if self.service.draining:
+        if self._store_health.draining:
             return 503, _JSON, _encode({"status": "draining"})
         return 200, _JSON, b'{"status":"ok"}'
 
     async def _ready(self, scope: Scope, receive: Receive) -> _Answer:
-        if self.service.draining:
+        health = self._store_health
+        if health.draining:
             return 503, _JSON, _encode({"status": "draining"})
-        problem = await store_problem(self.service.store)
+        problem = await store_problem(health.store)
         if problem is not None:
-            health = self.service.health
             said = {"status": "store unreachable", "reason": problem, "store": health.where,
                     "meanwhile": health.policies()}  # fmt: skip
             return 503, _JSON, _encode(said)
         return 200, _JSON, b'{"status":"ready"}'
 
     async def _metrics(self, scope: Scope, receive: Receive) -> _Answer:
-        reader = self.service.quotas
+        reader = self._quota_source
         quotas = () if reader is None else await reader.gauges()
-        body = self.service.metrics.exposition(quotas)
+        body = self._prometheus.exposition(quotas)
         return 200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], body
 
     async def _asset(self, scope: Scope, receive: Receive) -> _Answer:
@@ -376,7 +381,7 @@ class App:
         client = scope.get("client")
         attributes = auth_attributes(scope["headers"], None if client is None else client[0])
         # a gateway holds the request while a delay rule waits; it cannot wait itself
-        outcome = (await decide(self.service, AttributesCheck(attributes), wait=True)).outcome
+        outcome = (await self._decide(AttributesCheck(attributes), wait=True)).outcome
         headers = [(k.lower().encode(), v.encode()) for k, v in outcome.headers()]
         if outcome.allowed:
             return 200, headers, b""

@@ -1,6 +1,6 @@
-"""The checks: `decide` turns a parsed request (a `Check`, from whichever front
-end: the HTTP API's JSON, a gateway's ``/auth``, gRPC) into a `Verdict`, and
-counts it in the metrics and on the dashboard.
+"""The checks: a `Checker` turns a parsed request (a `Check`, from whichever
+front end: the HTTP API's JSON, a gateway's ``/auth``, gRPC) into a `Verdict`,
+and counts it in the metrics and on the dashboard.
 
 A check is either **attributes**, matched by the YAML rules, or a **domain and
 Envoy's descriptors**. Descriptors of the rules' own domain (``--domain``,
@@ -17,26 +17,24 @@ and hands over a `Check` that is valid: nothing here checks it again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, overload
+from typing import overload
 
 import msgspec
 
 from .._errors import ConfigurationError
 from ..envoy import EnvoyResult, Override
+from ..rules import Outcome
+from ._counters import Counters
 from ._refusals import InvalidRequest
+from ._rules_in_force import RulesInForce
 from ._verdict import RulesVerdict, Verdict
-
-if TYPE_CHECKING:
-    from ..rules import Outcome
-    from ._service import Service
 
 __all__ = [
     "ENVOY_ALIASES",
     "AttributesCheck",
     "Check",
+    "Checker",
     "DescriptorsCheck",
-    "check_attributes",
-    "decide",
     "descriptor_attributes",
     "descriptors_check",
 ]
@@ -70,36 +68,53 @@ class DescriptorsCheck(msgspec.Struct, frozen=True):
 Check = AttributesCheck | DescriptorsCheck
 
 
-@overload
-async def decide(
-    service: Service, check: AttributesCheck, *, wait: bool = False
-) -> RulesVerdict: ...
-@overload
-async def decide(service: Service, check: Check, *, wait: bool = False) -> Verdict: ...
-async def decide(service: Service, check: Check, *, wait: bool = False) -> Verdict:
-    """What the service says to ``check``, counted. ``wait``: a delay rule's
-    wait is taken here (for a gateway, which cannot wait itself)."""
-    # the rules are asked through the service's method, not its engine: one
-    # place every attribute check passes, for a Service subclass to wrap
-    if isinstance(check, AttributesCheck):
-        outcome = await service.check_attributes(check.attributes, check.cost, wait=wait)
-        return RulesVerdict(outcome)
-    domain, descriptors = check.domain, check.descriptors
-    if domain == service.domain:
-        attributes = descriptor_attributes(domain, descriptors)
-        outcome = await service.check_attributes(attributes, check.cost)
-        return RulesVerdict(outcome, len(descriptors))
-    envoy = service.envoy
-    if envoy is None:  # no envoy files: every other domain is unknown, so OK
-        for _ in descriptors:
-            service.envoy_stats.domain_not_found(domain)
-        return EnvoyResult(True, None, [None] * len(descriptors))
-    try:
-        answer = await envoy.acheck(domain, descriptors, check.cost, check.overrides)
-    except ConfigurationError as exc:
-        raise InvalidRequest(str(exc)) from None
-    _count_envoy(service, answer)
-    return answer
+class Checker:
+    """Takes a typed `Check` and gives a `Verdict`, counted in ``counters``:
+    what both front ends call. ``rules``: the rules in force, read at each
+    check (a reload swaps them while the service answers)."""
+
+    def __init__(self, rules: RulesInForce, counters: Counters) -> None:
+        self.rules = rules
+        self.counters = counters
+        self._engine = rules.engine  # one engine for the service's life: reloads swap its rules
+
+    @overload
+    async def decide(self, check: AttributesCheck, *, wait: bool = False) -> RulesVerdict: ...
+    @overload
+    async def decide(self, check: Check, *, wait: bool = False) -> Verdict: ...
+    async def decide(self, check: Check, *, wait: bool = False) -> Verdict:
+        """What the service says to ``check``, counted. ``wait``: a delay rule's
+        wait is taken here (for a gateway, which cannot wait itself)."""
+        if type(check) is AttributesCheck:
+            outcome = await self.check_attributes(check.attributes, check.cost, wait=wait)
+            return RulesVerdict(outcome)
+        assert isinstance(check, DescriptorsCheck)
+        rules = self.rules
+        domain, descriptors = check.domain, check.descriptors
+        if domain == rules.domain:
+            attributes = descriptor_attributes(domain, descriptors)
+            outcome = await self.check_attributes(attributes, check.cost)
+            return RulesVerdict(outcome, len(descriptors))
+        envoy = rules.envoy
+        if envoy is None:  # no envoy files: every other domain is unknown, so OK
+            self.counters.unknown_domain(domain, len(descriptors))
+            return EnvoyResult(True, None, [None] * len(descriptors))
+        try:
+            answer = await envoy.acheck(domain, descriptors, check.cost, check.overrides)
+        except ConfigurationError as exc:
+            raise InvalidRequest(str(exc)) from None
+        self.counters.envoy(answer)
+        return answer
+
+    async def check_attributes(
+        self, attributes: Mapping[str, object], cost: int = 1, *, wait: bool = False
+    ) -> Outcome:
+        """The YAML rules' answer to ``attributes``, counted: one engine call."""
+        engine = self._engine
+        outcome = await engine.acheck(attributes, cost=cost, wait=wait)
+        if outcome.limits:
+            self.counters.rules(outcome, engine.ruleset)
+        return outcome
 
 
 def descriptors_check(
@@ -132,52 +147,3 @@ def descriptor_attributes(
         for key, value in entries:
             attributes[ENVOY_ALIASES.get(key, key)] = value
     return attributes
-
-
-async def check_attributes(
-    service: Service, attributes: Mapping[str, object], cost: int = 1, *, wait: bool = False
-) -> Outcome:
-    """The YAML rules' answer to ``attributes``, counted: one engine call."""
-    outcome = await service.engine.acheck(attributes, cost=cost, wait=wait)
-    _count_rules(service, outcome)
-    return outcome
-
-
-def _count_rules(service: Service, outcome: Outcome) -> None:
-    if not outcome.limits:
-        return
-    rules = list(dict.fromkeys(a.rule.name for a in outcome.limits))
-    decision = outcome.decision
-    by_limit = service.engine.ruleset.by_limit_name
-    closest = None
-    if decision is not None and decision.rule is not None:
-        rule = by_limit.get(decision.rule)
-        closest = None if rule is None else rule.name
-    denied = None
-    if not outcome.allowed:
-        denied = outcome.rule.name if outcome.rule is not None else closest
-    shadow = outcome.shadow
-    shadow_denied = None
-    if shadow is not None and not shadow.allowed and shadow.rule is not None:
-        rule = by_limit.get(shadow.rule)
-        shadow_denied = shadow.rule if rule is None else rule.name
-    service.metrics.count(rules, decision, denied, closest, shadow_denied)
-    if outcome.degrade and outcome.rule is not None:
-        service.metrics.degraded(outcome.rule.name)
-    service.dashboard.requests += 1
-    if denied is not None or shadow_denied is not None:
-        service.dashboard.limited(outcome, denied, shadow_denied)
-
-
-def _count_envoy(service: Service, answer: EnvoyResult) -> None:
-    rules = [limit.path for limit in answer.limits if limit is not None]
-    decision = answer.decision
-    denied = decision.rule if decision is not None and not answer.overall_ok else None
-    closest = decision.rule if decision is not None else None
-    shadow = answer.shadow
-    shadow_denied = shadow.rule if shadow is not None and not shadow.allowed else None
-    service.metrics.count(rules, decision, denied, closest, shadow_denied)
-    if rules:
-        service.dashboard.requests += 1
-        if denied is not None or shadow_denied is not None:
-            service.dashboard.limited_envoy(answer, denied, shadow_denied)

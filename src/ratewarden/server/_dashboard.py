@@ -42,8 +42,10 @@ from ._readiness import store_problem
 from ._request import HTTPError
 
 if TYPE_CHECKING:
-    from ._dashstats import Point
-    from ._service import Service
+    from ._dashstats import DashboardStats, Point
+    from ._quota_reader import QuotaReader
+    from ._readiness import StoreHealth
+    from ._rules_in_force import RulesInForce
 
 __all__ = ["MAX_OVERRIDES", "MAX_STREAMS", "Dashboard"]
 
@@ -100,11 +102,16 @@ class Dashboard:
         (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no"),
         (b"x-content-type-options", b"nosniff")]  # fmt: skip
 
-    def __init__(self, service: Service, *, max_streams: int = MAX_STREAMS) -> None:
+    def __init__(
+        self, stats: DashboardStats, rules: RulesInForce, health: StoreHealth,
+        quotas: QuotaReader | None, *, max_streams: int = MAX_STREAMS,
+    ) -> None:  # fmt: skip
         if type(max_streams) is not int or max_streams < 1:
             raise ValueError(f"max_streams must be an integer >= 1, got {max_streams!r}")
-        self.service = service
-        self.stats = service.dashboard
+        self.stats = stats
+        self.rules = rules
+        self.health = health
+        self.quotas = quotas
         self.max_streams = max_streams
         self.streams = 0
         self._assets = _read_assets()
@@ -128,7 +135,7 @@ class Dashboard:
     async def stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer ``GET /v1/events``. Raises `HTTPError` only before the answer
         has started (503: draining, or as many streams as allowed are open)."""
-        if self.service.draining:
+        if self.health.draining:
             raise HTTPError(503, "the service is draining", [(b"retry-after", b"5")])
         if self.streams >= self.max_streams:
             raise HTTPError(503, f"{self.max_streams} dashboards are open, as many as this "
@@ -168,7 +175,7 @@ class Dashboard:
     def _going_on(self, gone: asyncio.Future[None]) -> bool:
         """Whether a stream has more to send: its client is there, the service
         is not draining, and the publisher runs."""
-        return not gone.done() and not self.service.draining and bool(self._shared)
+        return not gone.done() and not self.health.draining and bool(self._shared)
 
     def _series(self, sent: Point | None) -> bytes:
         """The samples after ``sent`` (all of them if it is gone from the history).
@@ -216,9 +223,9 @@ class Dashboard:
 
     async def snapshot(self) -> dict[str, Any]:
         """The parts of an event every stream shares (the rules aside)."""
-        service = self.service
+        store = self.health.store
         health, quotas, overrides = await asyncio.gather(
-            _within(store_problem(service.store), "the store's health"),
+            _within(store_problem(store), "the store's health"),
             _within(self._quotas(), "the fleet quotas"),
             _within(self._overrides(), "the overrides"),
         )
@@ -229,19 +236,20 @@ class Dashboard:
             "interval": self.stats.interval,
             "top": {"keys": top.top(MAX_TOP), "window": top.window, "denials": top.counted},
             "store": {
-                "type": type(service.store).__name__,
+                "type": type(store).__name__,
                 "ok": health is None,
                 "problem": health["error"] if isinstance(health, dict) else health,
             },
             "quotas": quotas,
             "overrides": overrides,
-            "draining": service.draining,
+            "draining": self.health.draining,
         }
 
     def _rules_part(self) -> None:
-        service = self.service
-        ruleset = service.engine.ruleset
-        made_from = (ruleset, service.envoy, self.stats.reloaded)
+        rules_in_force = self.rules
+        ruleset = rules_in_force.engine.ruleset
+        envoy = rules_in_force.envoy
+        made_from = (ruleset, envoy, self.stats.reloaded)
         if self._rules[0] == made_from:
             return
         reloaded = self.stats.reloaded
@@ -260,10 +268,10 @@ class Dashboard:
         ]
         part = {
             "source": ruleset.source,
-            "domain": service.domain,
+            "domain": rules_in_force.domain,
             "count": len(ruleset.rules),
             "rules": rules,
-            "envoy_domains": [] if service.envoy is None else sorted(service.envoy.domains),
+            "envoy_domains": [] if envoy is None else sorted(envoy.domains),
             "loaded_at": self.stats.loaded_at,
             "reload": None if reloaded is None else {
                 "at": reloaded[0], "ok": reloaded[1] is None, "error": reloaded[1]},
@@ -271,7 +279,7 @@ class Dashboard:
         self._rules = (made_from, _encode(part))
 
     async def _quotas(self) -> dict[str, Any] | None:
-        reader = self.service.quotas
+        reader = self.quotas
         if reader is None:
             return None  # the memory store: no fleet quotas
         statuses, truncated = await reader.read(MAX_QUOTAS)
@@ -284,7 +292,7 @@ class Dashboard:
         return {"quotas": shown, "truncated": truncated}
 
     async def _overrides(self) -> dict[str, Any]:
-        answer: dict[str, Any] = msgspec.to_builtins(await override_list(self.service))
+        answer: dict[str, Any] = msgspec.to_builtins(await override_list(self.rules.engine))
         overrides = answer.get("overrides", [])
         answer["overrides"] = overrides[:MAX_OVERRIDES]
         answer["more"] = max(len(overrides) - MAX_OVERRIDES, 0)

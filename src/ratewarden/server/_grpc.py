@@ -14,10 +14,10 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from .._errors import ConfigurationError
+from ._addresses import parse_address
 from ._connection_limits import ConnectionLimits, ServerLimits
 from ._protos import messages, protos
 from ._rls import METHOD, SERVICE_NAME, RateLimitService
-from ._serve import parse_address
 from ._service import Service
 from .h2 import Call, GrpcError, H2Server, Metadata, Method, Status
 
@@ -170,7 +170,7 @@ class GrpcServer:
         # port must fail, not take half the calls with counters of its own
         self.reuse_port = reuse_port
         self.health = _Health()
-        rls = RateLimitService(service)
+        rls = RateLimitService(service.checker, service.metrics)
         # v1 is answered too, but not listed: its descriptors would be v1alpha's
         reflection = _Reflection([SERVICE_NAME, HEALTH, REFLECTION])
         methods = {

@@ -20,9 +20,10 @@ from dataclasses import replace
 from typing import Any
 
 from .._errors import ConfigurationError
+from ._addresses import bind
 from ._connection_limits import ConnectionLimits
 from ._logging import setup_logging
-from ._serve import DEFAULT_LIMITS, ServeOptions, bind, check_options, serve
+from ._serve import DEFAULT_LIMITS, ServeOptions, check_options, serve
 
 __all__ = ["SPARE_DESCRIPTORS", "fit_descriptors", "run"]
 

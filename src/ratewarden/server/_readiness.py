@@ -46,7 +46,8 @@ class StoreHealth:
     each change: an error when it stops answering (and at `start`, when it does
     not answer then), naming ``where`` (the store's URL) and the failure
     policies that answer the checks meanwhile (``policies()``); a warning when
-    it answers again. ``problem`` is the last thing seen (None: it answers)."""
+    it answers again. ``problem`` is the last thing seen (None: it answers).
+    ``draining``: the service is stopping, and says so to health checks."""
 
     def __init__(
         self, store: AsyncStore, where: str, policies: Callable[[], str], interval: float = 1.0
@@ -56,6 +57,7 @@ class StoreHealth:
         self.policies = policies
         self.interval = interval
         self.problem: str | None = None
+        self.draining = False
 
     async def start(self) -> None:
         problem = await store_problem(self.store)

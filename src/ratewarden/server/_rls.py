@@ -15,10 +15,10 @@ from google.protobuf.message import DecodeError
 from .._errors import StoreError
 from ..envoy import OVERRIDE_UNITS, EnvoyResult, Override
 from ..envoy.service import dynamic_metadata
-from ._checks import DescriptorsCheck, decide, descriptors_check
+from ._checks import Checker, DescriptorsCheck, descriptors_check
+from ._metrics import Metrics
 from ._protos import messages
 from ._refusals import InvalidRequest
-from ._service import Service
 from ._shapes import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES
 from ._verdict import Verdict, allowed, answer_headers, descriptor_statuses
 from .h2 import GrpcError, Metadata, Status
@@ -35,14 +35,16 @@ _UINT32 = 2**32 - 1
 
 
 class RateLimitService:
-    """ShouldRateLimit, answered by one `Service`."""
+    """ShouldRateLimit, answered by ``checker`` and timed in ``metrics``."""
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, checker: Checker, metrics: Metrics) -> None:
+        self._decide = checker.decide
+        self._rules = checker.rules  # the domain and the envoy options
+        self._metrics = metrics
         m = messages()
         self.Request = m["RateLimitRequest"]
         self.Response = m["RateLimitResponse"]
-        self._observe = service.metrics.observe
+        self._observe = metrics.observe
 
     async def should_rate_limit(self, payload: bytes, metadata: Metadata) -> bytes:
         started = time.perf_counter()
@@ -52,14 +54,14 @@ class RateLimitService:
             raise GrpcError(Status.INVALID_ARGUMENT, f"not a RateLimitRequest: {exc}") from None
         check = self._check_of(request)
         try:
-            verdict = await decide(self.service, check)
+            verdict = await self._decide(check)
         except InvalidRequest as exc:
             raise GrpcError(Status.INVALID_ARGUMENT, str(exc)) from None
         except StoreError as exc:  # a limit whose failure policy is "raise"
-            self.service.metrics.store_errors.inc()
+            self._metrics.store_errors.inc()
             raise GrpcError(Status.UNAVAILABLE, str(exc)) from None
         response = self._response(verdict)
-        if isinstance(verdict, EnvoyResult) and self.service.envoy_options.dynamic_metadata:
+        if isinstance(verdict, EnvoyResult) and self._rules.envoy_options.dynamic_metadata:
             each = [d.hits_addend.value if d.HasField("hits_addend") else None
                     for d in request.descriptors]  # fmt: skip
             shown = dynamic_metadata(check.domain, check.descriptors, check.overrides, verdict,
@@ -84,7 +86,8 @@ class RateLimitService:
             )
         entries = [[(e.key, e.value) for e in d.entries] for d in descriptors]
         # the YAML rules have no per-request limits: an override is for envoy domains
-        overrides = None if request.domain == self.service.domain else _overrides(descriptors)
+        rules_domain = self._rules.domain
+        overrides = None if request.domain == rules_domain else _overrides(descriptors)
         cost = request.hits_addend or 1
         addends = {d.hits_addend.value for d in descriptors if d.HasField("hits_addend")}
         if len(addends) > 1:
@@ -98,7 +101,7 @@ class RateLimitService:
             raise GrpcError(Status.INVALID_ARGUMENT, f"hits_addend above {MAX_COST}")
         try:
             return descriptors_check(request.domain, entries, cost, overrides,
-                                     rules_domain=self.service.domain)  # fmt: skip
+                                     rules_domain=rules_domain)  # fmt: skip
         except InvalidRequest as exc:
             raise GrpcError(Status.INVALID_ARGUMENT, str(exc)) from None
 

@@ -18,20 +18,23 @@ import socket
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
 from ..envoy import EnvoyOptions, apply_environment, envoy_options
 from ..envoy import add_arguments as envoy_arguments
 from ..rules import RuleFile, RuleSet
 from ..stores import AsyncMemoryStore, AsyncStore
+from ._addresses import LOOPBACK, bind, listen_address, parse_address
 from ._connection_limits import ConnectionLimits, ServerLimits
+
+if TYPE_CHECKING:  # the server extra's: imported when serving, not when parsing flags
+    from ._rules_in_force import RulesInForce
 
 __all__ = ["ServeOptions", "add_arguments", "options_from", "serve"]
 
 log = logging.getLogger("ratewarden.server")
 
-LOOPBACK = "127.0.0.1"  # where the listeners are by default, and a bare port
 DEFAULT_HTTP = f"{LOOPBACK}:8080"
 DEFAULT_GRPC = f"{LOOPBACK}:8081"
 DEFAULT_LIMITS = ConnectionLimits()
@@ -264,30 +267,6 @@ def check_store_url(url: str) -> None:
         raise ConfigurationError(f"--store takes 'memory' or a Redis URL, got {url!r}")
 
 
-def listen_address(text: str, what: str) -> str | None:
-    """An address option as given, a bare port on the loopback host of the
-    defaults (``18481`` is ``127.0.0.1:18481``), or None for ``off``."""
-    if text == "off":
-        return None
-    address = f"{LOOPBACK}:{text}" if text.isascii() and text.isdigit() else text
-    try:
-        parse_address(address, what)
-    except ConfigurationError:
-        parse_address(text, what)  # the error names what was given
-        raise
-    return address
-
-
-def parse_address(text: str, what: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8081`` for IPv6); an empty host listens everywhere."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
-        raise ConfigurationError(
-            f"{what} takes HOST:PORT, a PORT ({LOOPBACK}:PORT) or 'off', got {text!r}"
-        )
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def check_options(options: ServeOptions) -> None:
     if options.http is None and options.grpc is None:
         raise ConfigurationError("--http off and --grpc off: nothing to serve")
@@ -318,21 +297,6 @@ def check_options(options: ServeOptions) -> None:
     for address, what in ((options.http, "--http"), (options.grpc, "--grpc")):
         if address is not None:
             parse_address(address, what)
-
-
-def bind(address: str) -> socket.socket:
-    host, port = parse_address(address, "--http")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigurationError(f"cannot listen on {address}: {exc.strerror}") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 class _Servers:
@@ -374,10 +338,10 @@ class _Servers:
             host, port = self.http_socket.getsockname()[:2]
             self.where.insert(0, f"HTTP on http://{host}:{port}")
 
-    async def run_until(self, stop: asyncio.Event, service: Any) -> None:
+    async def run_until(self, stop: asyncio.Event, health: Any) -> None:
         await stop.wait()
         log.info("draining: up to %gs for requests in flight", self.options.drain)
-        service.draining = True  # /healthz and /readyz say 503 from now on
+        health.draining = True  # /healthz and /readyz say 503 from now on
         stopping: list[Any] = []
         if self.grpc is not None:
             stopping.append(self.grpc.stop(self.options.drain))
@@ -425,16 +389,16 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, _reload_soon, service)
+        loop.add_signal_handler(signal.SIGHUP, _reload_soon, service.rules)
         watching = [loop.create_task(watcher.run()) for watcher in watchers]
         watching.append(loop.create_task(service.health.run()))
         memory = " (memory: counters live in this process only)" if (
             options.store == "memory") else ""  # fmt: skip
-        rules = _rules_said(options, service)
+        rules = _rules_said(options, service.rules)
         print(f"ratewarden {os.getpid()}: {', '.join(servers.where)}; {rules}; "
               f"store {_redact(options.store)}{memory}", flush=True)  # fmt: skip
         log.info("serving: %s", ", ".join(servers.where))
-        await servers.run_until(stop, service)
+        await servers.run_until(stop, service.health)
         log.info("stopped")
     finally:
         for task in watching:
@@ -443,10 +407,10 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         await service.aclose()
 
 
-def _reload_soon(service: Any) -> None:
+def _reload_soon(rules: RulesInForce) -> None:
     async def go() -> None:
         try:
-            await service.reload()
+            await rules.reload()
         except ConfigurationError as exc:  # the old rules stay; say why, as /v1/reload does
             log.error("SIGHUP: rules not reloaded, the previous rules stay in force: %s", exc)
 
@@ -458,18 +422,19 @@ def _reload_soon(service: Any) -> None:
 _background: set[asyncio.Task[None]] = set()
 
 
-def _rules_said(options: ServeOptions, service: Any) -> str:
+def _rules_said(options: ServeOptions, rules: RulesInForce) -> str:
     """Which rules the banner says are in force: none, the file, or the demo's,
     and the envoy domains the --envoy-config files gave."""
-    count = len(service.engine.ruleset)
+    count = len(rules.engine.ruleset)
     if options.config is None:
         said = "rules: none (give --config FILE, or --demo for the example rules)"
     elif options.demo:
-        said = f"rules: the demo's, {count} on domain {service.domain} ({options.config})"
+        said = f"rules: the demo's, {count} on domain {rules.domain} ({options.config})"
     else:
-        said = f"rules: {options.config}, {count} on domain {service.domain}"
+        said = f"rules: {options.config}, {count} on domain {rules.domain}"
     if options.envoy_config:
-        domains = [] if service.envoy is None else sorted(service.envoy.domains)
+        envoy = rules.envoy
+        domains = [] if envoy is None else sorted(envoy.domains)
         said += f"; envoy domains: {', '.join(domains) or 'none'}"
     return said
 

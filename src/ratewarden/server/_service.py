@@ -1,34 +1,40 @@
-"""`Service`: what both front ends (HTTP and gRPC) serve, wired together: the
-rule engine on the store, the envoy configuration and its statistics, the
-metrics, the dashboard's figures and, with Redis, the fleet quota reader.
+"""`Service`: what both front ends (HTTP and gRPC) serve, put together from
+parts, each given only what it needs:
 
-The service holds these parts and no request logic: the checks are
-`_checks`'s, reloading `_reload`'s, the admin operations `_admin`'s and
-`_admin_api`'s. Its methods are the ways in that callers outside the front
-ends use (tests, an embedding, the file watchers, SIGHUP).
+- `RulesInForce`: the rule engine on the store, the envoy configuration, the
+  rules' domain, and reloading them;
+- `Counters`: the metrics, the dashboard's figures and envoy's statistics;
+- `Checker`: a typed check in, a counted verdict out (the front ends' part);
+- `StoreHealth`: whether the store answers, and whether the service drains;
+- with Redis, a `QuotaReader` of the fleet quotas in it.
+
+The service holds the parts and no request logic. Its methods are the ways in
+for callers outside the front ends (tests, an embedding, the file watchers,
+SIGHUP); the front ends take the parts they use from it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigurationError, StoreError
-from ..envoy import EnvoyOptions, EnvoyStats, Override
+from .._errors import StoreError
+from ..envoy import AsyncEnvoyConfig, EnvoyOptions, EnvoyStats, Override
 from ..rules import AsyncRuleEngine, RuleSet
 from ..stores import AsyncStore
-from . import _admin, _checks, _reload
 from ._check_json import check_of, check_result
+from ._checks import Checker, descriptors_check
+from ._counters import Counters
 from ._dashstats import DashboardStats
 from ._metrics import Metrics
 from ._readiness import StoreHealth, policies_said
+from ._rules_in_force import RulesInForce
 
 if TYPE_CHECKING:
     from ..envoy import EnvoyWatcher
+    from ..rules import Outcome
     from ._quota_reader import QuotaReader
     from ._shapes import CheckRequest, CheckResult
 
@@ -59,26 +65,20 @@ class Service:
         envoy_options: EnvoyOptions | None = None,
         store_url: str | None = None,
     ) -> None:
+        options = EnvoyOptions() if envoy_options is None else envoy_options
         self.store = store
-        self.engine = AsyncRuleEngine(rules, store)
-        self.reloading = asyncio.Lock()  # one reload at a time, whoever asks (see _reload)
-        self.envoy_files = tuple(Path(p) for p in envoy_files)
-        self.envoy_options = EnvoyOptions() if envoy_options is None else envoy_options
         # one set of counters for the process: a reload keeps them counting
-        self.envoy_stats = EnvoyStats(near_limit_ratio=self.envoy_options.near_limit_ratio)
-        self.envoy = _reload.load_envoy(self)
-        if self.envoy is not None and domain in self.envoy.domains:
-            raise ConfigurationError(
-                f"domain {domain!r} is both the rules' domain and in an envoy config file;"
-                " pick another --domain"
-            )
-        self.domain = domain
-        self.metrics = Metrics(quota_members=quota_member_metrics, envoy=self.envoy_stats)
-        self.metrics.rules.set(len(self.engine.ruleset))
-        self.metrics.adaptive.limits = self.engine.effective_limits
-        self.metrics.adaptive.signals = self.engine.signals.values
-        self.dashboard = DashboardStats.for_metrics(self.metrics)
-        self.draining = False
+        self.counters = Counters(
+            near_limit_ratio=options.near_limit_ratio, quota_members=quota_member_metrics
+        )
+        self.rules = RulesInForce(
+            rules, store, self.counters, envoy_files=envoy_files, envoy_options=options,
+            domain=domain,
+        )  # fmt: skip
+        self.checker = Checker(self.rules, self.counters)
+        engine = self.rules.engine
+        self.counters.metrics.adaptive.limits = engine.effective_limits
+        self.counters.metrics.adaptive.signals = engine.signals.values
         self.quotas: QuotaReader | None = None
         client = getattr(store, "client", None)  # a Redis store's (the memory store has none)
         if client is not None:
@@ -88,16 +88,56 @@ class Service:
         # logs the store not answering at start, and each change after (see `start`)
         self.health = StoreHealth(store, store_url or repr(store), self._policies)
 
+    # -- the parts' figures, by the names callers know ------------------------------
+
+    @property
+    def engine(self) -> AsyncRuleEngine:
+        return self.rules.engine
+
+    @property
+    def envoy(self) -> AsyncEnvoyConfig | None:
+        return self.rules.envoy
+
+    @property
+    def domain(self) -> str:
+        return self.rules.domain
+
+    @property
+    def envoy_options(self) -> EnvoyOptions:
+        return self.rules.envoy_options
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.counters.metrics
+
+    @property
+    def dashboard(self) -> DashboardStats:
+        return self.counters.dashboard
+
+    @property
+    def envoy_stats(self) -> EnvoyStats:
+        return self.counters.envoy_stats
+
+    @property
+    def draining(self) -> bool:
+        """Whether the service drains: /healthz and /readyz say 503."""
+        return self.health.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.health.draining = value
+
     # -- checks, for callers that are not a front end -----------------------------
 
     async def check(self, request: CheckRequest, *, wait: bool = False) -> CheckResult:
         """One check of the HTTP API's shape, answered in it."""
-        return check_result(await _checks.decide(self, check_of(request), wait=wait))
+        return check_result(await self.checker.decide(check_of(request), wait=wait))
 
-    # Every attribute check, from either front end, passes through this method,
-    # so that a subclass may wrap them all; it is the checks' own function, so
-    # that a check pays no call of the service's for it.
-    check_attributes = _checks.check_attributes
+    async def check_attributes(
+        self, attributes: Any, cost: int = 1, *, wait: bool = False
+    ) -> Outcome:
+        """The YAML rules' answer to ``attributes``, counted."""
+        return await self.checker.check_attributes(attributes, cost, wait=wait)
 
     async def check_descriptors(
         self,
@@ -107,37 +147,39 @@ class Service:
         overrides: Sequence[Override | None] | None = None,
     ) -> CheckResult:
         """Envoy's descriptors checked, answered as the HTTP API answers them."""
-        check = _checks.descriptors_check(
-            domain, descriptors, cost, overrides, rules_domain=self.domain
-        )
-        return check_result(await _checks.decide(self, check))
+        check = descriptors_check(domain, descriptors, cost, overrides, rules_domain=self.domain)
+        return check_result(await self.checker.decide(check))
 
     # -- configuration ------------------------------------------------------------
 
     async def reload(self) -> dict[str, Any]:
         """Load the rule file (and envoy files) again; a bad file raises
         `ConfigurationError` and leaves everything in force as it was."""
-        return await _reload.reload(self)
+        return await self.rules.reload()
 
     async def reload_envoy(self) -> None:
         """Load the envoy files again (not the rules); a bad file raises
         `ConfigurationError` and the configuration in force stays."""
-        await _reload.reload_envoy(self)
+        await self.rules.reload_envoy()
 
     async def reload_rules(self) -> dict[str, Any]:
         """Load the rule file again (not the envoy files); a bad file raises
         `ConfigurationError` and the rules in force stay."""
-        return await _reload.reload_rules(self)
+        return await self.rules.reload_rules()
 
     def envoy_watcher(self, interval: float) -> EnvoyWatcher:
         """A watcher reloading the envoy files when they change (`EnvoyWatcher`)."""
         from ..envoy import EnvoyWatcher  # noqa: PLC0415 - only ratewarden serve polls
 
-        return EnvoyWatcher(self, interval)
+        return EnvoyWatcher(self.rules, interval)
 
     def describe(self) -> dict[str, Any]:
         """The rules in force, as ``GET /v1/rules`` shows them."""
-        return _admin.describe(self)
+        return self.rules.describe()
+
+    async def reset(self, key: str, rule: str | None = None) -> int:
+        """Forget ``key`` in every limit in force (of ``rule``, if named)."""
+        return await self.rules.reset(key, rule)
 
     # -- the lifetime -------------------------------------------------------------
 
