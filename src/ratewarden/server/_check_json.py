@@ -12,9 +12,8 @@ from ..envoy import EnvoyResult
 from ..rules import Outcome
 from ._checks import AttributesCheck, Check, DescriptorsCheck
 from ._refusals import InvalidRequest, Unprocessable
-from ._shapes import AttributeValue, CheckRequest, CheckResult, Descriptor, DescriptorStatus, Shadow
+from ._shapes import AttributeValue, CheckRequest, CheckResult, Descriptor, Shadow
 from ._verdict import (
-    LimitStatus,
     RulesVerdict,
     Verdict,
     answer_headers,
@@ -96,7 +95,7 @@ def check_result(verdict: Verdict) -> CheckResult:
     result = outcome_result(verdict.outcome)
     statuses = descriptor_statuses(verdict)
     if statuses is not None:
-        result.statuses = _statuses(statuses)
+        result.statuses = statuses
     return result
 
 
@@ -130,7 +129,7 @@ def envoy_result(result: EnvoyResult) -> CheckResult:
         None if allowed or decision is None else decision.rule, limit, remaining, reset,
         retry, 0.0, decision is not None and decision.degraded, answer_headers(result),
         None if shadow is None else Shadow(shadow.allowed, shadow.rule),
-        _statuses(descriptor_statuses(result) or []),
+        descriptor_statuses(result) or [],
     )  # fmt: skip
 
 
@@ -138,11 +137,3 @@ def _counts(decision: Decision | None) -> tuple[int | None, int | None, float | 
     if decision is None or decision.degraded:
         return None, None, None
     return decision.limit, max(decision.remaining, 0), finite(decision.reset_after)
-
-
-def _statuses(statuses: list[LimitStatus]) -> list[DescriptorStatus]:
-    return [
-        DescriptorStatus("OVER_LIMIT" if s.over else "OK", s.name, s.per_unit, s.unit_seconds,
-                         s.remaining, s.reset_after)
-        for s in statuses
-    ]  # fmt: skip

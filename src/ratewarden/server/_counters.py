@@ -30,7 +30,11 @@ class Counters:
         """A check the YAML rules of ``ruleset`` answered with ``outcome``."""
         if not outcome.limits:
             return
-        rules = list(dict.fromkeys(a.rule.name for a in outcome.limits))
+        rules: list[str] = []
+        for applicable in outcome.limits:  # a loop: a generator costs a call a limit
+            name = applicable.rule.name
+            if name not in rules:
+                rules.append(name)
         decision = outcome.decision
         by_limit = ruleset.by_limit_name
         closest = None

@@ -15,23 +15,22 @@ from google.protobuf.message import DecodeError
 from .._errors import StoreError
 from ..envoy import OVERRIDE_UNITS, EnvoyResult, Override
 from ..envoy.service import dynamic_metadata
-from ._checks import Checker, DescriptorsCheck, descriptors_check
+from ._checks import Checker, DescriptorsCheck
 from ._metrics import Metrics
 from ._protos import messages
 from ._refusals import InvalidRequest
+from ._rls_wire import OK, OVER_LIMIT, UINT32, UNITS, response_bytes
 from ._shapes import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES
 from ._verdict import Verdict, allowed, answer_headers, descriptor_statuses
 from .h2 import GrpcError, Metadata, Status
 
 __all__ = ["METHOD", "SERVICE_NAME", "RateLimitService"]
 
+_EMPTY = "every descriptor needs at least one entry"
+_TOO_MANY = f"at most {MAX_DESCRIPTORS} descriptors of at most {MAX_ENTRIES} entries each"
+
 SERVICE_NAME = "envoy.service.ratelimit.v3.RateLimitService"
 METHOD = f"/{SERVICE_NAME}/ShouldRateLimit"
-
-# envoy's RateLimit.Unit for a period in seconds (a period that is none of them: 0)
-_UNITS = {1: 1, 60: 2, 3600: 3, 86400: 4, 30 * 86400: 5, 365 * 86400: 6, 7 * 86400: 7}
-_OK, _OVER_LIMIT = 1, 2  # RateLimitResponse.Code
-_UINT32 = 2**32 - 1
 
 
 class RateLimitService:
@@ -60,14 +59,17 @@ class RateLimitService:
         except StoreError as exc:  # a limit whose failure policy is "raise"
             self._metrics.store_errors.inc()
             raise GrpcError(Status.UNAVAILABLE, str(exc)) from None
-        response = self._response(verdict)
         if isinstance(verdict, EnvoyResult) and self._rules.envoy_options.dynamic_metadata:
+            response = self._response(verdict)
             each = [d.hits_addend.value if d.HasField("hits_addend") else None
                     for d in request.descriptors]  # fmt: skip
             shown = dynamic_metadata(check.domain, check.descriptors, check.overrides, verdict,
                                      addends=each, hits_addend=request.hits_addend)  # fmt: skip
             response.dynamic_metadata.update(shown)
-        reply: bytes = response.SerializeToString()
+            reply: bytes = response.SerializeToString()
+        else:
+            statuses = descriptor_statuses(verdict) or ()
+            reply = response_bytes(allowed(verdict), statuses, answer_headers(verdict).items())
         self._observe("grpc", time.perf_counter() - started)
         return reply
 
@@ -76,48 +78,56 @@ class RateLimitService:
         for anything about it that is wrong."""
         if not request.domain:
             raise GrpcError(Status.INVALID_ARGUMENT, "the request needs a domain")
+        domain = request.domain
         descriptors = request.descriptors
-        if len(descriptors) > MAX_DESCRIPTORS or any(
-            len(d.entries) > MAX_ENTRIES for d in descriptors
+        if (
+            len(descriptors) > MAX_DESCRIPTORS
         ):  # the HTTP API's bounds: a request's work stays small
-            raise GrpcError(
-                Status.INVALID_ARGUMENT,
-                f"at most {MAX_DESCRIPTORS} descriptors of at most {MAX_ENTRIES} entries each",
-            )
-        entries = [[(e.key, e.value) for e in d.entries] for d in descriptors]
+            raise GrpcError(Status.INVALID_ARGUMENT, _TOO_MANY)
+        if not descriptors:
+            raise GrpcError(Status.INVALID_ARGUMENT, "a check needs at least one descriptor")
         # the YAML rules have no per-request limits: an override is for envoy domains
         rules_domain = self._rules.domain
-        overrides = None if request.domain == rules_domain else _overrides(descriptors)
-        cost = request.hits_addend or 1
-        addends = {d.hits_addend.value for d in descriptors if d.HasField("hits_addend")}
-        if len(addends) > 1:
-            raise GrpcError(
-                Status.INVALID_ARGUMENT,
-                "descriptors with different hits_addend: ratewarden counts a request once",
-            )
-        if addends:
-            cost = addends.pop() or 1
+        ours = domain == rules_domain
+        # one pass over the descriptors: read, bounded, and each one's hits_addend
+        entries = []
+        addend = None
+        for d in descriptors:
+            pairs = [(e.key, e.value) for e in d.entries]
+            if len(pairs) > MAX_ENTRIES:
+                raise GrpcError(Status.INVALID_ARGUMENT, _TOO_MANY)
+            if ours and not pairs:  # an envoy domain's empty descriptor has no limit: OK
+                raise GrpcError(
+                    Status.INVALID_ARGUMENT, "every descriptor needs at least one entry"
+                )
+            entries.append(pairs)
+            if d.HasField("hits_addend"):
+                value = d.hits_addend.value
+                if addend is not None and value != addend:
+                    raise GrpcError(
+                        Status.INVALID_ARGUMENT,
+                        "descriptors with different hits_addend: ratewarden counts a request once",
+                    )
+                addend = value
+        cost = (request.hits_addend if addend is None else addend) or 1
         if cost > MAX_COST:
             raise GrpcError(Status.INVALID_ARGUMENT, f"hits_addend above {MAX_COST}")
-        try:
-            return descriptors_check(request.domain, entries, cost, overrides,
-                                     rules_domain=rules_domain)  # fmt: skip
-        except InvalidRequest as exc:
-            raise GrpcError(Status.INVALID_ARGUMENT, str(exc)) from None
+        overrides = None if ours else _overrides(descriptors)
+        return DescriptorsCheck(domain, entries, cost, overrides)
 
     def _response(self, verdict: Verdict) -> Any:
-        response = self.Response(overall_code=_OK if allowed(verdict) else _OVER_LIMIT)
+        response = self.Response(overall_code=OK if allowed(verdict) else OVER_LIMIT)
         for status in descriptor_statuses(verdict) or ():
-            out = response.statuses.add(code=_OVER_LIMIT if status.over else _OK)
-            if status.per_unit is not None:
-                out.current_limit.requests_per_unit = min(status.per_unit, _UINT32)
-                out.current_limit.unit = _UNITS.get(status.unit_seconds or 0, 0)
-                out.current_limit.name = status.name or ""
-                out.limit_remaining = min(status.remaining or 0, _UINT32)
+            out = response.statuses.add(code=OK if status.code == "OK" else OVER_LIMIT)
+            if status.requests_per_unit is not None:
+                out.current_limit.requests_per_unit = min(status.requests_per_unit, UINT32)
+                out.current_limit.unit = UNITS.get(status.unit_seconds or 0, 0)
+                out.current_limit.name = status.limit or ""
+                out.limit_remaining = min(status.remaining or 0, UINT32)
                 if status.reset_after is not None:
                     out.duration_until_reset.seconds = math.ceil(status.reset_after)
             elif status.remaining is not None:  # an unlimited limit
-                out.limit_remaining = min(status.remaining, _UINT32)
+                out.limit_remaining = min(status.remaining, UINT32)
         # Envoy adds these to the client's response, allowed or not
         for name, value in answer_headers(verdict).items():
             response.response_headers_to_add.add(key=name.lower(), value=value)

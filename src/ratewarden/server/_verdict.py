@@ -12,6 +12,7 @@ verdict and none goes through another's shape.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import msgspec
 
@@ -19,10 +20,10 @@ from .._decision import Decision
 from .._headers import rate_limit_headers
 from ..envoy import EnvoyLimit, EnvoyResult
 from ..rules import Outcome
+from ._shapes import DescriptorStatus
 
 __all__ = [
     "UNLIMITED_REMAINING",
-    "LimitStatus",
     "RulesVerdict",
     "Verdict",
     "allowed",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 UNLIMITED_REMAINING = 2**32 - 1  # what envoy's service says is left of an unlimited limit
+Code = Literal["OK", "OVER_LIMIT"]  # a DescriptorStatus's
 
 
 # msgspec structs, as the checks are: made for every request, and cheap to make
@@ -45,18 +47,6 @@ class RulesVerdict(msgspec.Struct, frozen=True):
 
 
 Verdict = RulesVerdict | EnvoyResult
-
-
-class LimitStatus(msgspec.Struct, frozen=True):
-    """One descriptor's answer, as envoy's DescriptorStatus: ``over`` its limit
-    or not; the limit's name and counts where they are known."""
-
-    over: bool
-    name: str | None = None
-    per_unit: int | None = None
-    unit_seconds: int | None = None
-    remaining: int | None = None
-    reset_after: float | None = None
 
 
 def finite(value: float) -> float | None:
@@ -87,7 +77,7 @@ def answer_headers(verdict: Verdict) -> dict[str, str]:
     return {} if decision is None else dict(rate_limit_headers(decision, ietf=False))
 
 
-def descriptor_statuses(verdict: Verdict) -> list[LimitStatus] | None:
+def descriptor_statuses(verdict: Verdict) -> list[DescriptorStatus] | None:
     """One status per descriptor asked about (None for attributes)."""
     if isinstance(verdict, RulesVerdict):
         if verdict.descriptors is None:
@@ -96,12 +86,12 @@ def descriptor_statuses(verdict: Verdict) -> list[LimitStatus] | None:
     return _envoy_statuses(verdict)
 
 
-def _rule_statuses(outcome: Outcome, count: int) -> list[LimitStatus]:
+def _rule_statuses(outcome: Outcome, count: int) -> list[DescriptorStatus]:
     """Descriptors the YAML rules decided were checked as one request: each
     carries that request's code, and the first its counts."""
     decision = outcome.decision
-    over = not outcome.allowed
-    out = [LimitStatus(over) for _ in range(count)]
+    code: Code = "OK" if outcome.allowed else "OVER_LIMIT"
+    out = [DescriptorStatus(code) for _ in range(count)]
     if out and decision is not None and not decision.degraded:
         rule = outcome.rule.name if outcome.rule is not None else decision.rule
         period = None
@@ -109,14 +99,14 @@ def _rule_statuses(outcome: Outcome, count: int) -> list[LimitStatus]:
             if applicable.limit.name == decision.rule:
                 period = applicable.limit.rate.period
                 break
-        out[0] = LimitStatus(
-            over, rule, decision.limit, None if period is None else math.ceil(period),
+        out[0] = DescriptorStatus(
+            code, rule, decision.limit, None if period is None else math.ceil(period),
             max(decision.remaining, 0), finite(decision.reset_after),
         )  # fmt: skip
     return out
 
 
-def _envoy_statuses(result: EnvoyResult) -> list[LimitStatus]:
+def _envoy_statuses(result: EnvoyResult) -> list[DescriptorStatus]:
     """As envoy's service gives them: each limit's own code and counts (a shadow
     limit's code is OK; an unlimited one's remaining is the largest uint32).
     Counting a request's limits at once gives only the Decision of the limit
@@ -124,13 +114,13 @@ def _envoy_statuses(result: EnvoyResult) -> list[LimitStatus]:
     decision = result.decision
     statuses = result.statuses
     spoken = False
-    out: list[LimitStatus] = []
+    out: list[DescriptorStatus] = []
     for i, limit in enumerate(result.limits):
         own = statuses[i] if statuses else None
         if limit is None:
-            out.append(LimitStatus(False))
+            out.append(DescriptorStatus("OK"))
         elif limit.unlimited:
-            out.append(LimitStatus(False, remaining=UNLIMITED_REMAINING))
+            out.append(DescriptorStatus("OK", remaining=UNLIMITED_REMAINING))
         elif own is not None:
             out.append(_status(limit, own))
         elif (
@@ -140,17 +130,17 @@ def _envoy_statuses(result: EnvoyResult) -> list[LimitStatus]:
             spoken = True
             out.append(_status(limit, decision))
         else:
-            out.append(LimitStatus(False))
+            out.append(DescriptorStatus("OK"))
     return out
 
 
-def _status(limit: EnvoyLimit, decision: Decision) -> LimitStatus:
-    over = not decision.allowed and not limit.shadow
+def _status(limit: EnvoyLimit, decision: Decision) -> DescriptorStatus:
+    code: Code = "OK" if decision.allowed or limit.shadow else "OVER_LIMIT"
     name = limit.name or limit.path
     if decision.degraded:
-        return LimitStatus(over, name)
+        return DescriptorStatus(code, name)
     per_unit = 0 if limit.blocked else decision.limit
-    return LimitStatus(
-        over, name, per_unit, limit.period, max(decision.remaining, 0),
+    return DescriptorStatus(
+        code, name, per_unit, limit.period, max(decision.remaining, 0),
         finite(decision.reset_after),
     )  # fmt: skip
