@@ -70,6 +70,7 @@ from ._override_stores import Snapshot
 from ._override_view import OverrideView
 from ._unidentified import IdentityRules, refusal
 from ._watcher import AsyncWatcher, Watcher
+from .overrides import UnknownRule
 
 __all__ = [
     "AsyncRuleEngine",
@@ -233,6 +234,23 @@ class _Core(Generic[L, S]):
     @property
     def ruleset(self) -> RuleSet:
         return self._bound.ruleset
+
+    def _limiters_of(self, rule: str | None) -> tuple[L, ...]:
+        """The limiters in force (of ``rule``, if named): an override's, an
+        adaptive limit's, a sharded or two-tier one's, as the checks count them."""
+        bound = self._bound  # read once: a reload in between cannot mix two rule sets
+        if rule is None:
+            return bound.limiters
+        ruleset = bound.ruleset
+        compiled = ruleset.by_name.get(rule)
+        if compiled is None:
+            raise UnknownRule(f"no rule named {rule!r} in the rules in force")
+        by_limit = ruleset.by_limit_name
+        return tuple(
+            limiter
+            for spec, limiter in zip(ruleset.limits, bound.limiters, strict=True)
+            if by_limit[spec.name] is compiled
+        )
 
     def reload(self) -> RuleSet:
         """Load the rule file again and put it in force; a file that fails to load
@@ -409,6 +427,16 @@ class RuleEngine(_Core[Limiter, Store], Overridable):
             return outcome
         return self._hold(outcome, attributes, cost, False)
 
+    def reset(self, key: str, rule: str | None = None) -> int:
+        """Forget ``key`` in every limit in force (of ``rule``, if named: else
+        `UnknownRule`), with the limiters the checks count in, so that an
+        override's limit, an adaptive limit, shards and two-tier counts forget
+        it too; how many limits."""
+        limiters = self._limiters_of(rule)
+        for limiter in limiters:
+            limiter.reset(key)
+        return len(limiters)
+
     def _hold(
         self, outcome: Outcome, attributes: Mapping[str, object], cost: int, identified: bool
     ) -> Outcome:
@@ -455,6 +483,13 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore], AsyncOverridable):
         if not wait or outcome.action not in _HELD:
             return outcome
         return await self._ahold(outcome, attributes, cost, False)
+
+    async def areset(self, key: str, rule: str | None = None) -> int:
+        """The twin of `RuleEngine.reset`."""
+        limiters = self._limiters_of(rule)
+        for limiter in limiters:
+            await limiter.reset(key)
+        return len(limiters)
 
     async def _ahold(
         self, outcome: Outcome, attributes: Mapping[str, object], cost: int, identified: bool

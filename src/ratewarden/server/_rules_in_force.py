@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError
-from .._limiter import AsyncLimiter
 from ..envoy import AsyncEnvoyConfig, EnvoyOptions, envoy_files
-from ..rules import AsyncRuleEngine, RuleSet, load
+from ..rules import AsyncRuleEngine, RuleSet, UnknownRule, load
 from ..stores import AsyncStore
 from ._counters import Counters
 from ._refusals import NotFound
@@ -178,22 +177,17 @@ class RulesInForce:
 
     async def reset(self, key: str, rule: str | None = None) -> int:
         """Forget ``key`` in every limit in force (of ``rule``: a YAML rule's
-        name or an envoy limit's path, if given); how many limits; `NotFound`
-        for a rule nobody names."""
+        name or an envoy limit's path, if given); how many limits. The engine's
+        own limiters forget it, so an override's limit, an adaptive one, shards
+        and a two-tier count forget it too; `NotFound` for a rule nobody names."""
         envoy = self.envoy
         paths = [] if envoy is None else [(lim.name or "", lim) for lim in envoy.limiters]
         count = 0
         if rule is None or rule in self.engine.ruleset.by_name:
-            ruleset = self.engine.ruleset
-            for spec in ruleset.limits:
-                if rule is not None and ruleset.by_limit_name[spec.name].name != rule:
-                    continue
-                limiter = AsyncLimiter(
-                    spec.rate, store=self.store, algorithm=spec.algorithm, burst=spec.burst,
-                    refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
-                )  # fmt: skip
-                await limiter.reset(key)
-                count += 1
+            try:
+                count = await self.engine.areset(key, rule)
+            except UnknownRule:  # a reload took it away meanwhile
+                raise NotFound(f"no rule named {rule!r}") from None
         elif all(rule != path for path, _ in paths):
             raise NotFound(f"no rule named {rule!r}")
         for path, limiter in paths:
