@@ -1,8 +1,4 @@
-"""The rule engine's side of adaptive limits (see `ratewarden._adaptive`): the
-`Adaptive` a rule's limit gets, reading a named signal of the engine, and the
-limit a request is shown (the effective one, in requests). No I/O.
-
-`RuleEngine` and `AsyncRuleEngine`: a `RuleSet` bound to a store, one
+"""`RuleEngine` and `AsyncRuleEngine`: a `RuleSet` bound to a store, one
 ``hit_many`` per request, and reloads that never leave a bad rule set in force.
 
 Everything but the store calls and the sleeping lives once in `_Core`: building
@@ -41,85 +37,38 @@ first (`ratewarden.rules._unidentified`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any, Generic, TypeVar
 
-from .._adaptive import UNITS, Adaptive, Load, LoadSignals
+from .._adaptive import Load, LoadSignals
 from .._decision import Decision
 from .._errors import ConfigurationError
 from .._flow import adrive, drive
 from .._hitmany import ahit_many, ahit_tiers, hit_many, hit_tiers
 from .._limiter import AsyncLimiter, Limiter
-from .._rate import Rate
 from .._waiting import AsyncTurns, Turns
 from ..stores import AsyncStore, Store
 from . import _actions as act
 from ._actions import Outcome, ShadowLog
 from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
-from ._engine_overrides import AsyncOverridable, Overridable
+from ._engine_overrides import AsyncOverrides, Overrides
+from ._limits_in_force import adaptive_of, in_force
 from ._override_stores import Snapshot
 from ._override_view import OverrideView
 from ._unidentified import IdentityRules, refusal
 from ._watcher import AsyncWatcher, Watcher
-from .overrides import UnknownRule
+from .overrides import AuditEntry, RuntimeOverride, UnknownRule
 
-__all__ = [
-    "AsyncRuleEngine",
-    "RuleEngine",
-    "adaptive_of",
-    "effective_spec",
-    "in_force",
-]
-
-
-def adaptive_of(spec: LimitSpec, signals: LoadSignals) -> Adaptive | None:
-    """The `Adaptive` of a rule's limit: its settings, reading the engine's signal."""
-    settings = spec.adaptive
-    if settings is None:
-        return None
-    return Adaptive(
-        signals.reader(settings.signal), good=settings.good, bad=settings.bad,
-        floor=settings.floor, interval=settings.interval, smoothing=settings.smoothing,
-        dead_band=settings.dead_band,
-    )  # fmt: skip
-
-
-@functools.lru_cache(maxsize=4096)  # a few limits, each at a few prices at a time
-def effective_spec(spec: LimitSpec, price: int) -> LimitSpec:
-    """``spec`` as a request sees it at ``price`` units a request: its rate's
-    limit and its burst in requests, as its Decisions tell them (never below 1)."""
-    if price == UNITS:
-        return spec
-    limit = max(1, spec.rate.limit * UNITS // price)
-    burst = None if spec.burst is None else max(1, spec.burst * UNITS // price)
-    return dataclasses.replace(spec, rate=Rate(limit, spec.rate.period), burst=burst)
-
-
-def in_force(applicable: Applicable, specs: tuple[LimitSpec, ...], limiters: Any) -> Applicable:
-    """The limit a request meets now: an override's rate, and an adaptive limit's
-    effective size (the price read here is the one the store call charges, unless
-    the signal's interval ends in between)."""
-    slot = applicable.slot
-    spec = specs[slot]
-    scale = limiters[slot].scale
-    if scale is not None:
-        price = scale.unit()
-        shown = scale.shown  # (price, spec, effective spec): hashing a spec costs more
-        if shown is None or shown[0] != price or shown[1] is not spec:
-            shown = scale.shown = (price, spec, effective_spec(spec, price))
-        spec = shown[2]
-    if spec is applicable.limit:  # the full limit, no override: as the rule set has it
-        return applicable
-    return Overridden(applicable.rule, slot, applicable.key, applicable.cost, spec)
+__all__ = ["AsyncRuleEngine", "RuleEngine"]
 
 
 log = logging.getLogger("ratewarden.rules")
@@ -147,14 +96,14 @@ def _in_force(applicable: Applicable, spec: LimitSpec) -> Applicable:
 
 
 class _Core(Generic[L, S]):
-    """The engine without I/O, on ``store`` (``overrides`` as `Overridable` says):
-    the shells add ``check``/``acheck`` and name their kinds of limiter and line."""
+    """The engine without I/O, on ``store`` (its runtime overrides in a part of
+    its own, `Overrides`): the shells add ``check``/``acheck``, the override
+    methods, and name their kinds of limiter and line."""
 
     store: S
     _bound: _Bound[L]
     _limiter_class: type[L]
     _lines_class: type[Turns] | type[AsyncTurns]
-    _setup_overrides: Callable[[S, bool, str], None]  # the shell's Overridable's
 
     def __init__(
         self, source: RuleSet | str | os.PathLike[str], store: S, *, overrides: bool = True,
@@ -177,7 +126,7 @@ class _Core(Generic[L, S]):
         self._identity_rules: IdentityRules | None = None  # built on first need
         self._reloading = threading.Lock()
         self._install(ruleset)
-        self._setup_overrides(store, overrides, overrides_namespace)
+        self._overrides = self._overrides_part(store, overrides, overrides_namespace)
         self._lines = self._lines_class(clock)  # delayed requests of priority_from rules
         # what log_only rules would deny, logged; replace it to log more or less
         self.shadow_log = ShadowLog(clock)
@@ -191,11 +140,29 @@ class _Core(Generic[L, S]):
             adaptive=adaptive_of(spec, self.signals),
         )  # fmt: skip
 
+    def _overrides_part(self, store: S, enabled: bool, namespace: str) -> Any:
+        raise NotImplementedError  # each shell makes its own kind: `Overrides`, `AsyncOverrides`
+
+    def _change_overrides(self, edit: Callable[[OverrideView], bool]) -> None:
+        """Edit the overrides in force, under the lock reloads take; the limits
+        are built again when the edit says they changed."""
+        with self._reloading:
+            if edit(self._view):
+                self._install(self._bound.ruleset)
+
     def _take_overrides(self, snapshot: Snapshot) -> None:
         """Put the overrides a store holds in force (its clock, its records)."""
-        with self._reloading:
-            if self._view.take(snapshot):
-                self._install(self._bound.ruleset)
+        self._change_overrides(lambda view: view.take(snapshot))
+
+    @property
+    def overrides_source(self) -> Any:
+        """Where the overrides live: this Redis's (shared by every engine on it),
+        this process's, or None (``overrides=False``)."""
+        return self._overrides.source
+
+    @overrides_source.setter
+    def overrides_source(self, source: Any) -> None:
+        self._overrides.source = source
 
     def _expire_overrides(self) -> None:
         with self._reloading:
@@ -390,7 +357,7 @@ class _Core(Generic[L, S]):
         return Outcome(False, "reject", decision, rule, 429, retry, limits=limits)
 
 
-class RuleEngine(_Core[Limiter, Store], Overridable):
+class RuleEngine(_Core[Limiter, Store]):
     """Rules from a file (or a `RuleSet`) applied with `Limiter`\\ s on ``store``.
 
     ``check(attributes)`` counts a request against every limit that applies and
@@ -400,6 +367,41 @@ class RuleEngine(_Core[Limiter, Store], Overridable):
 
     _limiter_class = Limiter
     _lines_class = Turns
+    _overrides: Overrides
+
+    def _overrides_part(self, store: Store, enabled: bool, namespace: str) -> Overrides:
+        return Overrides(
+            store, enabled=enabled, namespace=namespace, ruleset=lambda: self.ruleset,
+            build=self._limiter, change=self._change_overrides,
+            take=weakref.WeakMethod(self._take_overrides),
+        )  # fmt: skip
+
+    def set_override(
+        self, rule: str, limits: Sequence[str] | str, *, duration: float | str, reason: str,
+        by: str = "",
+    ) -> RuntimeOverride:  # fmt: skip
+        """Replace ``rule``'s rates with ``limits`` for ``duration`` (seconds, or
+        text such as ``"30m"``), recorded with ``reason`` and ``by`` in the
+        audit trail. Raises `UnknownRule` or `ConfigurationError` for an override
+        that cannot apply to the rules in force, `StoreUnavailable` when Redis
+        cannot be reached."""
+        return self._overrides.set(rule, limits, duration, reason, by)
+
+    def clear_override(self, rule: str, *, reason: str = "", by: str = "") -> bool:
+        """End ``rule``'s override now; False if it had none in force."""
+        return self._overrides.clear(rule, reason, by)
+
+    def list_overrides(self) -> list[RuntimeOverride]:
+        """The overrides in force in the store (all rule files'), by rule name."""
+        return self._overrides.listed()
+
+    def override_audit(self, count: int = 100) -> list[AuditEntry]:
+        """The last ``count`` changes, newest first (1000 are kept)."""
+        return self._overrides.audit(count)
+
+    def close(self) -> None:
+        """Stop following the store's overrides (a Redis store's)."""
+        self._overrides.close()
 
     def check(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
@@ -459,12 +461,49 @@ class RuleEngine(_Core[Limiter, Store], Overridable):
         return self._outcome(ruleset, applicable, decision, report)
 
 
-class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore], AsyncOverridable):
+class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
     """The asyncio twin of `RuleEngine`: `AsyncLimiter`\\ s on an async store,
     ``await engine.acheck(attributes)``."""
 
     _limiter_class = AsyncLimiter
     _lines_class = AsyncTurns
+    _overrides: AsyncOverrides
+
+    def _overrides_part(self, store: AsyncStore, enabled: bool, namespace: str) -> AsyncOverrides:
+        return AsyncOverrides(
+            store, enabled=enabled, namespace=namespace, ruleset=lambda: self.ruleset,
+            build=self._limiter, change=self._change_overrides,
+            take=weakref.WeakMethod(self._take_overrides),
+        )  # fmt: skip
+
+    async def astart(self) -> None:
+        """Read the store's overrides now and follow them from here on (the
+        first check does this by itself; a service calls it at start-up so the
+        overrides are in force before the first request)."""
+        await self._overrides.start()
+
+    async def aset_override(
+        self, rule: str, limits: Sequence[str] | str, *, duration: float | str, reason: str,
+        by: str = "",
+    ) -> RuntimeOverride:  # fmt: skip
+        """The twin of `RuleEngine.set_override`."""
+        return await self._overrides.set(rule, limits, duration, reason, by)
+
+    async def aclear_override(self, rule: str, *, reason: str = "", by: str = "") -> bool:
+        """The twin of `RuleEngine.clear_override`."""
+        return await self._overrides.clear(rule, reason, by)
+
+    async def alist_overrides(self) -> list[RuntimeOverride]:
+        """The twin of `RuleEngine.list_overrides`."""
+        return await self._overrides.listed()
+
+    async def aoverride_audit(self, count: int = 100) -> list[AuditEntry]:
+        """The twin of `RuleEngine.override_audit`."""
+        return await self._overrides.audit(count)
+
+    async def aclose(self) -> None:
+        """Stop following the store's overrides."""
+        await self._overrides.close()
 
     async def acheck(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
@@ -516,8 +555,8 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore], AsyncOverridable):
     async def _acheck_once(
         self, attributes: Mapping[str, object], cost: int = 1, identified: bool = True
     ) -> Outcome:
-        if self._follow_pending:  # a Redis store's overrides: followed from the first check
-            self._start_following()
+        if self._overrides.pending:  # a Redis store's overrides: followed from the first check
+            self._overrides.follow()
         ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
         if not identified:
             refused = self._refused_unidentified(ruleset, attributes, applicable)

@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from .._clock import Clock
 from .._errors import ConfigurationError, StoreUnavailable
@@ -30,9 +30,6 @@ from .overrides import (
     parse_duration,
     substitutions,
 )
-
-if TYPE_CHECKING:
-    from ._engine import AsyncRuleEngine, RuleEngine
 
 __all__ = ["Follower", "OverrideView", "follow_async", "new_record"]
 
@@ -168,23 +165,24 @@ class OverrideView:
 # -- following a shared store -----------------------------------------------------
 
 
-def _deliver(ref: weakref.ref[Any], snapshot: Snapshot) -> bool:
-    """Put ``snapshot`` in force in the engine, if it is still there. The engine
-    is taken from its weak reference only now, after the read: held across the
-    read, a dropped engine would live as long as the read takes."""
-    engine = ref()
-    if engine is None:
+def _deliver(ref: weakref.WeakMethod[Any], snapshot: Snapshot) -> bool:
+    """Put ``snapshot`` in force through the engine's ``take``, if the engine is
+    still there. It is taken from its weak reference only now, after the read:
+    held across the read, a dropped engine would live as long as the read takes."""
+    take = ref()
+    if take is None:
         return False
-    engine._take_overrides(snapshot)
+    take(snapshot)
     return True
 
 
 class Follower:
     """A daemon thread that keeps an engine up to date with a shared source
-    until `stop` or until the engine is gone (it holds the engine weakly)."""
+    until `stop` or until the engine is gone: ``take`` is the engine's method
+    that puts a snapshot in force, held weakly."""
 
-    def __init__(self, engine: RuleEngine, source: Any) -> None:
-        self._ref = weakref.ref(engine)
+    def __init__(self, take: weakref.WeakMethod[Any], source: Any) -> None:
+        self._ref = take
         self._source = source
         self._stop = threading.Event()
         self._pubsub: Any = None
@@ -244,11 +242,11 @@ class Follower:
                 pubsub.close()
 
 
-async def follow_async(ref: weakref.ref[AsyncRuleEngine], source: Any) -> None:
+async def follow_async(ref: weakref.WeakMethod[Any], source: Any) -> None:
     """The asyncio twin of `Follower`: run as a task, cancelled to stop. It
-    holds the engine weakly, as the thread does, and ends once the engine is
-    gone (the engine itself as an argument would live as long as the task's
-    frame, which the loop keeps: engine and task would never go)."""
+    holds the engine's ``take`` weakly, as the thread does, and ends once the
+    engine is gone (the engine itself as an argument would live as long as the
+    task's frame, which the loop keeps: engine and task would never go)."""
     pubsub = None
     last_read = -MIN_GAP
     try:
