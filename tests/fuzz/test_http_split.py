@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ratewarden.server._connection_limits import ConnectionLimits
 from ratewarden.server._http import HttpConnection
-from ratewarden.server._http_server import HttpListener
+from ratewarden.server._http_listener import HttpListener
 
 
 class Transport(asyncio.Transport):

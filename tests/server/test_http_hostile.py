@@ -482,7 +482,7 @@ def test_a_request_in_flight_is_dropped_only_when_its_answer_stalls(stalled: boo
     request); once the client takes none of our writes, the idle timeout runs."""
     from ratewarden.server._connection_limits import ConnectionLimits  # noqa: PLC0415
     from ratewarden.server._http import HttpConnection  # noqa: PLC0415
-    from ratewarden.server._http_server import HttpListener  # noqa: PLC0415
+    from ratewarden.server._http_listener import HttpListener  # noqa: PLC0415
 
     async def holding(scope: Any, receive: Any, send: Any) -> None:
         await asyncio.Event().wait()  # an answer that takes its time

@@ -455,7 +455,7 @@ def test_a_closed_connection_is_freed_without_the_collector() -> None:
     requests): reference counting frees it, and a connection a request does
     not leave a cycle for the collector."""
     from ratewarden.server._http import HttpConnection  # noqa: PLC0415
-    from ratewarden.server._http_server import HttpListener  # noqa: PLC0415
+    from ratewarden.server._http_listener import HttpListener  # noqa: PLC0415
     from tests.fuzz.test_http_split import Transport, echo  # noqa: PLC0415
 
     async def closed_connection() -> weakref.ref[HttpConnection]:

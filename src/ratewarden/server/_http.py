@@ -57,20 +57,16 @@ import asyncio
 import logging
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 from urllib.parse import unquote
 
 import httptools
-import msgspec
 
 from ._connection_limits import peer_of
-from ._http_cycle import App, Cycle
-from ._shapes import Problem
+from ._http_cycle import App, Cycle, answer
+from ._http_listener import HttpListener
 
-if TYPE_CHECKING:
-    from ._http_server import HttpListener
-
-__all__ = ["LINGER", "MAX_PIPELINED", "HttpConnection", "answer"]
+__all__ = ["LINGER", "MAX_PIPELINED", "HttpConnection"]
 
 log = logging.getLogger("ratewarden.server")
 
@@ -80,18 +76,7 @@ MAX_PIPELINED = 32  # requests a connection may have waiting behind the one answ
 # where a connection is: what its deadline means
 _IDLE, _HEAD, _BODY, _BUSY = 0, 1, 2, 3
 _NEVER = math.inf
-_PHRASES = {400: b"Bad Request", 408: b"Request Timeout", 413: b"Content Too Large",
-            431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}  # fmt: skip
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
-
-
-def answer(status: int, message: str, *extra: bytes) -> bytes:
-    """An answer of the server's own, which closes the connection."""
-    body = msgspec.json.encode(Problem(message))
-    head = [b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES[status]),
-            b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
-            *extra, b"connection: close\r\n\r\n"]  # fmt: skip
-    return b"".join(head) + body
 
 
 class _Refused(Exception):

@@ -24,12 +24,13 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ._http import HttpConnection
+import msgspec
 
-__all__ = ["Cycle"]
+from ._shapes import Problem
+
+__all__ = ["App", "Connection", "Cycle", "answer"]
 
 log = logging.getLogger("ratewarden.server")
 
@@ -45,6 +46,30 @@ _STATUS = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s i
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _ERROR_500 = b"Internal Server Error"
 _NO_BODY = frozenset((204, 304))
+_PHRASES = {400: b"Bad Request", 408: b"Request Timeout", 413: b"Content Too Large",
+            431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}  # fmt: skip
+
+
+def answer(status: int, message: str, *extra: bytes) -> bytes:
+    """An answer of the server's own, which closes the connection."""
+    body = msgspec.json.encode(Problem(message))
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES[status]),
+            b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+            *extra, b"connection: close\r\n\r\n"]  # fmt: skip
+    return b"".join(head) + body
+
+
+class Connection(Protocol):
+    """What a `Cycle` needs of the connection it answers on (`HttpConnection`)."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    write_paused: bool
+
+    def answered(self, cycle: Cycle) -> None: ...
+    def app_done(self, cycle: Cycle) -> None: ...
+    def want_body(self, cycle: Cycle) -> None: ...
+    async def drain(self) -> None: ...
 
 
 def _status_line(status: int) -> bytes:
@@ -81,7 +106,7 @@ class Cycle:
 
     def __init__(
         self,
-        conn: HttpConnection,
+        conn: Connection,
         scope: dict[str, Any],
         *,
         keep_alive: bool,

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import cast
+from typing import Any, cast
 
 from .._connection_limits import peer_of
 from ._frames import (
@@ -100,7 +100,7 @@ class H2Connection(H2Streams):
     (more of its body), `_request_ended`, `_request_timed_out` and `_stream_gone`
     (reset or connection lost)."""
 
-    def __init__(self, listener: H2Listener) -> None:
+    def __init__(self, listener: H2Listener[Any]) -> None:
         self.listener = listener
         self.limits = listener.limits
         super().__init__()

@@ -415,7 +415,7 @@ class _GrpcConnection(H2Connection):
             self._last_block(stream.id, RESPONSE_HEADERS + trailers(code, message), stream.ended)
 
 
-class H2Server(H2Listener):
+class H2Server(H2Listener[H2Connection]):
     """Serves ``methods`` (by path, ``/package.Service/Method``) over HTTP/2
     with prior knowledge, or over TLS with ALPN ``h2``, within ``limits`` and
     ``server_limits``; ``budget``: the bytes of unfinished requests, shared by

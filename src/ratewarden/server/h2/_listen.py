@@ -10,7 +10,7 @@ import asyncio
 import ctypes
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import Generic, Protocol, TypeVar, cast
 
 from .._connection_limits import (
     Admission,
@@ -20,17 +20,23 @@ from .._connection_limits import (
     process_budget,
 )
 
-if TYPE_CHECKING:
-    from ._connection import H2Connection
-
-__all__ = ["CONNECTION_WINDOW", "H2Listener"]
+__all__ = ["CONNECTION_WINDOW", "H2Listener", "Swept"]
 
 # The most a connection may have in flight to us (its window); no more than the
 # budget either
 CONNECTION_WINDOW = 1 << 20
 
 
-class H2Listener:
+class Swept(Protocol):
+    """What the listener needs of one of its connections (`H2Connection`)."""
+
+    def sweep(self, now: float) -> None: ...
+
+
+C = TypeVar("C", bound=Swept)
+
+
+class H2Listener(Generic[C]):
     """What a listener's connections share: the limits, the set of connections
     (capped at ``max_connections``) and the sweep of their deadlines."""
 
@@ -46,7 +52,7 @@ class H2Listener:
         self.stream_window = shared.max_stream_bytes
         self.connection_window = max(65_535, min(CONNECTION_WINDOW, self.budget.max_bytes))
         self.admission = Admission(limits.max_connections, shared.max_connections_per_peer)
-        self.connections: set[H2Connection] = set()
+        self.connections: set[C] = set()
         self.stopping = False
         self.refused = 0  # connections closed at once: the cap was reached, none idle
         self.evicted = 0  # idle connections closed to admit a new one

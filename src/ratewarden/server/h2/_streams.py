@@ -52,7 +52,7 @@ class H2Streams(H2Control):
 
     # H2Connection's
     going_away: bool
-    listener: H2Listener
+    listener: H2Listener[Any]
 
     def __init__(self) -> None:
         super().__init__()
