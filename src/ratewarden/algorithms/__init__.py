@@ -11,8 +11,7 @@ from typing import Literal
 
 import msgspec
 
-from .._decision import Decision
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError, Decision
 from ._params import Algorithm, Params, State, Step
 from .bucket import bucket, token_bucket_interval
 from .windows import fixed_window, sliding_window_counter, sliding_window_log

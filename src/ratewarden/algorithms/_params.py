@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from .._decision import Decision
+from ..primitives import Decision
 
 __all__ = ["INF", "Algorithm", "Params", "State", "Step"]
 

@@ -13,7 +13,7 @@ and a token costs ``unit`` of those, with ``unit/scale == period/limit`` reduced
 
 from __future__ import annotations
 
-from .._decision import Decision
+from ..primitives import Decision
 from ._params import INF, Params, State
 
 __all__ = ["bucket", "token_bucket_interval"]

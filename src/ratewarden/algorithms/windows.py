@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from .._decision import Decision
+from ..primitives import Decision
 from ._params import INF, Params, State
 
 __all__ = [

@@ -89,7 +89,7 @@ Hit = Callable[[int], bool]
 
 
 def _limiter_runs(args: argparse.Namespace, store: Store) -> dict[str, Hit]:
-    from .._limiter import Limiter  # noqa: PLC0415
+    from ..kernel import Limiter  # noqa: PLC0415
 
     prefix = f"bench-{uuid.uuid4().hex[:10]}"
     keys = [f"k{n}" for n in range(args.keys)]

@@ -6,10 +6,9 @@ import asyncio
 import time
 
 from .. import __version__
-from .._clock import FakeClock
-from .._errors import RateLimitTimeout
-from .._limiter import AsyncLimiter, Limiter
 from ..algorithms import ALGORITHMS
+from ..kernel import AsyncLimiter, Limiter
+from ..primitives import FakeClock, RateLimitTimeout
 from ..stores import MemoryStore
 
 __all__ = ["demo"]

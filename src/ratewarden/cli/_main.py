@@ -45,7 +45,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 from .. import __version__
-from .._errors import ConfigurationError, RatewardenError, StoreError
+from ..primitives import ConfigurationError, RatewardenError, StoreError
 from . import _override as _clioverride
 from ._bench import add_bench, bench
 from ._check import add_check, check

@@ -165,7 +165,7 @@ def _rates(text: str) -> list[str]:
 def _direct(args: argparse.Namespace) -> Any:
     import msgspec  # noqa: PLC0415
 
-    from .._errors import ConfigurationError  # noqa: PLC0415
+    from ..primitives import ConfigurationError  # noqa: PLC0415
     from ..rules import (  # noqa: PLC0415
         RedisOverrides,
         RuleEngine,

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigurationError, StoreError
+from ..primitives import ConfigurationError, StoreError
 from ._common import MISSING, UNREACHABLE, CliError, examples, print_json, redact, table
 
 if TYPE_CHECKING:
@@ -66,8 +66,8 @@ def _safe(text: str) -> str | int:
 
 def quota_set(client: Any, args: argparse.Namespace) -> int:
     """Create the resource, or change the settings given and keep the others."""
-    from .._rate import parse_rate  # noqa: PLC0415
     from ..fleet import QuotaConfig, set_quota, show_quota  # noqa: PLC0415
+    from ..primitives import parse_rate  # noqa: PLC0415
 
     given: dict[str, Any] = {
         "algorithm": args.algorithm, "refresh": args.refresh, "lease": args.lease,

@@ -8,8 +8,8 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .._adaptive import Adaptive
-from .._errors import ConfigurationError
+from ..kernel import Adaptive
+from ..primitives import ConfigurationError
 from ._common import print_json, spinning, table
 
 if TYPE_CHECKING:

@@ -39,11 +39,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Self, TypedDict, TypeVar, Unpack
 
-from .._decision import Decision
-from .._errors import ConfigurationError
-from .._hitmany import ahit_tiers, hit_tiers
-from .._limiter import AsyncLimiter, Limiter, LimiterOptions
-from .._rate import Rate
+from ..kernel import AsyncLimiter, Limiter, LimiterOptions, ahit_tiers, hit_tiers
+from ..primitives import ConfigurationError, Decision, Rate
 from ..rules.source import Document
 from ..stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 from ._files import EnvoyFile, envoy_files, parse_files

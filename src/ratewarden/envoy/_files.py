@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 from ..rules.source import Document, Problem, RuleFileError, parse_plain, read_file
 
 __all__ = [

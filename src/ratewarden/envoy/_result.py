@@ -25,9 +25,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .._decision import Decision
-from .._errors import ConfigurationError
-from .._rate import UNIT_SECONDS
+from ..primitives import UNIT_SECONDS, ConfigurationError, Decision
 from ..stores.base import pick
 
 __all__ = [

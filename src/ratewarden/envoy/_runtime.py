@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 from ._files import fingerprint
 
 __all__ = [

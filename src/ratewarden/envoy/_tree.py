@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .._rate import UNIT_SECONDS
+from ..primitives import UNIT_SECONDS
 from ..rules.source import Document, Problem, RuleFileError
 from ._files import EnvoyDescriptor, EnvoyFile
 

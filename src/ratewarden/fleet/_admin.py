@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from .._errors import StoreUnavailable
-from .._flow import Call, Flow, adrive, drive
+from ..primitives import Call, Flow, StoreUnavailable, adrive, drive
 from .config import QuotaConfig
 from .coordinator import AsyncCoordinator, Coordinator, QuotaStatus
 

@@ -30,9 +30,8 @@ from collections.abc import Callable
 from contextlib import AsyncContextDecorator, closing, suppress
 from typing import Any
 
-from .._clock import Clock
-from .._errors import ConfigurationError, StoreUnavailable
-from .._waiting import AsyncTurns, check_max_wait, check_priority
+from ..kernel import AsyncTurns, check_max_wait, check_priority
+from ..primitives import Clock, ConfigurationError, StoreUnavailable
 from ..stores.redis.connection import connect
 from ._shell import LINE, POLL, Line, Shell, check_cost, current_caller, log
 from .config import QuotaConfig

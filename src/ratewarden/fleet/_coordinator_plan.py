@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from .._clock import Clock
-from .._errors import StoreUnavailable
+from ..primitives import Clock, StoreUnavailable
 from .alloc import MILLI, Piece
 from .config import QuotaConfig, check_name
 

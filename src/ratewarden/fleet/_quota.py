@@ -18,9 +18,8 @@ from collections.abc import Callable
 from contextlib import ContextDecorator, closing, suppress
 from typing import Any
 
-from .._clock import Clock
-from .._errors import ConfigurationError, StoreUnavailable
-from .._waiting import Turns, check_max_wait, check_priority
+from ..kernel import Turns, check_max_wait, check_priority
+from ..primitives import Clock, ConfigurationError, StoreUnavailable
 from ..stores.redis.connection import connect
 from ._shell import LINE, POLL, Line, Shell, check_cost, log
 from .config import QuotaConfig

@@ -19,11 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._clock import Clock, SystemClock
-from .._decision import Decision
-from .._errors import ConfigurationError, StoreUnavailable
-from .._rate import Rate
 from ..algorithms import get_algorithm
+from ..primitives import Clock, ConfigurationError, Decision, Rate, StoreUnavailable, SystemClock
 from ..stores.base import Bound
 from ..stores.failure import OnFailure, check_policy
 from ..stores.redis import RedisStore

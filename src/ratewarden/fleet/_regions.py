@@ -42,8 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ConfigurationError
-from .._rate import Rate, parse_rate
+from ..primitives import ConfigurationError, Rate, parse_rate
 from .alloc import MILLI
 from .config import QuotaConfig, check_name
 

@@ -23,9 +23,8 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
-from .._clock import Clock, SystemClock
-from .._errors import ConfigurationError, RateLimitTimeout
-from .._waiting import check_max_wait
+from ..kernel import check_max_wait
+from ..primitives import Clock, ConfigurationError, RateLimitTimeout, SystemClock
 from .config import QuotaConfig
 from .member import Member
 

@@ -13,8 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._errors import ConfigurationError
-from .._rate import Rate, parse_rate
+from ..primitives import ConfigurationError, Rate, parse_rate
 from .alloc import ALLOCATORS, MILLI
 
 __all__ = ["QuotaConfig", "check_name"]

@@ -46,8 +46,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from .._clock import Clock
-from .._errors import ConfigurationError
+from ..primitives import Clock, ConfigurationError
 from ._share import Share
 from .alloc import MILLI
 from .alloc import place as alloc_place

@@ -17,10 +17,8 @@ from collections.abc import Awaitable, Collection
 from email.utils import parsedate_to_datetime
 from typing import Protocol
 
-from .._clock import Clock
-from .._errors import ConfigurationError, RateLimitTimeout
-from .._limiter import AsyncLimiter, Limiter
-from .._waiting import check_max_wait
+from ..kernel import AsyncLimiter, Limiter, check_max_wait
+from ..primitives import Clock, ConfigurationError, RateLimitTimeout
 
 __all__ = ["AsyncQuota", "Pauses", "Quota", "clock_of", "observe", "retry_after_seconds"]
 

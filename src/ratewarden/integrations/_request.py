@@ -31,10 +31,8 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
 
 import msgspec
 
-from .._decision import Decision
-from .._errors import ConfigurationError
-from .._headers import Policy, rate_limit_headers
-from .._limiter import AsyncLimiter, Limiter
+from ..kernel import AsyncLimiter, Limiter, Policy, rate_limit_headers
+from ..primitives import ConfigurationError, Decision
 
 if TYPE_CHECKING:
     from ..rules import AsyncRuleEngine, Outcome, RuleEngine

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 
 from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
 
-from .._limiter import AsyncLimiter
+from ..kernel import AsyncLimiter
 from ._consumer import AsyncQuota, Pauses, clock_of, observe
 
 __all__ = ["RateLimitMiddleware", "host_key"]

@@ -25,8 +25,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMappi
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .._headers import Policy
-from .._limiter import AsyncLimiter, Limiter
+from ..kernel import AsyncLimiter, Limiter, Policy
 from ..stores import MemoryStore
 from ._request import (
     DEGRADE,

@@ -31,7 +31,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.module_loading import import_string
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 from ..rules import AsyncRuleEngine, Outcome, RuleEngine
 from ..stores import AsyncMemoryStore
 from ._request import (

@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 
 import httpx
 
-from .._limiter import AsyncLimiter, Limiter
+from ..kernel import AsyncLimiter, Limiter
 from ._consumer import AsyncQuota, Pauses, Quota, clock_of, observe
 
 __all__ = ["AsyncRateLimitTransport", "RateLimitTransport", "host_key"]

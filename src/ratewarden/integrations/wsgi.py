@@ -21,8 +21,7 @@ from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
-from .._headers import Policy
-from .._limiter import Limiter
+from ..kernel import Limiter, Policy
 from ._request import (
     DEGRADE_ENVIRON,
     HeaderMode,

@@ -46,13 +46,8 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
-from .._clock import Clock
-from .._decision import Decision
-from .._errors import ConfigurationError
-from .._flow import Call, Flow, adrive
-from .._headers import Policy, rate_limit_headers
-from .._rate import Rate
-from .._waiting import AsyncTurns, Turns
+from ..kernel import AsyncTurns, Policy, Turns, rate_limit_headers
+from ..primitives import Call, Clock, ConfigurationError, Decision, Flow, Rate, adrive
 from ._compile import Applicable, CompiledRule, RuleSet, ceiling_start
 from ._schema import Response
 

@@ -49,13 +49,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Generic, TypeVar
 
-from .._adaptive import Load, LoadSignals
-from .._decision import Decision
-from .._errors import ConfigurationError
-from .._flow import adrive, drive
-from .._hitmany import ahit_many, ahit_tiers, hit_many, hit_tiers
-from .._limiter import AsyncLimiter, Limiter
-from .._waiting import AsyncTurns, Turns
+from ..kernel import (
+    AsyncLimiter,
+    AsyncTurns,
+    Limiter,
+    Load,
+    LoadSignals,
+    Turns,
+    ahit_many,
+    ahit_tiers,
+    hit_many,
+    hit_tiers,
+)
+from ..primitives import ConfigurationError, Decision, adrive, drive
 from ..stores import AsyncStore, Store
 from . import _actions as act
 from ._actions import Outcome, ShadowLog
@@ -104,6 +110,7 @@ class _Core(Generic[L, S]):
     _bound: _Bound[L]
     _limiter_class: type[L]
     _lines_class: type[Turns] | type[AsyncTurns]
+    _overrides_class: type[Overrides] | type[AsyncOverrides]
 
     def __init__(
         self, source: RuleSet | str | os.PathLike[str], store: S, *, overrides: bool = True,
@@ -126,7 +133,11 @@ class _Core(Generic[L, S]):
         self._identity_rules: IdentityRules | None = None  # built on first need
         self._reloading = threading.Lock()
         self._install(ruleset)
-        self._overrides = self._overrides_part(store, overrides, overrides_namespace)
+        self._overrides = self._overrides_class(
+            store, enabled=overrides, namespace=overrides_namespace, ruleset=lambda: self.ruleset,
+            build=self._limiter, change=self._change_overrides,
+            take=weakref.WeakMethod(self._take_overrides),
+        )  # fmt: skip
         self._lines = self._lines_class(clock)  # delayed requests of priority_from rules
         # what log_only rules would deny, logged; replace it to log more or less
         self.shadow_log = ShadowLog(clock)
@@ -139,9 +150,6 @@ class _Core(Generic[L, S]):
             two_tier=spec.two_tier, shards=spec.shards,
             adaptive=adaptive_of(spec, self.signals),
         )  # fmt: skip
-
-    def _overrides_part(self, store: S, enabled: bool, namespace: str) -> Any:
-        raise NotImplementedError  # each shell makes its own kind: `Overrides`, `AsyncOverrides`
 
     def _change_overrides(self, edit: Callable[[OverrideView], bool]) -> None:
         """Edit the overrides in force, under the lock reloads take; the limits
@@ -367,14 +375,8 @@ class RuleEngine(_Core[Limiter, Store]):
 
     _limiter_class = Limiter
     _lines_class = Turns
+    _overrides_class = Overrides
     _overrides: Overrides
-
-    def _overrides_part(self, store: Store, enabled: bool, namespace: str) -> Overrides:
-        return Overrides(
-            store, enabled=enabled, namespace=namespace, ruleset=lambda: self.ruleset,
-            build=self._limiter, change=self._change_overrides,
-            take=weakref.WeakMethod(self._take_overrides),
-        )  # fmt: skip
 
     def set_override(
         self, rule: str, limits: Sequence[str] | str, *, duration: float | str, reason: str,
@@ -467,14 +469,8 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
 
     _limiter_class = AsyncLimiter
     _lines_class = AsyncTurns
+    _overrides_class = AsyncOverrides
     _overrides: AsyncOverrides
-
-    def _overrides_part(self, store: AsyncStore, enabled: bool, namespace: str) -> AsyncOverrides:
-        return AsyncOverrides(
-            store, enabled=enabled, namespace=namespace, ruleset=lambda: self.ruleset,
-            build=self._limiter, change=self._change_overrides,
-            take=weakref.WeakMethod(self._take_overrides),
-        )  # fmt: skip
 
     async def astart(self) -> None:
         """Read the store's overrides now and follow them from here on (the
@@ -524,10 +520,10 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
         return await self._ahold(outcome, attributes, cost, False)
 
     async def areset(self, key: str, rule: str | None = None) -> int:
-        """The twin of `RuleEngine.reset`."""
+        """The twin of `RuleEngine.reset`; the limits forget it at once (a Redis
+        store's in concurrent calls)."""
         limiters = self._limiters_of(rule)
-        for limiter in limiters:
-            await limiter.reset(key)
+        await asyncio.gather(*[limiter.reset(key) for limiter in limiters])
         return len(limiters)
 
     async def _ahold(

@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from .._errors import ConfigurationError, StoreUnavailable
+from ..primitives import ConfigurationError, StoreUnavailable
 from ._compile import LimitSpec, RuleSet
 from ._override_stores import AsyncRedisOverrides, LocalOverrides, RedisOverrides, Snapshot
 from ._override_view import Follower, OverrideView, clear_record, follow_async, new_record
@@ -42,9 +42,11 @@ Take = Callable[[Snapshot], None]
 class _Overrides(Generic[R]):
     """What both parts share, ``R`` their kind of Redis overrides."""
 
+    _redis: type[R]  # the kind of Redis overrides of a Redis store
+
     def __init__(
-        self, store: Any, *, enabled: bool, namespace: str, redis: type[R],
-        ruleset: Callable[[], RuleSet], build: Callable[[LimitSpec], object], change: Change,
+        self, store: Any, *, enabled: bool, namespace: str, ruleset: Callable[[], RuleSet],
+        build: Callable[[LimitSpec], object], change: Change, take: weakref.WeakMethod[Take],
     ) -> None:  # fmt: skip
         client = getattr(store, "client", None)
         if not enabled:
@@ -52,11 +54,17 @@ class _Overrides(Generic[R]):
         elif client is None:
             source = LocalOverrides(store.clock)
         else:
-            source = redis(client, namespace)
+            source = self._redis(client, namespace)
         self.source: LocalOverrides | R | None = source
         self._ruleset = ruleset
         self._build = build
         self._change = change
+        self._take = take
+        self._begin()
+
+    def _begin(self) -> None:
+        """Start following a Redis store's overrides, as the kind of engine can."""
+        raise NotImplementedError
 
     def _source(self) -> LocalOverrides | R:
         if self.source is None:
@@ -77,6 +85,18 @@ class _Overrides(Generic[R]):
 
     def _clear_record(self, rule: str, reason: str, by: str) -> OverrideRecord:
         return clear_record(self._ruleset(), rule, reason, by)
+
+    def _was_set(
+        self, now: int, stored: OverrideRecord | None, previous: OverrideRecord | None, rule: str
+    ) -> RuntimeOverride:
+        """A change the source made: in force here at once, and as it answers."""
+        self._applied(now, stored, rule)
+        assert stored is not None
+        return RuntimeOverride.of(stored, now, None if previous is None else previous.limits)
+
+    def _was_cleared(self, now: int, previous: OverrideRecord | None, rule: str) -> bool:
+        self._applied(now, None, rule)
+        return previous is not None
 
     def _applied(self, now: int, stored: OverrideRecord | None, rule: str) -> None:
         """Apply a change here at once, not when the channel brings it back."""
@@ -112,35 +132,27 @@ class Overrides(_Overrides[RedisOverrides]):
     """`RuleEngine`'s overrides. ``take``: the engine's (held weakly by the
     follower thread, which a Redis store's overrides get)."""
 
-    def __init__(
-        self, store: Any, *, enabled: bool, namespace: str, ruleset: Callable[[], RuleSet],
-        build: Callable[[LimitSpec], object], change: Change, take: weakref.WeakMethod[Take],
-    ) -> None:  # fmt: skip
-        super().__init__(store, enabled=enabled, namespace=namespace, redis=RedisOverrides,
-                         ruleset=ruleset, build=build, change=change)  # fmt: skip
-        self._follower: Follower | None = None
+    _redis = RedisOverrides
+    _follower: Follower | None = None
+
+    def _begin(self) -> None:
         source = self.source
         if isinstance(source, RedisOverrides):
             try:  # in force from the first check; the thread keeps them current
-                take_into(change)(source.read())
+                take_into(self._change)(source.read())
             except StoreUnavailable as exc:
                 log.warning("runtime overrides not read yet: %s", exc)
-            self._follower = Follower(take, source)
+            self._follower = Follower(self._take, source)
 
     def set(
         self, rule: str, limits: Sequence[str] | str, duration: float | str, reason: str, by: str
     ) -> RuntimeOverride:
         record, seconds = self._prepare(rule, limits, duration, reason, by)
-        now, stored, previous = self._source().change("set", record, seconds)
-        self._applied(now, stored, rule)
-        assert stored is not None
-        return RuntimeOverride.of(stored, now, None if previous is None else previous.limits)
+        return self._was_set(*self._source().change("set", record, seconds), rule)
 
     def clear(self, rule: str, reason: str, by: str) -> bool:
-        record = self._clear_record(rule, reason, by)
-        now, _, previous = self._source().change("clear", record, 0)
-        self._applied(now, None, rule)
-        return previous is not None
+        now, _, previous = self._source().change("clear", self._clear_record(rule, reason, by), 0)
+        return self._was_cleared(now, previous, rule)
 
     def listed(self) -> list[RuntimeOverride]:
         return _runtime(self._source().read())
@@ -159,14 +171,10 @@ class AsyncOverrides(_Overrides[AsyncRedisOverrides]):
     store's are followed by a task, which needs the running loop: the engine's
     first check starts it (`pending` until then)."""
 
-    def __init__(
-        self, store: Any, *, enabled: bool, namespace: str, ruleset: Callable[[], RuleSet],
-        build: Callable[[LimitSpec], object], change: Change, take: weakref.WeakMethod[Take],
-    ) -> None:  # fmt: skip
-        super().__init__(store, enabled=enabled, namespace=namespace, redis=AsyncRedisOverrides,
-                         ruleset=ruleset, build=build, change=change)  # fmt: skip
-        self._take = take
-        self._follower: asyncio.Task[None] | None = None
+    _redis = AsyncRedisOverrides
+    _follower: asyncio.Task[None] | None = None
+
+    def _begin(self) -> None:
         self.pending = isinstance(self.source, AsyncRedisOverrides)
 
     def follow(self) -> None:
@@ -191,9 +199,7 @@ class AsyncOverrides(_Overrides[AsyncRedisOverrides]):
             now, stored, previous = await source.change("set", record, seconds)
         else:
             now, stored, previous = source.change("set", record, seconds)
-        self._applied(now, stored, rule)
-        assert stored is not None
-        return RuntimeOverride.of(stored, now, None if previous is None else previous.limits)
+        return self._was_set(now, stored, previous, rule)
 
     async def clear(self, rule: str, reason: str, by: str) -> bool:
         record = self._clear_record(rule, reason, by)
@@ -202,8 +208,7 @@ class AsyncOverrides(_Overrides[AsyncRedisOverrides]):
             now, _, previous = await source.change("clear", record, 0)
         else:
             now, _, previous = source.change("clear", record, 0)
-        self._applied(now, None, rule)
-        return previous is not None
+        return self._was_cleared(now, previous, rule)
 
     async def listed(self) -> list[RuntimeOverride]:
         source = self._source()

@@ -10,8 +10,8 @@ import dataclasses
 import functools
 from typing import Any
 
-from .._adaptive import UNITS, Adaptive, LoadSignals
-from .._rate import Rate
+from ..kernel import UNITS, Adaptive, LoadSignals
+from ..primitives import Rate
 from ._compile import Applicable, LimitSpec, Overridden
 
 __all__ = ["adaptive_of", "effective_spec", "in_force"]

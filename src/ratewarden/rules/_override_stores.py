@@ -25,8 +25,7 @@ from typing import Any
 
 import msgspec
 
-from .._clock import Clock, SystemClock
-from .._errors import ConfigurationError, StoreUnavailable
+from ..primitives import Clock, ConfigurationError, StoreUnavailable, SystemClock
 from .overrides import AUDIT_KEPT, OverrideRecord, StoredChange
 
 __all__ = ["AsyncRedisOverrides", "LocalOverrides", "RedisOverrides", "Snapshot"]

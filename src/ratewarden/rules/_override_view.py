@@ -17,8 +17,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, TypeVar
 
-from .._clock import Clock
-from .._errors import ConfigurationError, StoreUnavailable
+from ..primitives import Clock, ConfigurationError, StoreUnavailable
 from ._compile import LimitSpec, RuleSet
 from ._override_stores import Snapshot
 from .overrides import (

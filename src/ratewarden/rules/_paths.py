@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 from urllib.parse import unquote
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 
 __all__ = ["PathIndex", "Pattern", "parse_pattern", "walk"]
 

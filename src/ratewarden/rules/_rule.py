@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .._rate import Rate, parse_rate
+from ..primitives import Rate, parse_rate
 from ._clientip import client_ip_function, peer_ip
 from ._paths import Pattern, parse_pattern
 from ._schema import (

@@ -29,10 +29,9 @@ from typing import Any, Literal, Protocol
 import msgspec
 import yaml
 
-from .._adaptive import parse_floor
-from .._errors import ConfigurationError
-from .._rate import parse_rate
 from ..algorithms import get_algorithm
+from ..kernel import parse_floor
+from ..primitives import ConfigurationError, parse_rate
 from ..stores.shards import MAX_SHARDS
 from ._paths import parse_pattern
 from .source import Document, Problem, RuleFileError

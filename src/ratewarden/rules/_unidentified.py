@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from .._decision import Decision
+from ..primitives import Decision
 from ._actions import Outcome
 from ._compile import Applicable, CompiledRule, LimitSpec, Overridden, RuleSet
 from ._paths import normalize_path

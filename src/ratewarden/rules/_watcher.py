@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 
 __all__ = ["AsyncWatcher", "Watcher"]
 

@@ -23,8 +23,7 @@ from dataclasses import replace
 
 import msgspec
 
-from .._errors import ConfigurationError
-from .._rate import Rate, parse_rate
+from ..primitives import ConfigurationError, Rate, parse_rate
 from ._compile import RuleSet
 from ._rule import CompiledRule, LimitSpec, spec_for
 

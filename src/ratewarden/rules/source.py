@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 
 __all__ = [
     "MAX_BYTES",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 
 __all__ = ["LOOPBACK", "bind", "listen_address", "parse_address"]
 

@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 
 import msgspec
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 from ..rules import AsyncRuleEngine
 from ..rules.overrides import MAX_BY, AuditEntry, RuntimeOverride, UnknownRule, check_text
 from ._refusals import NotFound, Unprocessable

@@ -42,7 +42,7 @@ from urllib.parse import parse_qs
 
 import msgspec
 
-from .._errors import ConfigurationError, StoreError
+from ..primitives import ConfigurationError, StoreError
 from . import _admin_api as admin
 from ._check_json import check_of, check_result
 from ._checks import AttributesCheck

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._decision import Decision
 from ..envoy import EnvoyResult
+from ..primitives import Decision
 from ..rules import Outcome
 from ._checks import AttributesCheck, Check, DescriptorsCheck
 from ._refusals import InvalidRequest, Unprocessable

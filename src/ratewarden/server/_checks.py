@@ -21,8 +21,8 @@ from typing import overload
 
 import msgspec
 
-from .._errors import ConfigurationError
 from ..envoy import EnvoyResult, Override
+from ..primitives import ConfigurationError
 from ..rules import Outcome
 from ._counters import Counters
 from ._refusals import InvalidRequest

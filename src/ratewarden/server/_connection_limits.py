@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 
 __all__ = [
     "Admission",

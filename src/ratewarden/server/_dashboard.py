@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
-from .._errors import RatewardenError
+from ..primitives import RatewardenError
 from ._admin_api import override_list
 from ._quotas import summary
 from ._readiness import store_problem

@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 from ._addresses import parse_address
 from ._connection_limits import ConnectionLimits, ServerLimits
 from ._protos import messages, protos

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .._decision import Decision
+from ..primitives import Decision
 
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus

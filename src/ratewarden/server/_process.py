@@ -19,7 +19,7 @@ import socket
 from dataclasses import replace
 from typing import Any
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 from ._addresses import bind
 from ._connection_limits import ConnectionLimits
 from ._logging import setup_logging

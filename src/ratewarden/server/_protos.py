@@ -16,7 +16,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from .._errors import ConfigurationError
+from ..primitives import ConfigurationError
 
 __all__ = ["messages", "protos"]
 

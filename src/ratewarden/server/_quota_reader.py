@@ -15,9 +15,9 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from .._errors import ConfigurationError, StoreError, StoreUnavailable
 from ..fleet import QuotaStatus, alist_quotas, ashow_quota
 from ..fleet.config import check_name
+from ..primitives import ConfigurationError, StoreError, StoreUnavailable
 from ._quotas import MAX_SCRAPED
 
 __all__ = ["QuotaReader"]

@@ -9,7 +9,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
-from .._errors import RatewardenError
+from ..primitives import RatewardenError
 from ..stores import AsyncStore
 
 __all__ = ["StoreHealth", "store_problem"]

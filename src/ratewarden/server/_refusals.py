@@ -5,7 +5,7 @@ INVALID_ARGUMENT.
 
 from __future__ import annotations
 
-from .._errors import RatewardenError
+from ..primitives import RatewardenError
 
 __all__ = ["InvalidRequest", "NotFound", "Unprocessable"]
 

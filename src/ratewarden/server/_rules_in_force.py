@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import ConfigurationError
 from ..envoy import AsyncEnvoyConfig, EnvoyOptions, envoy_files
+from ..primitives import ConfigurationError
 from ..rules import AsyncRuleEngine, RuleSet, UnknownRule, load
 from ..stores import AsyncStore
 from ._counters import Counters

@@ -20,9 +20,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigurationError
 from ..envoy import EnvoyOptions, apply_environment, envoy_options
 from ..envoy import add_arguments as envoy_arguments
+from ..primitives import ConfigurationError
 from ..rules import RuleFile, RuleSet
 from ..stores import AsyncMemoryStore, AsyncStore
 from ._addresses import LOOPBACK, bind, listen_address, parse_address

@@ -20,8 +20,8 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._errors import StoreError
 from ..envoy import AsyncEnvoyConfig, EnvoyOptions, EnvoyStats, Override
+from ..primitives import StoreError
 from ..rules import AsyncRuleEngine, RuleSet
 from ..stores import AsyncStore
 from ._check_json import check_of, check_result

@@ -16,9 +16,9 @@ from typing import Literal
 
 import msgspec
 
-from .._decision import Decision
-from .._headers import rate_limit_headers
 from ..envoy import EnvoyLimit, EnvoyResult
+from ..kernel import rate_limit_headers
+from ..primitives import Decision
 from ..rules import Outcome
 from ._shapes import DescriptorStatus
 

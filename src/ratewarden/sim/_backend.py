@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .._errors import StoreUnavailable
 from ..fleet.alloc import MILLI
 from ..fleet.config import QuotaConfig
 from ..fleet.coordinator import Coordinator, Reply, Report, keys, parse_refresh
 from ..fleet.model import Model
+from ..primitives import StoreUnavailable
 
 __all__ = [
     "Backend",

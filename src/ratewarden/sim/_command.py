@@ -58,8 +58,8 @@ from typing import TextIO
 
 from redis.exceptions import RedisError
 
-from .._errors import ConfigurationError, RatewardenError, StoreUnavailable
 from ..fleet.alloc import ALLOCATORS
+from ..primitives import ConfigurationError, RatewardenError, StoreUnavailable
 from ._backend import Backend, BackendFactory, ModelBackend, RedisBackend, TrueClock
 from ._checks import check
 from ._result import Result

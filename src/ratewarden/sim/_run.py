@@ -12,9 +12,9 @@ import random
 import time
 from typing import Any
 
-from .._errors import StoreUnavailable
 from ..fleet.alloc import MILLI
 from ..fleet.member import Member
+from ..primitives import StoreUnavailable
 from ._backend import BackendFactory, TrueClock, Unreachable, _MemberClock
 from ._measure import Measures, Progress
 from ._node import Node

@@ -11,10 +11,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._errors import ConfigurationError
-from .._rate import parse_rate
 from ..fleet.alloc import ALLOCATORS
 from ..fleet.config import QuotaConfig
+from ..primitives import ConfigurationError, parse_rate
 
 __all__ = ["MAX_MEMBERS", "PATTERNS", "SKEW_PATTERN_MS", "Scenario", "documented"]
 

@@ -79,11 +79,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 from typing import Any, Literal, NamedTuple, NotRequired, Protocol, TypeAlias, TypedDict, Unpack
 
-from .._clock import Clock
-from .._decision import Decision
-from .._errors import ConfigurationError
-from .._rate import Rate
 from ..algorithms import Algorithm
+from ..primitives import Clock, ConfigurationError, Decision, Rate
 
 __all__ = [
     "Answers",

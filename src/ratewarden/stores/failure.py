@@ -20,11 +20,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .._clock import Clock
-from .._decision import Decision
-from .._errors import ConfigurationError, StoreError
-from .._rate import Rate
 from ..algorithms import Algorithm
+from ..primitives import Clock, ConfigurationError, Decision, Rate, StoreError
 from .base import BindOptions, Bound, OnFailure, pick
 
 __all__ = [

@@ -42,11 +42,8 @@ from itertools import islice
 from types import TracebackType
 from typing import Unpack
 
-from .._clock import Clock, SystemClock
-from .._decision import Decision
-from .._errors import ConfigurationError
-from .._rate import Rate
 from ..algorithms import Algorithm, Params, State, Step, peek
+from ..primitives import Clock, ConfigurationError, Decision, Rate, SystemClock
 from .base import AsyncBound, BindOptions, Bound, Check, check_cost, pick
 
 __all__ = [

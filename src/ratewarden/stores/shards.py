@@ -47,12 +47,8 @@ from collections.abc import Generator, Sequence
 from functools import cache, partial
 from typing import Any, TypeAlias
 
-from .._clock import Clock
-from .._decision import Decision
-from .._errors import ConfigurationError
-from .._flow import adrive, drive
-from .._rate import Rate
 from ..algorithms import Algorithm
+from ..primitives import Clock, ConfigurationError, Decision, Rate, adrive, drive
 from .base import AsyncBound, AsyncStore, BindOptions, Bound, Check, Store, check_cost
 
 __all__ = [

@@ -25,11 +25,16 @@ from typing import Any, Unpack
 
 from redis.asyncio.cluster import RedisCluster as ClusterClient
 
-from ..._clock import Clock, SystemClock
-from ..._decision import Decision
-from ..._errors import ConfigurationError, StoreError, StoreUnavailable
-from ..._rate import Rate
 from ...algorithms import Algorithm
+from ...primitives import (
+    Clock,
+    ConfigurationError,
+    Decision,
+    Rate,
+    StoreError,
+    StoreUnavailable,
+    SystemClock,
+)
 from ..base import AsyncBound, BindOptions, Check
 from ..failure import Breaker, Instances, LocalFallback
 from ._atwotier_io import AsyncTwoTier

@@ -28,11 +28,8 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any
 
-from ..._clock import Clock
-from ..._decision import Decision
-from ..._errors import StoreError
-from ..._rate import Rate
 from ...algorithms import Algorithm
+from ...primitives import Clock, Decision, Rate, StoreError
 from ..base import AsyncBound, BindOptions, Check, check_cost
 from ..failure import Breaker, LocalFallback
 from ._twotier import TwoTierSettings

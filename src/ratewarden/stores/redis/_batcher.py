@@ -21,7 +21,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..._errors import StoreError, StoreUnavailable
+from ...primitives import StoreError, StoreUnavailable
 from ._wire import AsyncWire, Unsupported
 from .connection import FAILURES
 from .scripts import BATCH, Scripts

@@ -10,11 +10,8 @@ import struct
 from collections.abc import Generator, Sequence
 from typing import Any, TypeAlias
 
-from ..._clock import Clock
-from ..._decision import Decision
-from ..._errors import ConfigurationError, StoreError, StoreUnavailable
-from ..._rate import Rate
 from ...algorithms import Algorithm
+from ...primitives import Clock, ConfigurationError, Decision, Rate, StoreError, StoreUnavailable
 from ..base import BindOptions, Check, check_cost, pick
 from ..failure import Breaker, Share, answer
 from .scripts import EXACT, MANY, REFUND, STEP_IDS, pack, redis_params, script_args

@@ -19,11 +19,15 @@ from typing import Any, Unpack
 
 from redis.cluster import RedisCluster as ClusterClient
 
-from ..._clock import Clock, SystemClock
-from ..._decision import Decision
-from ..._errors import StoreError, StoreUnavailable
-from ..._rate import Rate
 from ...algorithms import Algorithm
+from ...primitives import (
+    Clock,
+    Decision,
+    Rate,
+    StoreError,
+    StoreUnavailable,
+    SystemClock,
+)
 from ..base import BindOptions, Bound, Check
 from ..failure import Breaker, Instances, LocalFallback
 from ._plan import Answers, Limit, Many, plan_calls

@@ -34,10 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..._decision import Decision
-from ..._errors import ConfigurationError
-from ..._rate import Rate
 from ...algorithms import Algorithm, State
+from ...primitives import ConfigurationError, Decision, Rate
 from ..base import BindOptions
 from ..failure import Share
 from .scripts import EXACT, STEP_IDS, pack, redis_params

@@ -19,11 +19,8 @@ import weakref
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
-from ..._clock import Clock
-from ..._decision import Decision
-from ..._errors import StoreError
-from ..._rate import Rate
 from ...algorithms import Algorithm
+from ...primitives import Clock, Decision, Rate, StoreError
 from ..base import BindOptions, Bound, Check, check_cost
 from ..failure import Breaker, LocalFallback
 from ._twotier import TwoTierSettings

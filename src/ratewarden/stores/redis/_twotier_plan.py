@@ -14,11 +14,8 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
-from ..._clock import Clock
-from ..._decision import Decision
-from ..._errors import StoreError, StoreUnavailable
-from ..._rate import Rate
 from ...algorithms import Algorithm, peek
+from ...primitives import Clock, Decision, Rate, StoreError, StoreUnavailable
 from ..base import BindOptions, Check, check_cost, pick
 from ..failure import Breaker, LocalFallback, answer
 from ._twotier import Entry, LocalLimit, Sent, TwoTierSettings

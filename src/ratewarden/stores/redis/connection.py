@@ -22,7 +22,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from ..._errors import ConfigurationError, StoreUnavailable
+from ...primitives import ConfigurationError, StoreUnavailable
 
 __all__ = ["FAILURES", "QUIET", "SCHEMES", "check_raw_replies", "connect", "sentinels"]
 

@@ -15,9 +15,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ..._errors import ConfigurationError, StoreUnavailable
-from ..._rate import Rate
 from ...algorithms import Params
+from ...primitives import ConfigurationError, Rate, StoreUnavailable
 from ._syncwire import Wire
 from ._wire import Unsupported
 from .connection import FAILURES
