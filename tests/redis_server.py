@@ -118,6 +118,12 @@ class RedisServer:
 
     def start(self) -> None:
         """Start (or start again, on the same port) and wait until it answers."""
+        problem = self.try_start()
+        if problem is not None:
+            pytest.fail(problem)
+
+    def try_start(self) -> str | None:
+        """`start`, saying why it did not start instead of failing the test."""
         self.process = subprocess.Popen(
             self.args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
@@ -126,14 +132,12 @@ class RedisServer:
             try:
                 with self.client() as client:
                     client.ping()
-                return
+                return None
             except redis.ConnectionError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     text = self.log.read_text() if self.log.exists() else "(no log)"
                     self.stop()
-                    pytest.fail(
-                        f"{self.args[0]} on port {self.port} did not start:\n{text[-2000:]}"
-                    )
+                    return f"{self.args[0]} on port {self.port} did not start:\n{text[-2000:]}"
                 time.sleep(0.02)
 
     def kill(self) -> None:
@@ -157,13 +161,24 @@ class RedisServer:
 def redis_server(*extra: str) -> Iterator[RedisServer]:
     exe = server_executable()
     with tempfile.TemporaryDirectory(prefix="rw-redis-") as workdir:
-        port = free_port(cluster="--cluster-enabled" in extra)
-        log = Path(workdir) / "redis.log"
-        args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", workdir, "--logfile", str(log), *extra]  # fmt: skip
-        server = RedisServer(port, args, log)
+        # A port found free can be taken before the server binds it (by any
+        # process's outgoing connection: a cluster's bus port, +10000, lies in
+        # the kernel's range for those): then another port, a few times.
+        for attempt in range(1, 6):
+            port = free_port(cluster="--cluster-enabled" in extra)
+            folder = Path(workdir) / str(attempt)
+            folder.mkdir()
+            log = folder / "redis.log"
+            args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--dir", str(folder), "--logfile", str(log),
+                    *extra]  # fmt: skip
+            server = RedisServer(port, args, log)
+            problem = server.try_start()
+            if problem is None:
+                break
+            if "Address already in use" not in problem or attempt == 5:
+                pytest.fail(problem)
         try:
-            server.start()
             yield server
         finally:
             server.stop()  # whichever process is current, restarted ones included

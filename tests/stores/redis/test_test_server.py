@@ -44,3 +44,28 @@ def test_an_unknown_server_stops_the_run_with_the_choices(value: str) -> None:
     )
     assert run.returncode != 0
     assert f"{SERVER_ENV}={value!r}: the tests run against one of redis, valkey" in run.stderr
+
+
+def test_a_port_taken_before_the_server_binds_it_is_traded_for_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between finding a port free and the server binding it, another process
+    may take it (a busy machine's outgoing connections take ports from the range
+    a cluster's bus port is in): the next port is tried, not the test failed."""
+    import socket  # noqa: PLC0415 - this test alone holds a port
+
+    from tests import redis_server as module  # noqa: PLC0415
+
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))  # bound, not listening: as an outgoing connection's
+        taken = blocker.getsockname()[1]
+        first = [taken]
+        real = module.free_port
+
+        def free_port(*, cluster: bool = False) -> int:
+            return first.pop() if first else real(cluster=cluster)
+
+        monkeypatch.setattr(module, "free_port", free_port)
+        with module.redis_server() as server, server.client() as client:
+            assert server.port != taken
+            assert client.ping()
