@@ -12,7 +12,7 @@ from ..primitives import Decision
 from ..rules import Outcome
 from ._checks import AttributesCheck, Check, DescriptorsCheck
 from ._refusals import InvalidRequest, Unprocessable
-from ._shapes import AttributeValue, CheckRequest, CheckResult, Descriptor, Shadow
+from ._shapes import BAD_COST, AttributeValue, CheckRequest, CheckResult, Descriptor, Shadow
 from ._verdict import (
     RulesVerdict,
     Verdict,
@@ -34,7 +34,7 @@ def check_of(request: CheckRequest) -> Check:
     counting any."""
     cost = request.cost
     if not float(cost).is_integer():  # the decoder has held it to 1..MAX_COST
-        raise InvalidRequest(f"cost must be a whole number, got {cost!r}")
+        raise Unprocessable(f"{BAD_COST}, got {cost!r}")
     if request.attributes is not None:
         if request.domain is not None or request.descriptors is not None:
             raise InvalidRequest("give either attributes or domain + descriptors, not both")

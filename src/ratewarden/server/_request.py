@@ -16,7 +16,7 @@ from urllib.parse import unquote_to_bytes
 import msgspec
 
 from ._refusals import InvalidRequest
-from ._shapes import CheckRequest
+from ._shapes import BAD_COST, CheckRequest
 
 __all__ = [
     "AUTH_METHODS",
@@ -60,7 +60,7 @@ def parse(decode: Callable[[bytes], Any], body: bytes) -> Any:
     try:
         return decode(body)
     except msgspec.ValidationError as exc:
-        raise HTTPError(422, f"invalid request: {_explain(exc, body)}") from None
+        raise HTTPError(422, _explain(exc, body)) from None
     except msgspec.DecodeError as exc:
         raise HTTPError(400, f"malformed JSON: {exc}") from None
     except UnicodeDecodeError as exc:  # msgspec checks UTF-8 and raises this
@@ -73,8 +73,20 @@ def parse(decode: Callable[[bytes], Any], body: bytes) -> Any:
 _ATTRIBUTE_AT = re.compile(r"at `\$(?:\.checks\[(\d+)\])?\.attributes\[\.\.\.\]")
 
 
+# and a cost's place, where the decoder's words give way to the one message for a bad cost
+_COST_AT = re.compile(r"at `\$(?:\.checks\[(\d+)\])?\.cost`$")
+
+
 def _explain(exc: msgspec.ValidationError, body: bytes) -> str:
     message = str(exc)
+    cost = _COST_AT.search(message)
+    if cost is not None:
+        return _bad_cost(body, cost[1])
+    return f"invalid request: {_typed(message, body)}"
+
+
+def _typed(message: str, body: bytes) -> str:
+    """The decoder's ``message``, or what an attribute of the wrong type should be."""
     where = _ATTRIBUTE_AT.search(message)
     if where is None:
         return message
@@ -87,6 +99,17 @@ def _explain(exc: msgspec.ValidationError, body: bytes) -> str:
     if problem is None:
         return message
     return problem if where[1] is None else f"checks[{where[1]}]: {problem}"
+
+
+def _bad_cost(body: bytes, index: str | None) -> str:
+    """`BAD_COST`, with the cost as it was sent when the body can say it."""
+    said = BAD_COST if index is None else f"checks[{index}]: {BAD_COST}"
+    try:  # the error path only: this body is refused whatever happens here
+        document = msgspec.json.decode(body)
+        check = document if index is None else document["checks"][int(index)]
+        return f"{said}, got {json.dumps(check['cost'])[:40]}"
+    except (RecursionError, msgspec.DecodeError, LookupError, TypeError, ValueError):
+        return said
 
 
 def _attribute_type(attributes: dict[str, Any]) -> str | None:

@@ -86,9 +86,15 @@ def response_bytes(
     as HTTP/2 carries them)."""
     parts = [b"\x08" + _SMALL[OK if allowed else OVER_LIMIT]]
     parts += [_delimited(b"\x12", _status(status)) for status in statuses]
-    for name, value in headers:
-        header = _delimited(b"\x0a", name.lower().encode())
+    small = _SMALL
+    for name, value in headers:  # lengths below 128, the usual case, without a call
+        key = name.lower().encode()
+        size = len(key)
+        header = b"\x0a" + (small[size] if size < 128 else _varint(size)) + key
         if value:
-            header += _delimited(b"\x12", value.encode())
-        parts.append(_delimited(b"\x1a", header))
+            data = value.encode()
+            size = len(data)
+            header += b"\x12" + (small[size] if size < 128 else _varint(size)) + data
+        size = len(header)
+        parts.append(b"\x1a" + (small[size] if size < 128 else _varint(size)) + header)
     return b"".join(parts)

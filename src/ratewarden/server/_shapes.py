@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 import msgspec
 
 __all__ = [
+    "BAD_COST",
     "MAX_BATCH",
     "MAX_COST",
     "MAX_DESCRIPTORS",
@@ -43,8 +44,10 @@ MAX_DESCRIPTORS = 64
 MAX_ENTRIES = 64
 
 # A float type only so that 3.0 is read as 3, as JSON Schema's "integer" allows;
-# the document says integer and `check_of` refuses 2.5.
+# the document says integer and `check_of` refuses 2.5. Every bad cost, whatever
+# refuses it, is answered with this one message (`BAD_COST`).
 Cost = Annotated[float, msgspec.Meta(ge=1, le=MAX_COST)]
+BAD_COST = f"cost must be a whole number from 1 to {MAX_COST}"
 
 
 # What an attribute holds. Only strings go into counter keys: a number or a list
