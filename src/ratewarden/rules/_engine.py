@@ -83,6 +83,7 @@ L = TypeVar("L", Limiter, AsyncLimiter)
 S = TypeVar("S", Store, AsyncStore)
 _NO_LIMITS: tuple[Applicable, ...] = ()
 _HELD = ("delay", "queue")  # outcomes that ``check(wait=True)`` holds
+_SHAPED = ("queue", "degrade")  # actions whose limits `_actions.shaped` counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +294,10 @@ class _Core(Generic[L, S]):
 
     def _plan(
         self, attributes: Mapping[str, object], cost: int = 1
-    ) -> tuple[RuleSet, list[Applicable], list[tuple[L, str, int]], list[tuple[L, str, int]]]:
+    ) -> tuple[RuleSet, list[Applicable], list[tuple[L, str, int]], list[tuple[L, str, int]], bool]:
+        """The rule set in force, the limits that apply, the tiers of the store
+        call (enforced, shadow), and whether a queue or degrade limit is among
+        them (then `_actions.shaped` makes the store calls)."""
         if type(cost) is not int or cost < 1:
             raise ConfigurationError(f"cost must be an integer >= 1, got {cost!r}")
         expiry = self._view.next_expiry  # None unless an override is in force
@@ -316,11 +320,17 @@ class _Core(Generic[L, S]):
             ]
         enforced: list[tuple[L, str, int]] = []
         shadow: list[tuple[L, str, int]] = []
+        shaped = False
         for a in applicable:
-            (shadow if a.rule.action == "log_only" else enforced).append(
-                (limiters[a.slot], a.key, a.cost * cost)
-            )
-        return bound.ruleset, applicable, enforced, shadow
+            action = a.rule.action
+            if action == "log_only":
+                shadow.append((limiters[a.slot], a.key, a.cost * cost))
+            else:
+                enforced.append((limiters[a.slot], a.key, a.cost * cost))
+                # a request that meets no queue or degrade limit takes the plain path,
+                # whatever else the rule set holds: a flow costs a quarter of a check
+                shaped = shaped or action in _SHAPED
+        return bound.ruleset, applicable, enforced, shadow, shaped
 
     def _refused_unidentified(
         self, ruleset: RuleSet, attributes: Mapping[str, object], applicable: list[Applicable]
@@ -451,12 +461,12 @@ class RuleEngine(_Core[Limiter, Store]):
     def _check_once(
         self, attributes: Mapping[str, object], cost: int = 1, identified: bool = True
     ) -> Outcome:
-        ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
+        ruleset, applicable, enforced, shadow, shaped = self._plan(attributes, cost)
         if not identified:
             refused = self._refused_unidentified(ruleset, attributes, applicable)
             if refused is not None:
                 return refused
-        if ruleset.shaping and applicable:
+        if shaped:
             counted = drive(act.shaped(ruleset, enforced, shadow, hit_tiers, hit_many))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = hit_tiers(enforced, shadow) if applicable else (None, None)
@@ -553,12 +563,12 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
     ) -> Outcome:
         if self._overrides.pending:  # a Redis store's overrides: followed from the first check
             self._overrides.follow()
-        ruleset, applicable, enforced, shadow = self._plan(attributes, cost)
+        ruleset, applicable, enforced, shadow, shaped = self._plan(attributes, cost)
         if not identified:
             refused = self._refused_unidentified(ruleset, attributes, applicable)
             if refused is not None:
                 return refused
-        if ruleset.shaping and applicable:
+        if shaped:
             counted = await adrive(act.shaped(ruleset, enforced, shadow, ahit_tiers, ahit_many))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = await ahit_tiers(enforced, shadow) if applicable else (None, None)
