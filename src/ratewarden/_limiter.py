@@ -166,6 +166,12 @@ class _Config:
         burst = self.options["burst"]
         return counted.limit if burst is None else burst
 
+    def tier_parts(self) -> tuple[tuple[int, int], bool]:
+        """What `Limiter.tier` tells of every tier, made once: the limits in
+        units (whole and per shard), and whether it is sharded."""
+        units = self.units
+        return (units, units // self.shards), self.shards > 1
+
     def scale(self, clock: Clock) -> Scale | None:
         """An adaptive limit's price, read on ``clock``; None for a plain limit."""
         if self.adaptive is None:
@@ -194,7 +200,9 @@ class Tier(NamedTuple):
     check: Check  # (the store's handle for the limit, key, cost as the store counts it)
     sharded: bool  # True: the limit is split over shards, and `stores.shards` drives its store
     price: int | None  # what a request costs now in units, if adaptive; None for a plain limit
-    limits: tuple[int, ...]  # the limits its Decisions carry, in units: whole and per shard
+    limits: tuple[
+        int, ...
+    ]  # an adaptive limit's, in units, as its Decisions carry them: whole and per shard
 
 
 class _Shell:
@@ -202,6 +210,8 @@ class _Shell:
     check needs. No I/O here."""
 
     _config: _Config
+    _limits: tuple[int, int]  # see `_Config.tier_parts`
+    _sharded: bool
     _tier: Any  # the store's handle for this limit, in its checks of several limits
     _scale: Scale | None  # an adaptive limit's price; None for a plain one
     store: Store | AsyncStore
@@ -245,11 +255,11 @@ class _Shell:
         `store` (`hit_many`, `hit_tiers`): the store's check, at the price of
         the moment for an adaptive limit (then its Decision, in units, is told in
         requests by dividing by ``price``)."""
-        config, scale = self._config, self._scale
-        price = None if scale is None else scale.unit()
-        check = (self._tier, key, cost if price is None else cost * price)
-        whole = config.units
-        return Tier(check, config.shards > 1, price, (whole, whole // config.shards))
+        scale = self._scale
+        if scale is None:
+            return Tier((self._tier, key, cost), self._sharded, None, self._limits)
+        price = scale.unit()
+        return Tier((self._tier, key, cost * price), self._sharded, price, self._limits)
 
     def __repr__(self) -> str:
         options = self._config.options
@@ -314,6 +324,7 @@ class Limiter(_Shell):
         self.store = MemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = config.bind(self.store)
         self._scale = scale = config.scale(self.store.clock)
+        self._limits, self._sharded = config.tier_parts()
         if scale is not None:
             self.hit, self.peek = _priced(self.hit, scale), _priced(self.peek, scale)
         self._turns = Turns(self.store.clock)
@@ -378,6 +389,7 @@ class AsyncLimiter(_Shell):
         self.store = AsyncMemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = config.abind(self.store)
         self._scale = scale = config.scale(self.store.clock)
+        self._limits, self._sharded = config.tier_parts()
         if scale is not None:
             self.hit, self.peek = _apriced(self.hit, scale), _apriced(self.peek, scale)
         self._turns = AsyncTurns(self.store.clock)

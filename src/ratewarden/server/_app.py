@@ -44,7 +44,7 @@ import msgspec
 
 from ..primitives import ConfigurationError, StoreError
 from . import _admin_api as admin
-from ._check_json import check_of, check_result
+from ._check_json import check_of, check_result, outcome_result
 from ._checks import AttributesCheck
 from ._dashboard import Dashboard
 from ._metrics import CONTENT_TYPE_LATEST
@@ -103,6 +103,7 @@ class App:
         self.service = service  # for its owner: the routes use only the parts below
         # the check routes take the checker, the admin routes the rules in force
         self._decide = service.checker.decide
+        self._check_attributes = service.checker.check_attributes
         self._rules_in_force = service.rules
         self._engine = service.rules.engine
         self._prometheus = service.metrics
@@ -258,8 +259,11 @@ class App:
         request: CheckRequest = parse(_decode_check, body)
         if body.count(b":") != least_members(request):  # what _refuse_duplicates tries first
             refuse_duplicates(body, (request,), 0)
-        verdict = await self._decide(check_of(request))
-        return 200, _JSON, _encode(check_result(verdict))
+        check = check_of(request)
+        if type(check) is AttributesCheck:  # the usual case: the rules' outcome, as it is
+            outcome = await self._check_attributes(check.attributes, check.cost)
+            return 200, _JSON, _encode(outcome_result(outcome))
+        return 200, _JSON, _encode(check_result(await self._decide(check)))
 
     async def _batch(self, scope: Scope, receive: Receive) -> _Answer:
         body = await self._body(scope, receive)

@@ -22,6 +22,8 @@ from ._verdict import (
     rules_headers,
 )
 
+_INF = float("inf")  # `finite`'s bound, compared inline: below it, a number
+
 __all__ = ["attribute_problem", "check_of", "check_result", "envoy_result", "outcome_result"]
 
 
@@ -102,7 +104,13 @@ def check_result(verdict: Verdict) -> CheckResult:
 def outcome_result(outcome: Outcome) -> CheckResult:
     """The rule engine's `Outcome` as the API answers it."""
     decision = outcome.decision
-    limit, remaining, reset = _counts(decision)
+    if decision is None or decision.degraded:  # `_counts`, without a call on the hot path
+        limit = remaining = reset = None
+    else:
+        limit, remaining, reset = decision.limit, max(decision.remaining, 0), None
+        if decision.reset_after < _INF:
+            reset = decision.reset_after
+    retry = outcome.retry_after
     rule = outcome.rule.name if outcome.rule is not None else None
     if rule is None and decision is not None and not decision.allowed:
         rule = decision.rule
@@ -111,7 +119,7 @@ def outcome_result(outcome: Outcome) -> CheckResult:
     shadow = outcome.shadow
     return CheckResult(
         outcome.allowed, outcome.action, outcome.status, rule, limit, remaining, reset,
-        finite(outcome.retry_after), outcome.wait, decision is not None and decision.degraded,
+        retry if retry < _INF else None, outcome.wait, decision is not None and decision.degraded,
         rules_headers(outcome), None if shadow is None else Shadow(shadow.allowed, shadow.rule),
         body=body, degrade=outcome.degrade,
     )  # fmt: skip

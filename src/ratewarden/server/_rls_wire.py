@@ -52,8 +52,10 @@ def _delimited(tag: bytes, payload: bytes) -> bytes:
 
 def _status(status: DescriptorStatus) -> bytes:
     """One DescriptorStatus message: code 1, current_limit 2 (requests_per_unit 1,
-    unit 2, name 3), limit_remaining 3, duration_until_reset 4 (seconds 1)."""
-    out = b"\x08" + _SMALL[OK if status.code == "OK" else OVER_LIMIT]
+    unit 2, name 3), limit_remaining 3, duration_until_reset 4 (seconds 1). A
+    length below 128 is one byte, written without a call."""
+    small = _SMALL
+    out = b"\x08" + small[OK if status.code == "OK" else OVER_LIMIT]
     per_unit = status.requests_per_unit
     if per_unit is not None:
         limit = b""
@@ -61,16 +63,19 @@ def _status(status: DescriptorStatus) -> bytes:
             limit = b"\x08" + _varint(min(per_unit, UINT32))
         unit = UNITS.get(status.unit_seconds or 0, 0)
         if unit:
-            limit += b"\x10" + _SMALL[unit]
+            limit += b"\x10" + small[unit]
         if status.limit:
-            limit += _delimited(b"\x1a", status.limit.encode())
-        out += _delimited(b"\x12", limit)
+            name = status.limit.encode()
+            size = len(name)
+            limit += b"\x1a" + (small[size] if size < 128 else _varint(size)) + name
+        size = len(limit)
+        out += b"\x12" + (small[size] if size < 128 else _varint(size)) + limit
         remaining = min(status.remaining or 0, UINT32)
         if remaining:
             out += b"\x18" + _varint(remaining)
         if status.reset_after is not None:
             seconds = math.ceil(status.reset_after)
-            out += _delimited(b"\x22", b"\x08" + _varint(seconds) if seconds else b"")
+            out += _delimited(b"\x22", b"\x08" + _varint(seconds)) if seconds else b"\x22\x00"
     elif status.remaining:  # an unlimited limit
         out += b"\x18" + _varint(min(status.remaining, UINT32))
     return out
@@ -85,7 +90,10 @@ def response_bytes(
     response_headers_to_add 3 (HeaderValue: key 1, value 2; keys lower-cased,
     as HTTP/2 carries them)."""
     parts = [b"\x08" + _SMALL[OK if allowed else OVER_LIMIT]]
-    parts += [_delimited(b"\x12", _status(status)) for status in statuses]
+    for status in statuses:
+        one = _status(status)
+        size = len(one)
+        parts.append(b"\x12" + (_SMALL[size] if size < 128 else _varint(size)) + one)
     small = _SMALL
     for name, value in headers:  # lengths below 128, the usual case, without a call
         key = name.lower().encode()

@@ -207,6 +207,7 @@ class MemoryStore:
         decisions: list[Decision] = []
         undo: list[tuple[dict[str, State], str, State | None]] = []
         bounded = self.max_keys is not None
+        passed = True
         for tier, key, cost in checks:
             data = tier.data
             # popped and re-inserted under a bound, as hit does: most recent last
@@ -216,9 +217,11 @@ class MemoryStore:
             if decision.allowed:
                 data[key] = new
                 undo.append((data, key, state))
-            elif state is not None:
-                data[key] = state
-        if all(decision.allowed for decision in decisions):
+            else:
+                passed = False
+                if state is not None:
+                    data[key] = state
+        if passed:
             for _, _, state in undo:
                 if state is None:
                     self._size += 1
