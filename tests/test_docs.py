@@ -1,5 +1,6 @@
-"""Every fenced code block in README.md and docs/*.md runs as a test, and the docs
-site builds with warnings as errors.
+"""Every fenced code block in README.md and docs/*.md runs as a test, the docs
+site builds with warnings as errors, and every module the pages, docstrings and
+comments name exists (see "Module names in prose" below).
 
 How a block is run is decided by its language (the fence's info string, one word):
 
@@ -57,9 +58,11 @@ import signal
 import subprocess
 import sys
 import time
+import tokenize
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -463,6 +466,285 @@ def test_docs_outside_the_site_link_only_into_the_repository() -> None:
     for page in DOCS.glob("*.md"):
         for link in re.findall(r"\]\((\.\./[^)\s]+)\)", page.read_text()):
             pytest.fail(f"{page.name}: {link}: name it as a code span, `{link[3:]}`")
+
+
+# Module names in prose: the pages and the docstrings and comments of src/ratewarden
+# (Python, and Lua's comments) name only modules that exist. A name is taken for a
+# module's only where it cannot be read as anything else, so the check has no false
+# alarms to silence:
+# - a path whose first directory is one of ours (`server/_http.py`, `stores/redis/lua/`,
+#   `rules/_actions`, `ratewarden/fleet/model.py`), a file `_x.py` or `_x.lua`, or a
+#   bare `x.py` when `x` is a package of ours (a module that became one); a path
+#   under src/, tests/, scripts/, bench/, examples/ or docs/ from the repository's root;
+# - a dotted name from `ratewarden` (`ratewarden.rules._engine`): past the longest
+#   part that is a module, a lowercase part after a package names a module, unless
+#   the package's __init__ binds that name (or, if public, the code uses it: the
+#   WSGI key `ratewarden.degrade`);
+# - a dotted name from a package (`server._verdict`, `server.h2._grpc`), or
+#   `module:attribute` (`rules._engine:_Core`): its private part names a module
+#   unless something is called so;
+# - a bare `_name` (or `_name.attr`) that no module is called and that names nothing
+#   in the code: no definition, variable, attribute, argument, import, nor the tail
+#   of a string's word (a metric family `_over_limit`, with or without Prometheus'
+#   `_total`). A docstring or comment is read against its own package's code (the
+#   server's `self._server` does not make envoy's `_server` an attribute), a page
+#   against all of it. `_name.Class` is a module's always: no attribute holds a class.
+# In a code span every word is a candidate; outside spans, and in fenced blocks,
+# only what plain prose cannot mean otherwise: paths, `ratewarden.x`, `_name.attr`.
+
+SRC_PACKAGE = ROOT / "src" / "ratewarden"
+SPAN = re.compile(r"(``?)([^`]+?)\1(?!`)")
+SPAN_WORD = re.compile(r"[^\s\"'()\[\],;=<>]+")
+UNQUOTED = re.compile(
+    r"(?<![\w./:-])(?:ratewarden(?:\.\w+)+|(?:[\w.-]+/)*\w+\.(?:py|lua)\b"
+    r"|(?:\w+/)+_\w+|_[a-z]\w*(?:\.\w+)+)"
+)
+IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+MODULE_LIKE = re.compile(r"_?[a-z][a-z0-9_]*")
+REPOSITORY_DIRS = ("src/", "tests/", "scripts/", "bench/", "examples/", "docs/")
+PROMETHEUS_SUFFIXES = ("_total", "_count", "_sum", "_bucket", "_created")
+
+
+@cache
+def our_modules() -> dict[str, Path]:
+    """Every module and package of src/ratewarden by its dotted name."""
+    found: dict[str, Path] = {}
+    for path in SRC_PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(SRC_PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+@cache
+def module_tails() -> frozenset[str]:
+    """Our modules' dotted names, and each with its leading packages left off."""
+    names = [name.split(".") for name in our_modules()]
+    return frozenset(".".join(parts[i:]) for parts in names for i in range(len(parts)))
+
+
+@cache
+def path_tails() -> frozenset[str]:
+    """Every file and directory under src/ratewarden as a path from any directory
+    above it up to ``ratewarden/``; a directory's ends with ``/``."""
+    found: set[str] = set()
+    for path in SRC_PACKAGE.rglob("*"):
+        if "__pycache__" not in path.parts:
+            parts = path.relative_to(SRC_PACKAGE.parent).parts
+            end = "/" if path.is_dir() else ""
+            found.update("/".join(parts[i:]) + end for i in range(len(parts)))
+    return frozenset(found)
+
+
+@cache
+def our_dirs() -> frozenset[str]:
+    return frozenset(p.name for p in SRC_PACKAGE.rglob("*") if p.is_dir()) | {"ratewarden"}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A source file read once: what its code calls things, and its prose."""
+
+    names: frozenset[str]
+    prose: tuple[tuple[int, str], ...]  # (line number, text): docstrings and comments
+
+
+@cache
+def read_source(path: Path) -> Source:
+    """What the code calls things: every name in it (definitions, variables,
+    attributes, arguments, imports) and the identifiers in its strings, each with
+    every tail from an underscore on (``_over_limit`` of ``ratewarden_over_limit``);
+    and the lines of its docstrings (the strings that stand as statements) and
+    comments. A Lua file's prose is its comments."""
+    text = path.read_text()
+    lines = text.splitlines()
+    names: set[str] = set()
+    prose: list[tuple[int, str]] = []
+    if path.suffix == ".lua":
+        for number, line in enumerate(lines, 1):
+            code, dashes, comment = line.partition("--")
+            names.update(IDENTIFIER.findall(code))
+            if dashes:
+                prose.append((number, dashes + comment))
+        return Source(frozenset(names), tuple(prose))
+    statement: list[tokenize.TokenInfo] = []
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT:
+            prose.append((token.start[0], token.string))
+        elif token.type == tokenize.NAME:
+            names.add(token.string)
+        if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+            strings = [t for t in statement if t.type == tokenize.STRING]
+            if strings and len(strings) == len(statement):
+                first, last = statement[0].start[0], statement[-1].end[0]
+                prose.extend((n, lines[n - 1]) for n in range(first, last + 1))
+            else:
+                for word in IDENTIFIER.findall(" ".join(t.string for t in strings)):
+                    names.update(word[i:] for i, c in enumerate(word) if i == 0 or c == "_")
+            statement = []
+        elif token.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+            statement.append(token)
+    return Source(frozenset(names), tuple(prose))
+
+
+def bound_in(package: str) -> frozenset[str]:
+    """The names a package's __init__ knows (those it loads lazily are strings in it)."""
+    return read_source(our_modules()[package]).names
+
+
+@cache
+def code_names(scope: Path = SRC_PACKAGE) -> frozenset[str]:
+    """The names in the code of a package of ours and its subpackages (Python, and
+    Lua outside its comments); for src/ratewarden, in all of it."""
+    files = [*scope.rglob("*.py"), *scope.rglob("*.lua")]
+    return frozenset().union(*(read_source(path).names for path in files))
+
+
+def missing_path(path: str) -> str | None:
+    """The path, when it names a file or directory of ours that is not there."""
+    if not re.fullmatch(r"[\w./-]+", path):
+        return None  # a pattern (`protos/*.proto`)
+    if path.startswith(REPOSITORY_DIRS):
+        return None if (ROOT / path).exists() else path
+    first, slash, _ = path.partition("/")
+    if slash and first not in our_dirs():
+        return None  # another project's path, or no path at all (`limit/period`)
+    forms = [path] if path.endswith((".py", ".lua", "/")) else [f"{path}.py", f"{path}/"]
+    if any(form in path_tails() for form in forms):
+        return None
+    if not slash and path[0] != "_" and Path(path).stem not in our_dirs():
+        return None  # the reader's file (`settings.py`), or another project's
+    return path
+
+
+def missing_module(name: str, scope: Path = SRC_PACKAGE) -> str | None:
+    """The module that ``name`` names and that does not exist; None when it exists
+    or when the name can be read as something other than a module. ``scope`` is
+    the code whose names a bare ``_name`` may be."""
+    if "/" in name or name.endswith((".py", ".lua")):
+        return missing_path(name)
+    module, colon, attribute = name.removesuffix("()").partition(":")
+    parts = module.split(".")
+    if not all(IDENTIFIER.fullmatch(part) for part in parts):
+        return None
+    if colon:
+        plain = all(MODULE_LIKE.fullmatch(part) for part in parts)
+        if not plain or not IDENTIFIER.match(attribute) or (len(parts) == 1 and module[0] != "_"):
+            return None  # `localhost:8080`, `HOST:PORT`, `header:...`
+        known = our_modules() if parts[0] == "ratewarden" else module_tails()
+        return None if module in known else module
+    first = parts[0]
+    if first == "ratewarden" or (first in module_tails() and first[0] != "_"):
+        return missing_submodule(parts, scope)
+    if first[0] != "_" or first in module_tails() or not MODULE_LIKE.fullmatch(first):
+        return None  # a word, or a module that is there
+    if len(parts) > 1 and parts[1][0].isupper():
+        return first  # `_member.Member`
+    metric = next((first.removesuffix(s) for s in PROMETHEUS_SUFFIXES if first.endswith(s)), first)
+    if first in PROMETHEUS_SUFFIXES or {first, metric} & code_names(scope):
+        return None
+    return first
+
+
+def missing_submodule(parts: list[str], scope: Path) -> str | None:
+    """For a dotted name from ``ratewarden`` or from one of its packages: past the
+    longest part that is a module, the module the next part names, if it is gone."""
+    anchored = parts[0] == "ratewarden"
+    known = set(our_modules()) if anchored else module_tails()
+    have = max(i for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in known)
+    if have == len(parts):
+        return None
+    prefix, part = ".".join(parts[:have]), parts[have]
+    packages = [n for n in our_modules() if n == prefix or n.endswith(f".{prefix}")]
+    if not MODULE_LIKE.fullmatch(part) or any(
+        our_modules()[n].stem != "__init__" for n in packages
+    ):
+        return None  # an attribute of a module
+    if not anchored and part[0] != "_":
+        return None  # another project's name (`envoy.filters`, `redis.exceptions`)
+    if any(part in bound_in(n) for n in packages):
+        return None
+    if (not anchored or part[0] != "_") and part in code_names(scope):
+        return None  # an attribute (`server._closing`), a key (`ratewarden.degrade`)
+    return f"{prefix}.{part}"
+
+
+def module_names(line: str, *, code: bool = False) -> Iterator[str]:
+    """The names in a line that may be modules'. In code (a fenced block) only the
+    forms that prose outside code spans is held to."""
+    if not code:
+        for span in SPAN.finditer(line):
+            yield span[2]
+            yield from SPAN_WORD.findall(span[2])
+        line = SPAN.sub(" ", line)
+    for found in UNQUOTED.finditer(line):
+        yield found[0]
+
+
+def lines_of_page(page: Path) -> Iterator[tuple[int, str, bool]]:
+    """A page's lines by number, each with whether it is in a fenced block."""
+    fence = None
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        opening = FENCE.match(line)
+        if fence is None and opening:
+            fence = opening["fence"]
+            yield number, line, True
+        else:
+            yield number, line, fence is not None
+            if fence is not None and line.strip().startswith(fence):
+                fence = None
+
+
+def gone_modules(path: Path) -> Iterator[str]:
+    """``FILE:LINE: NAME`` for each module a page or a source file names that is gone."""
+    if path.suffix == ".md":
+        lines = list(lines_of_page(path))
+    else:
+        lines = [(number, line, False) for number, line in read_source(path).prose]
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    scope = SRC_PACKAGE  # a page may mean anything in the code
+    if path.is_relative_to(SRC_PACKAGE):  # a docstring or comment, its own package's
+        top = SRC_PACKAGE / path.relative_to(SRC_PACKAGE).parts[0]
+        scope = top if top.is_dir() else SRC_PACKAGE
+    for number, line, code in sorted(lines):
+        names = (missing_module(name, scope) for name in module_names(line, code=code))
+        for gone in dict.fromkeys(name for name in names if name):
+            yield f"{where}:{number}: {gone}"
+
+
+def test_every_module_named_in_the_docs_docstrings_and_comments_exists() -> None:
+    sources = [*PAGES, *sorted(SRC_PACKAGE.rglob("*.py")), *sorted(SRC_PACKAGE.rglob("*.lua"))]
+    gone = [found for path in sources for found in gone_modules(path)]
+    assert not gone, "these name modules that do not exist:\n" + "\n".join(gone)
+
+
+def test_a_module_name_is_told_from_other_names(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Gone: `ratewarden.rules._nowhere`, ``_envoydir``, `server/_h2.py`, `rules._gone:f`,\n"
+        "`_member.Member`, `ratewarden.server._gone.App`, `cli.py`, `stores._base`.\n"
+        "Unquoted: see ratewarden/fleet/_alloc.py and ratewarden.fleet._model.\n"
+        "There: `ratewarden.rules._engine`, `_engine`, `server/_http.py`, `stores/redis/lua/`,\n"
+        "`server.h2._grpc`, `rules._engine:_Core._outcome`, `fleet.lua`, `_sync.lua`.\n"
+        "Not modules: `_member` (an attribute), `_over_limit_total`, `_total`, `settings.py`,\n"
+        '`localhost:8080`, `HOST:PORT`, `environ["ratewarden.degrade"]`, `envoy.filters`,\n'
+        "`ratewarden.rules.loads`, `ratewarden.Limiter`, `limit/period`, `protos/*.proto`.\n"
+        "```python\nimport ratewarden.rules._nowhere_in_code\n```\n"
+    )  # fmt: skip
+    assert list(gone_modules(page)) == [
+        f"{page}:1: ratewarden.rules._nowhere",
+        f"{page}:1: _envoydir",
+        f"{page}:1: server/_h2.py",
+        f"{page}:1: rules._gone",
+        f"{page}:2: _member",
+        f"{page}:2: ratewarden.server._gone",
+        f"{page}:2: cli.py",
+        f"{page}:2: stores._base",
+        f"{page}:3: ratewarden/fleet/_alloc.py",
+        f"{page}:3: ratewarden.fleet._model",
+        f"{page}:10: ratewarden.rules._nowhere_in_code",
+    ]
 
 
 def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:

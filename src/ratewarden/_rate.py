@@ -8,7 +8,7 @@ from ._errors import ConfigurationError
 
 __all__ = ["Rate", "parse_rate"]
 
-# Seconds per unit; envoy configurations (rules/_envoy.py) use the same table.
+# Seconds per unit; envoy configurations (envoy/_tree.py) use the same table.
 UNIT_SECONDS = {
     "second": 1,
     "minute": 60,

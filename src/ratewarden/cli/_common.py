@@ -110,7 +110,7 @@ class Parser(argparse.ArgumentParser):
 
 def examples(*lines: str) -> str:
     """The ``examples:`` section that ends a command's help. Every line is run by
-    tests/cli/test_examples.py, with the conventions that cli.py's docstring
+    tests/cli/test_examples.py, with the conventions that cli/_main.py's docstring
     states; a comment ``# exits N`` says the example ends with exit code N."""
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 

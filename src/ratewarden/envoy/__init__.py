@@ -7,7 +7,7 @@ its environment variables, applied on ratewarden's stores.
 
 ``_files`` reads the files, ``_tree`` finds a descriptor's limit, ``_config`` applies
 them, ``_result`` says what a check answers and counts, ``_runtime`` holds
-``ratewarden serve``'s envoy options and the directory watcher, ``_server`` what
+``ratewarden serve``'s envoy options and the directory watcher, ``service`` what
 the service shows (dynamic metadata, statsd-named metrics: the ``server`` extra).
 It builds on `ratewarden.rules` (the YAML reader and its errors); the service's
 RLS handler lives in `ratewarden.server`.

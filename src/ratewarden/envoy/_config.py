@@ -1,8 +1,8 @@
 """envoyproxy/ratelimit configurations, applied with that service's semantics.
 
 `EnvoyConfig.load(*paths)` reads its files (a directory: every YAML file in
-it, see `_envoydir`; each parsed by `_envoyfile`), builds a tree per
-domain (`_envoytree`, which also documents the matching), and ``check(domain,
+it; both found and parsed by `_files`), builds a tree per
+domain (`_tree`, which also documents the matching), and ``check(domain,
 descriptors, hits_addend, overrides)`` is what a gRPC ``ShouldRateLimit`` does:
 
 - a domain no file names has no limits: every descriptor is OK (and counted in

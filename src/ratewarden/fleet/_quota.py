@@ -4,7 +4,7 @@
 
 The shell only does I/O: a refresh every interval on a thread of its own, the
 resource's channel for changes of the total, and sleeping while a caller waits.
-What to send and what a reply means is `_member.Member`'s; spending permits is
+What to send and what a reply means is `member.Member`'s; spending permits is
 `_share.Share`'s; the rest the twins share is `_shell.Shell`. ``acquire`` never
 touches the network.
 """

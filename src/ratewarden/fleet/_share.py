@@ -3,7 +3,7 @@
 The coordinator grants a member ``grant`` millipermits per window lying in a
 few pieces of a line ``[0, total)``, each ``(start, start + length]``: no two
 members' pieces overlap, and the coordinator never moves a member's pieces but
-when that member refreshes (see `_alloc.place`). Windows align to the epoch, so
+when that member refreshes (see `alloc.place`). Windows align to the epoch, so
 every member agrees on their edges. In window ``w`` the permits are the marks
 ``off(w) + 1000*k`` on that line, and a member may spend the marks that fall in
 its own pieces; for each:

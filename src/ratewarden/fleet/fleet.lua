@@ -1,6 +1,6 @@
 -- ratewarden fleet quotas: the coordinator, one script call per operation.
--- Mirrors ratewarden/fleet/_model.py (the parity suite runs both with one clock)
--- and ratewarden/fleet/_alloc.py (the allocation functions).
+-- Mirrors ratewarden/fleet/model.py (the parity suite runs both with one clock)
+-- and ratewarden/fleet/alloc.py (the allocation functions).
 --
 -- KEYS[1]: the resource's configuration (hash); KEYS[2]: its members (hash:
 -- member id -> seq, expires_ms, wants_m, has_m, used_m, safe_m (what it falls
@@ -8,7 +8,7 @@
 -- length, packed as big-endian doubles: one C call
 -- to read, where parsing text cost 40% of the script's time). Both keys carry
 -- one hash tag. A member's grant lies in its pieces of the line [0, total); no
--- two live members' pieces overlap (see _alloc.place).
+-- two live members' pieces overlap (see alloc.place).
 -- Quantities are integer millipermits per window; times integer milliseconds of
 -- the Redis server's clock unless ARGV passes one (tests, simulations).
 -- ARGV[1] is the operation: refresh, leave, set, show. ARGV[2] the channel that a
@@ -113,7 +113,7 @@ local function save(m)
     m.seq, m.expires, m.wants, m.has, m.used, m.safe, #m.pieces, unpack(flat)))
 end
 
--- allocation (see _alloc.py)
+-- allocation (see alloc.py)
 local function allocate(algorithm, total, wants, cap)
   local n, out = #wants, {}
   if n == 0 then return out end
@@ -161,7 +161,7 @@ local function allocate(algorithm, total, wants, cap)
   return out
 end
 
--- where a member's grant lies (see _alloc.place): a smaller grant keeps the
+-- where a member's grant lies (see alloc.place): a smaller grant keeps the
 -- start of what it had; a larger one keeps all it had and grows into the free
 -- space next to its pieces, then into the largest free gaps, a piece each, up
 -- to MAX_PIECES
@@ -395,7 +395,7 @@ for i, m in ipairs(members) do
 end
 local target = allocate(cfg.algorithm, total, all_wants, num(cfg, 'cap_m'))[mine]
 -- the demand-based algorithms hand out what nobody wants in n + 1 equal parts,
--- one left for a member that joins (_alloc.with_spare)
+-- one left for a member that joins (alloc.with_spare)
 if cfg.algorithm == 'fair_share' or cfg.algorithm == 'proportional_share' then
   local demand = 0
   for _, w in ipairs(all_wants) do demand = demand + w end
