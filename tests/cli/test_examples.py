@@ -1,7 +1,7 @@
 """Every example in every ``ratewarden ... --help`` runs, as written, with the
 exit code it says.
 
-The examples follow the conventions of ratewarden/cli.py's docstring: they run
+The examples follow the conventions of ratewarden/cli/_main.py's docstring: they run
 in a directory holding ``rules.yaml``, ``ratelimit-config.yaml`` and ``token``; the
 service at ``http://127.0.0.1:8080`` is one this module starts (on a free port,
 written in place of 8080); ``redis://127.0.0.1:6379/0`` is a redis-server of

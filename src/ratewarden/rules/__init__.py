@@ -6,6 +6,25 @@
     engine = RuleEngine("rules.yaml", store)    # or AsyncRuleEngine with an async store
     outcome = engine.check(attributes)          # Outcome: allowed, action, status, ...
 
+What each module holds:
+
+- the rule file: ``_schema`` (typed objects, and every check that is not about
+  types), ``source`` (what is wrong with a file, said so an operator can fix it);
+- its index, no I/O: ``_compile`` (`RuleSet`: which limits apply to a request,
+  without looking at every rule), ``_rule`` (`CompiledRule`, `LimitSpec`,
+  `Applicable`: the pieces it indexes), ``_paths`` (path patterns, matched all at
+  once), ``_clientip`` (the client's address behind trusted proxies);
+- applying it: ``_engine`` (`RuleEngine`, `AsyncRuleEngine`: one ``hit_many`` per
+  request, reloads that never leave a bad set in force), ``_actions`` (`Outcome`
+  and its response headers), ``_limits_in_force`` (the limit a request meets now:
+  an override's rate, an adaptive limit's size), ``_unidentified`` (the answer
+  for a caller that could not be identified), ``_watcher`` (reloading a file
+  when it changes);
+- runtime overrides: ``overrides`` (the records and their checks, no I/O),
+  ``_override_stores`` (where they live: this process, or Redis),
+  ``_override_view`` (which are in force here, following a shared store), and
+  ``_engine_overrides`` (the part of an engine that holds them).
+
 envoyproxy/ratelimit's configuration format lives in `ratewarden.envoy`; its
 names are also offered here, imported on first use.
 

@@ -5,6 +5,34 @@ gateway endpoint, over the rule engine (``pip install ratewarden[server,grpc]``)
     app = App(service, token=None)                        # an ASGI app
     GrpcServer(service, "127.0.0.1:8081")                 # RLS v3, health, reflection
 
+What each module holds:
+
+- the command: ``_serve`` (its options, the store, both servers on one event
+  loop, SIGTERM drains, SIGHUP and the watchers reload), ``_process`` (the
+  open-file limit, the event loop, ``--workers``), ``_addresses`` (``HOST:PORT``
+  options, the socket the workers share), ``_logging`` (lines with secrets
+  blanked);
+- the service, built from parts each given only what it needs: ``_service``
+  (`Service`), ``_rules_in_force`` (the rules answered by, and their reloads),
+  ``_counters`` (metrics, dashboard figures, envoy's statistics), ``_readiness``
+  (whether the store answers);
+- a check's path: read once at the edge into a `Check` (``_check_json`` for the
+  HTTP API, ``_rls`` for Envoy's RLS), decided once (``_checks``: the `Checker`;
+  ``_verdict``: what it decided), written back by the front end that read it
+  (``_check_json``, ``_rls_wire``); ``_refusals``: the requests refused, as
+  exceptions both front ends answer;
+- the HTTP API: ``_app`` (a plain ASGI app), ``_request`` (strict JSON bodies),
+  ``_shapes`` (the msgspec request and answer types), ``_openapi``, ``_admin_api``
+  (load signals), ``_quotas`` and ``_quota_reader`` (``/v1/quotas``), ``_metrics``
+  (Prometheus), ``_dashboard`` and ``_dashstats`` (the live dashboard);
+- our HTTP/1.1 server on httptools: ``_http_server`` (serving and draining),
+  ``_http_listener`` (what a listener's connections share), ``_http`` (one
+  connection), ``_http_cycle`` (one request's exchange with the app),
+  ``_connection_limits`` (what one client may hold);
+- gRPC: ``_grpc`` (RLS, health and reflection on one listener), ``_protos`` (the
+  messages, compiled when first needed); ``h2/`` is our HTTP/2 server, a protocol
+  layer apart from the calls it carries.
+
 ``import ratewarden`` imports none of this; the gRPC half needs the ``grpc`` extra
 and is imported only through ``ratewarden.server._grpc``.
 """

@@ -1,5 +1,5 @@
 """AsyncRedisStore on one server sends its checks over a connection of its own
-(stores/_wire.py), not through redis-py's pipeline: what redis-py did for the
+(stores/redis/_wire.py), not through redis-py's pipeline: what redis-py did for the
 pipeline (AUTH, SELECT, TLS, reconnecting, timeouts, error replies) must hold on
 it too."""
 

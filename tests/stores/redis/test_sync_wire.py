@@ -1,5 +1,5 @@
 """RedisStore on one server sends its scripts over connections of its own
-(stores/_syncwire.py), not through redis-py's client: what redis-py did for them
+(stores/redis/_syncwire.py), not through redis-py's client: what redis-py did for them
 (AUTH, SELECT, TLS, threads, fork, reconnecting, timeouts, error replies) must hold
 on them too, and a server that misbehaves must not be trusted."""
 

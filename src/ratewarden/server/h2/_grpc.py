@@ -1,4 +1,4 @@
-"""gRPC over our HTTP/2 connection (`_h2`): what Envoy's rate limit filter and
+"""gRPC over our HTTP/2 connection (`_connection`): what Envoy's rate limit filter and
 gRPC clients need, and nothing else.
 
 - gRPC's length-prefixed messages, identity or gzip, unary and streaming

@@ -12,7 +12,7 @@
 
 -- The limit being stepped: the step functions read these as upvalues.
 local tick, limit, period, burst, scale, unit, capacity, span
-local STEPS = {}  -- _many.lua: the step functions by number (see redis.py, STEP_IDS)
+local STEPS = {}  -- _many.lua: the step functions by number (see scripts.py, STEP_IDS)
 local BUCKETS = 4  -- step numbers from here on size their limit by burst
 
 -- floor(a / b) for integers, b > 0, exact even where a / b rounds

@@ -10,7 +10,7 @@
 --          written, the key, its value before and its value after (for a refund
 --          when tiers in other cluster slots deny; see _refund.lua)
 -- returns  {tier, allowed, remaining, reset_after, retry_after}: the tier that speaks
---          for the request (as ratewarden.stores._base.pick chooses) and its answer
+--          for the request (as ratewarden.stores.base.pick chooses) and its answer
 --          in its ticks (tier 0: there were no enforced tiers); the same for the shadow
 --          tiers (tier 0: none were checked); then, with "keep" when all passed, the
 --          key triples
