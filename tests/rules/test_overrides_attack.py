@@ -1,7 +1,8 @@
 """Runtime overrides attacked: rules whose limits are not their plain rates
 (degrade, queue), rates no parser should choke on, foreign values in the Redis
 hash, a flood on the channel, a follower's read that is older than a change,
-engines dropped without close, and text that would spoof a table or a log."""
+engines dropped without close, a read that swallows the follower's cancellation,
+and text that would spoof a table or a log."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import pytest
 from ratewarden import ConfigurationError
 from ratewarden._clock import FakeClock
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, loads
-from ratewarden.rules._override_view import OverrideView
+from ratewarden.rules._override_stores import Snapshot
+from ratewarden.rules._override_view import OverrideView, follow_async
 from ratewarden.rules.overrides import OverrideRecord, check_text
 from ratewarden.stores import MemoryStore
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
@@ -267,5 +269,49 @@ def test_a_dropped_async_engine_is_collected_and_its_follower_ends(
             assert time.monotonic() - began < 3.0
             await asyncio.sleep(0.01)
         await store.aclose()
+
+    asyncio.run(main())
+
+
+class SwallowingSource:
+    """A source whose read answers through the first cancellation, as Python 3.11's
+    `asyncio.wait_for` (redis-py's, on a send) does when the call it waits for ends
+    in the loop's turn that brings the cancel. Later cancellations end the read."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.swallowed = False
+
+    async def subscribe(self) -> None:
+        raise ConnectionError("no channel here")  # the follower polls instead
+
+    async def read(self) -> Snapshot:
+        self.reads += 1
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise
+            self.swallowed = True
+        return 0, {}
+
+
+def test_an_async_follower_ends_when_a_read_swallows_its_cancellation() -> None:
+    taken: list[Snapshot] = []
+
+    class Engine:
+        def take(self, snapshot: Snapshot) -> None:
+            taken.append(snapshot)
+
+    async def main() -> None:
+        engine, source = Engine(), SwallowingSource()
+        task = asyncio.create_task(follow_async(weakref.WeakMethod(engine.take), source))
+        while not source.reads:
+            await asyncio.sleep(0.01)
+        task.cancel()  # as AsyncRuleEngine.aclose does, and then awaits the task
+        done, _ = await asyncio.wait({task}, timeout=3.0)
+        assert source.swallowed
+        assert task in done, "the follower reads on after its cancellation: aclose hangs"
+        assert task.cancelled()
 
     asyncio.run(main())

@@ -246,10 +246,16 @@ async def follow_async(ref: weakref.WeakMethod[Any], source: Any) -> None:
     holds the engine's ``take`` weakly, as the thread does, and ends once the
     engine is gone (the engine itself as an argument would live as long as the
     task's frame, which the loop keeps: engine and task would never go)."""
+    task = asyncio.current_task()
     pubsub = None
     last_read = -MIN_GAP
     try:
         while True:
+            # A cancellation counts even when a call swallowed it: Python 3.11's
+            # asyncio.wait_for (redis-py's, on a send) returns the call's result
+            # when it ends in the turn the cancel comes, and aclose would wait on.
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
             await asyncio.sleep(max(0.0, MIN_GAP - (time.monotonic() - last_read)))
             if pubsub is None:
                 with suppress(Exception):

@@ -4,7 +4,8 @@ editing the rule file, and every process applying that rule file follows.
 This module holds what does no I/O: the records, checking an override against
 the rules in force, and the limits a rule set runs with while overrides are in
 force. Where the records live (this process, or Redis for every process sharing
-a store) is `_override_stores`; the engine applies them (`_engine`).
+a store) is `_override_stores`; an engine applies them through the part of it
+that holds them (`_engine_overrides`).
 
 An override names a rule and gives rates. A rule with one rate takes the one
 rate given; a rule with several (``10/second`` and ``1000/hour``) has each
