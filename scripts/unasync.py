@@ -1,7 +1,9 @@
 """Write the sync twins of the async modules that must be classes of their own.
 
-    python scripts/unasync.py           # write every generated file
-    python scripts/unasync.py --check   # exit 1 naming each one that differs
+    ./dev twins                   # write every generated file, with the locked ruff
+    ./dev twins --check           # write nothing: exit 1 naming each one that differs
+
+(``./dev twins ARGS`` is ``.venv/bin/python scripts/unasync.py ARGS``.)
 
 The async module is the one a person edits; its sync twin is made from it by
 renaming tokens (``async def`` -> ``def``, ``await x`` -> ``x``, ``AsyncFoo`` ->
@@ -154,10 +156,7 @@ def main(argv: list[str]) -> int:
         else:
             twin.target.write_text(text)
     if stale:
-        print(
-            "unasync: out of date (run python scripts/unasync.py): " + ", ".join(stale),
-            file=sys.stderr,
-        )
+        print("unasync: out of date (run ./dev twins): " + ", ".join(stale), file=sys.stderr)
         return 1
     return 0
 
