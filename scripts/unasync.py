@@ -2,6 +2,7 @@
 
     ./dev twins                   # write every generated file, with the locked ruff
     ./dev twins --check           # write nothing: exit 1 naming each one that differs
+    ./dev twins --root DIR        # the same on a copy: DIR/src/ratewarden/...
 
 (``./dev twins ARGS`` is ``.venv/bin/python scripts/unasync.py ARGS``.)
 
@@ -31,6 +32,7 @@ hand, or an async one changed without running this script, fails the run.
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
@@ -38,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "src" / "ratewarden"
+# the repository's ruff settings, also for a twin written into a copy elsewhere
+CONFIG = ROOT / "pyproject.toml"
 
 # renames every twin takes, applied as whole words, in this order
 COMMON: tuple[tuple[str, str], ...] = (
@@ -74,10 +77,10 @@ _TWIN = re.compile(r"^# unasync: twin (\S+)$", re.M)
 _RENAME = re.compile(r"^# unasync: rename (\S+) -> (\S*)$", re.M)
 
 
-def twins() -> list[Twin]:
-    """Every async module that asks for a twin, in path order."""
+def twins(root: Path = ROOT) -> list[Twin]:
+    """Every async module under ``root``'s src/ratewarden that asks for a twin, in path order."""
     found = []
-    for path in sorted(SRC.rglob("*.py")):
+    for path in sorted((root / "src" / "ratewarden").rglob("*.py")):
         text = path.read_text()
         target = _TWIN.search(text)
         if target is None:
@@ -116,43 +119,61 @@ def _markers(text: str) -> str:
     return "".join(out)
 
 
-def generate(twin: Twin) -> str:
+def _ruff(args: list[str], text: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--config", str(CONFIG), "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"unasync: ruff {args[0]} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def generate(twin: Twin, root: Path = ROOT) -> str:
+    """The sync twin's text (``root``: the tree its header names the source from)."""
     text = twin.source.read_text()
     text = _TWIN.sub("", _RENAME.sub("", text)).replace("\n\n\n\n", "\n\n\n")
     text = _markers(text)
     for pattern, replacement in (*twin.renames, *COMMON):
         text = re.sub(pattern, replacement, text)
     where = twin.source
-    source = where.relative_to(ROOT).as_posix() if where.is_relative_to(ROOT) else where.name
+    source = where.relative_to(root).as_posix() if where.is_relative_to(root) else where.name
     text = HEADER.format(source=source) + text
-    formatted = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--stdin-filename", str(twin.target), "-"],
-        input=text,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=True,
-    )
-    fixed = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--fix-only", "--quiet", "--stdin-filename",
-         str(twin.target), "-"],
-        input=formatted.stdout,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )  # fmt: skip
-    return fixed.stdout or formatted.stdout
+    name = str(twin.target)
+    text = _ruff(["format", "--stdin-filename", name], text)
+    # --fix-only exits 0 whatever it leaves unfixed: the lint run reports that
+    return _ruff(["check", "--fix-only", "--quiet", "--stdin-filename", name], text)
 
 
 def main(argv: list[str]) -> int:
-    check = "--check" in argv
+    parser = argparse.ArgumentParser(
+        prog="scripts/unasync.py", description="Write the sync twins of the async modules."
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing: exit 1 naming each twin that differs"
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=ROOT,
+        help="the tree whose src/ratewarden holds the modules (default: this repository)",
+    )
+    args = parser.parse_args(argv)
+    root: Path = args.root.resolve()
+    found = twins(root)
+    if not found:
+        print(f"unasync: no module under {root}/src/ratewarden asks for a twin", file=sys.stderr)
+        return 2
     stale = []
-    for twin in twins():
-        text = generate(twin)
-        if check:
+    for twin in found:
+        text = generate(twin, root)
+        if args.check:
             if not twin.target.exists() or twin.target.read_text() != text:
-                stale.append(twin.target.relative_to(ROOT).as_posix())
+                stale.append(twin.target.relative_to(root).as_posix())
         else:
             twin.target.write_text(text)
     if stale:
