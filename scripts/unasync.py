@@ -8,7 +8,8 @@
 
 The async module is the one a person edits; its sync twin is made from it by
 renaming tokens (``async def`` -> ``def``, ``await x`` -> ``x``, ``AsyncFoo`` ->
-``Foo``, ``aclose`` -> ``close`` ...), then formatted by ruff. Where the two must
+``Foo``, ``aclose`` -> ``close`` ...), then formatted by ruff, which also drops
+the imports the twin no longer uses and sorts the rest. Where the two must
 differ in more than names (a task against a thread), the async module says so
 with a pair of markers, and the sync text between them is written in the
 comment lines that follow ``# unasync: sync``::
@@ -26,6 +27,12 @@ applied before the common ones), in comments at its top::
     # unasync: twin _quota.py
     # unasync: rename asyncio.sleep -> time.sleep
 
+A twin is ruff's output, and that changes between releases (ruff 0.6 leaves
+``f"{x+1}" "s"`` as it is, 0.9 and later write ``f"{x + 1}s"``): pyproject.toml's
+dev extra pins ruff exactly, and the script refuses to run on any other version,
+so that no twin one ruff writes is stale under another. To move to a new ruff,
+change the pin, ``./dev lock``, then ``./dev twins`` and commit what it rewrites.
+
 `./dev test` runs ``--check`` (tests/test_twins.py): a generated file edited by
 hand, or an async one changed without running this script, fails the run.
 """
@@ -33,9 +40,11 @@ hand, or an async one changed without running this script, fails the run.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,7 +128,41 @@ def _markers(text: str) -> str:
     return "".join(out)
 
 
+def pinned_ruff() -> str:
+    """The ruff version that pyproject.toml's dev extra pins, which writes the twins."""
+    config = tomllib.loads(CONFIG.read_text())
+    for requirement in config["project"]["optional-dependencies"]["dev"]:
+        if re.match(r"ruff\b(?!-)", requirement):
+            pin = re.fullmatch(r"ruff\s*==\s*([\w.]+)", requirement.strip())
+            if pin is None:
+                break
+            return pin.group(1)
+    raise SystemExit(
+        "unasync: pyproject.toml's dev extra must pin ruff exactly (ruff==X.Y.Z): "
+        "the twins are its output"
+    )
+
+
+@functools.cache
+def _check_ruff() -> None:
+    """Stop before any twin is written or compared by a ruff other than the pinned one."""
+    wanted = pinned_ruff()
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "--version"], capture_output=True, text=True, check=False
+    )
+    words = done.stdout.split()
+    found = words[-1] if done.returncode == 0 and words else None
+    if found != wanted:
+        have = f"ruff {found}" if found else "no ruff"
+        raise SystemExit(
+            f"unasync: the twins are ruff {wanted}'s output (pyproject.toml pins it), and "
+            f"{sys.executable} has {have}: run ./dev twins, which uses the locked venv, "
+            f"or install ruff=={wanted}"
+        )
+
+
 def _ruff(args: list[str], text: str) -> str:
+    _check_ruff()
     done = subprocess.run(
         [sys.executable, "-m", "ruff", *args, "--config", str(CONFIG), "-"],
         input=text,

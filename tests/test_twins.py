@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,6 +110,37 @@ def test_a_generated_file_edited_by_hand_fails_the_check(
     named = edited.relative_to(tmp_path).as_posix()
     assert capsys.readouterr().err.rstrip().endswith(f"out of date (run ./dev twins): {named}")
     assert original.read_bytes() == kept
+
+
+def test_ruff_is_pinned_exactly_and_locked_at_the_pin() -> None:
+    """The twins are ruff's output: the newest releases pyproject.toml allows
+    (./dev test-latest) and the lock (./dev test) must be one ruff."""
+    pinned = _script().pinned_ruff()
+    lock = (ROOT / "requirements" / "dev.txt").read_text()
+    assert re.findall(r"^ruff==(\S+) ", lock, re.M) == [pinned]
+
+
+def test_another_ruff_stops_the_script_naming_the_pinned_one(tmp_path: Path) -> None:
+    """A ruff that reports 0.6.9, found first on the path: the script names both
+    versions and how to get the pinned one, and writes no twin."""
+    fake = tmp_path / "path" / "ruff"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text('print("ruff 0.6.9")\n')
+    pairs = _copy(tmp_path / "tree", targets=False)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--root", str(tmp_path / "tree")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "path")},
+        check=False,
+    )
+    assert done.returncode == 1
+    pinned = _script().pinned_ruff()
+    assert f"the twins are ruff {pinned}'s output" in done.stderr
+    assert "has ruff 0.6.9: run ./dev twins" in done.stderr
+    assert f"install ruff=={pinned}" in done.stderr
+    assert not any(copy.exists() for copy, _ in pairs)
 
 
 def test_hand_written_twins_mirror_fewer_than_100_lines() -> None:
