@@ -1,11 +1,15 @@
 """Write the sync twins of the async modules that must be classes of their own.
 
-    python scripts/unasync.py           # write every generated file
-    python scripts/unasync.py --check   # exit 1 naming each one that differs
+    ./dev twins                   # write every generated file, with the locked ruff
+    ./dev twins --check           # write nothing: exit 1 naming each one that differs
+    ./dev twins --root DIR        # the same on a copy: DIR/src/ratewarden/...
+
+(``./dev twins ARGS`` is ``.venv/bin/python scripts/unasync.py ARGS``.)
 
 The async module is the one a person edits; its sync twin is made from it by
 renaming tokens (``async def`` -> ``def``, ``await x`` -> ``x``, ``AsyncFoo`` ->
-``Foo``, ``aclose`` -> ``close`` ...), then formatted by ruff. Where the two must
+``Foo``, ``aclose`` -> ``close`` ...), then formatted by ruff, which also drops
+the imports the twin no longer uses and sorts the rest. Where the two must
 differ in more than names (a task against a thread), the async module says so
 with a pair of markers, and the sync text between them is written in the
 comment lines that follow ``# unasync: sync``::
@@ -23,20 +27,30 @@ applied before the common ones), in comments at its top::
     # unasync: twin _quota.py
     # unasync: rename asyncio.sleep -> time.sleep
 
+A twin is ruff's output, and that changes between releases (ruff 0.6 leaves
+``f"{x+1}" "s"`` as it is, 0.9 and later write ``f"{x + 1}s"``): pyproject.toml's
+dev extra pins ruff exactly, and the script refuses to run on any other version,
+so that no twin one ruff writes is stale under another. To move to a new ruff,
+change the pin, ``./dev lock``, then ``./dev twins`` and commit what it rewrites.
+
 `./dev test` runs ``--check`` (tests/test_twins.py): a generated file edited by
 hand, or an async one changed without running this script, fails the run.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import re
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "src" / "ratewarden"
+# the repository's ruff settings, also for a twin written into a copy elsewhere
+CONFIG = ROOT / "pyproject.toml"
 
 # renames every twin takes, applied as whole words, in this order
 COMMON: tuple[tuple[str, str], ...] = (
@@ -72,10 +86,10 @@ _TWIN = re.compile(r"^# unasync: twin (\S+)$", re.M)
 _RENAME = re.compile(r"^# unasync: rename (\S+) -> (\S*)$", re.M)
 
 
-def twins() -> list[Twin]:
-    """Every async module that asks for a twin, in path order."""
+def twins(root: Path = ROOT) -> list[Twin]:
+    """Every async module under ``root``'s src/ratewarden that asks for a twin, in path order."""
     found = []
-    for path in sorted(SRC.rglob("*.py")):
+    for path in sorted((root / "src" / "ratewarden").rglob("*.py")):
         text = path.read_text()
         target = _TWIN.search(text)
         if target is None:
@@ -114,50 +128,99 @@ def _markers(text: str) -> str:
     return "".join(out)
 
 
-def generate(twin: Twin) -> str:
+def pinned_ruff() -> str:
+    """The ruff version that pyproject.toml's dev extra pins, which writes the twins."""
+    config = tomllib.loads(CONFIG.read_text())
+    for requirement in config["project"]["optional-dependencies"]["dev"]:
+        if re.match(r"ruff\b(?!-)", requirement):
+            pin = re.fullmatch(r"ruff\s*==\s*([\w.]+)", requirement.strip())
+            if pin is None:
+                break
+            return pin.group(1)
+    raise SystemExit(
+        "unasync: pyproject.toml's dev extra must pin ruff exactly (ruff==X.Y.Z): "
+        "the twins are its output"
+    )
+
+
+@functools.cache
+def _check_ruff() -> None:
+    """Stop before any twin is written or compared by a ruff other than the pinned one."""
+    wanted = pinned_ruff()
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "--version"], capture_output=True, text=True, check=False
+    )
+    words = done.stdout.split()
+    found = words[-1] if done.returncode == 0 and words else None
+    if found != wanted:
+        have = f"ruff {found}" if found else "no ruff"
+        raise SystemExit(
+            f"unasync: the twins are ruff {wanted}'s output (pyproject.toml pins it), and "
+            f"{sys.executable} has {have}: run ./dev twins, which uses the locked venv, "
+            f"or install ruff=={wanted}"
+        )
+
+
+def _ruff(args: list[str], text: str) -> str:
+    _check_ruff()
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--config", str(CONFIG), "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"unasync: ruff {args[0]} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def generate(twin: Twin, root: Path = ROOT) -> str:
+    """The sync twin's text (``root``: the tree its header names the source from)."""
     text = twin.source.read_text()
     text = _TWIN.sub("", _RENAME.sub("", text)).replace("\n\n\n\n", "\n\n\n")
     text = _markers(text)
     for pattern, replacement in (*twin.renames, *COMMON):
         text = re.sub(pattern, replacement, text)
     where = twin.source
-    source = where.relative_to(ROOT).as_posix() if where.is_relative_to(ROOT) else where.name
+    source = where.relative_to(root).as_posix() if where.is_relative_to(root) else where.name
     text = HEADER.format(source=source) + text
-    formatted = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--stdin-filename", str(twin.target), "-"],
-        input=text,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=True,
-    )
-    fixed = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--fix-only", "--quiet", "--stdin-filename",
-         str(twin.target), "-"],
-        input=formatted.stdout,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )  # fmt: skip
-    return fixed.stdout or formatted.stdout
+    name = str(twin.target)
+    text = _ruff(["format", "--stdin-filename", name], text)
+    # --fix-only exits 0 whatever it leaves unfixed: the lint run reports that
+    return _ruff(["check", "--fix-only", "--quiet", "--stdin-filename", name], text)
 
 
 def main(argv: list[str]) -> int:
-    check = "--check" in argv
+    parser = argparse.ArgumentParser(
+        prog="scripts/unasync.py", description="Write the sync twins of the async modules."
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing: exit 1 naming each twin that differs"
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=ROOT,
+        help="the tree whose src/ratewarden holds the modules (default: this repository)",
+    )
+    args = parser.parse_args(argv)
+    root: Path = args.root.resolve()
+    found = twins(root)
+    if not found:
+        print(f"unasync: no module under {root}/src/ratewarden asks for a twin", file=sys.stderr)
+        return 2
     stale = []
-    for twin in twins():
-        text = generate(twin)
-        if check:
+    for twin in found:
+        text = generate(twin, root)
+        if args.check:
             if not twin.target.exists() or twin.target.read_text() != text:
-                stale.append(twin.target.relative_to(ROOT).as_posix())
+                stale.append(twin.target.relative_to(root).as_posix())
         else:
             twin.target.write_text(text)
     if stale:
-        print(
-            "unasync: out of date (run python scripts/unasync.py): " + ", ".join(stale),
-            file=sys.stderr,
-        )
+        print("unasync: out of date (run ./dev twins): " + ", ".join(stale), file=sys.stderr)
         return 1
     return 0
 

@@ -30,13 +30,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Tests that hold a store to its production timeouts (50 ms) while they break
-# things, or that edit a file of the repository for a moment (a generated twin,
-# which the twins' check reads): ./dev test runs them after the rest, alone, since
-# the parallel pass keeps both cores busy (`-m serial`, `-m "not serial"`).
-SERIAL = (
-    "tests/faults/",
-    "tests/test_twins.py::test_a_generated_file_edited_by_hand_fails_the_check",
-)
+# things: ./dev test runs them after the rest, alone, since the parallel pass
+# keeps both cores busy (`-m serial`, `-m "not serial"`).
+SERIAL = ("tests/faults/",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
