@@ -6,7 +6,6 @@ RateLimitResponse, with the HTTP API's bounds on a request's size.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -19,9 +18,9 @@ from ._checks import Checker, DescriptorsCheck
 from ._metrics import Metrics
 from ._protos import messages
 from ._refusals import InvalidRequest
-from ._rls_wire import OK, OVER_LIMIT, UINT32, UNITS, response_bytes
+from ._rls_wire import response_bytes
 from ._shapes import MAX_COST, MAX_DESCRIPTORS, MAX_ENTRIES
-from ._verdict import Verdict, allowed, answer_headers, descriptor_statuses
+from ._verdict import allowed, answer_headers, descriptor_statuses
 from .h2 import GrpcError, Metadata, Status
 
 __all__ = ["METHOD", "SERVICE_NAME", "RateLimitService"]
@@ -59,17 +58,17 @@ class RateLimitService:
         except StoreError as exc:  # a limit whose failure policy is "raise"
             self._metrics.store_errors.inc()
             raise GrpcError(Status.UNAVAILABLE, str(exc)) from None
+        statuses = descriptor_statuses(verdict) or ()
+        reply: bytes = response_bytes(allowed(verdict), statuses, answer_headers(verdict).items())
         if isinstance(verdict, EnvoyResult) and self._rules.envoy_options.dynamic_metadata:
-            response = self._response(verdict)
+            # a Struct is protobuf's to write: the answer read back, the metadata added
+            response = self.Response.FromString(reply)
             each = [d.hits_addend.value if d.HasField("hits_addend") else None
                     for d in request.descriptors]  # fmt: skip
             shown = dynamic_metadata(check.domain, check.descriptors, check.overrides, verdict,
                                      addends=each, hits_addend=request.hits_addend)  # fmt: skip
             response.dynamic_metadata.update(shown)
-            reply: bytes = response.SerializeToString()
-        else:
-            statuses = descriptor_statuses(verdict) or ()
-            reply = response_bytes(allowed(verdict), statuses, answer_headers(verdict).items())
+            reply = response.SerializeToString()
         self._observe("grpc", time.perf_counter() - started)
         return reply
 
@@ -114,24 +113,6 @@ class RateLimitService:
             raise GrpcError(Status.INVALID_ARGUMENT, f"hits_addend above {MAX_COST}")
         overrides = None if ours else _overrides(descriptors)
         return DescriptorsCheck(domain, entries, cost, overrides)
-
-    def _response(self, verdict: Verdict) -> Any:
-        response = self.Response(overall_code=OK if allowed(verdict) else OVER_LIMIT)
-        for status in descriptor_statuses(verdict) or ():
-            out = response.statuses.add(code=OK if status.code == "OK" else OVER_LIMIT)
-            if status.requests_per_unit is not None:
-                out.current_limit.requests_per_unit = min(status.requests_per_unit, UINT32)
-                out.current_limit.unit = UNITS.get(status.unit_seconds or 0, 0)
-                out.current_limit.name = status.limit or ""
-                out.limit_remaining = min(status.remaining or 0, UINT32)
-                if status.reset_after is not None:
-                    out.duration_until_reset.seconds = math.ceil(status.reset_after)
-            elif status.remaining is not None:  # an unlimited limit
-                out.limit_remaining = min(status.remaining, UINT32)
-        # Envoy adds these to the client's response, allowed or not
-        for name, value in answer_headers(verdict).items():
-            response.response_headers_to_add.add(key=name.lower(), value=value)
-        return response
 
 
 def _overrides(descriptors: Any) -> list[Override | None] | None:
