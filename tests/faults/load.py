@@ -505,12 +505,15 @@ def usage(target: Target, tasks: int | None) -> Usage:
 
 def settled_usage(target: Target, tasks: Callable[[], int | None], before: Usage) -> Usage:
     """The usage once closed connections are gone on both ends (Redis and the
-    proxy see a close a moment after the client makes it): polled up to 2 s,
-    for as long as it shows more than ``before``."""
+    proxy see a close a moment after the client makes it) and in this process (a
+    dropped socket's descriptor closes when it is collected): polled up to 2 s,
+    for as long as it shows more than ``before``. A leak outlasts that."""
     deadline = time.monotonic() + 2.0
+    held = before.fds - sum(before.conns.values())
     while True:
         now = usage(target, tasks())
         more = (now.proxy or 0) > (before.proxy or 0) or (now.redis or 0) > (before.redis or 0)
+        more = more or now.fds - sum(now.conns.values()) > held
         if not more or time.monotonic() > deadline:
             return now
         time.sleep(0.05)
