@@ -214,6 +214,9 @@ class _Shell:
     _sharded: bool
     _tier: Any  # the store's handle for this limit, in its checks of several limits
     _scale: Scale | None  # an adaptive limit's price; None for a plain one
+    # The store's handle when a check of several limits can hand this one to the
+    # store as it is (no price to apply, no shards to drive); None otherwise.
+    direct: Any
     store: Store | AsyncStore
 
     @property
@@ -325,6 +328,7 @@ class Limiter(_Shell):
         self.hit, self.peek, self.reset, self._tier = config.bind(self.store)
         self._scale = scale = config.scale(self.store.clock)
         self._limits, self._sharded = config.tier_parts()
+        self.direct = None if scale is not None or self._sharded else self._tier
         if scale is not None:
             self.hit, self.peek = _priced(self.hit, scale), _priced(self.peek, scale)
         self._turns = Turns(self.store.clock)
@@ -390,6 +394,7 @@ class AsyncLimiter(_Shell):
         self.hit, self.peek, self.reset, self._tier = config.abind(self.store)
         self._scale = scale = config.scale(self.store.clock)
         self._limits, self._sharded = config.tier_parts()
+        self.direct = None if scale is not None or self._sharded else self._tier
         if scale is not None:
             self.hit, self.peek = _apriced(self.hit, scale), _apriced(self.peek, scale)
         self._turns = AsyncTurns(self.store.clock)

@@ -62,7 +62,7 @@ from ..kernel import (
     hit_tiers,
 )
 from ..primitives import ConfigurationError, Decision, adrive, drive
-from ..stores import AsyncStore, Store
+from ..stores import AsyncMemoryStore, AsyncStore, Store
 from . import _actions as act
 from ._actions import Outcome, ShadowLog
 from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
@@ -85,6 +85,11 @@ _NO_LIMITS: tuple[Applicable, ...] = ()
 _HELD = ("delay", "queue")  # outcomes that ``check(wait=True)`` holds
 _SHAPED = ("queue", "degrade")  # actions whose limits `_actions.shaped` counts
 
+# How a request's limits are counted (`_Core._sorted`): in one store call of the
+# store's own tiers; through `hit_tiers`, which prices adaptive tiers and drives
+# shards; or by `_actions.shaped`, for a queue or degrade limit among them
+_DIRECT, _PRICED, _SHAPED_CALLS = 0, 1, 2
+
 
 @dataclass(frozen=True, slots=True)
 class _Bound(Generic[L]):
@@ -95,7 +100,8 @@ class _Bound(Generic[L]):
     limiters: tuple[L, ...]
     specs: tuple[LimitSpec, ...]  # the limits in force: the rule set's, or an override's
     overridden: frozenset[int]  # the slots whose limit is an override's
-    adaptive: frozenset[int] = frozenset()  # the slots whose limit follows a load signal
+    adaptive: frozenset[int]  # the slots whose limit follows a load signal
+    direct: tuple[Any, ...]  # per slot, the limiter's `direct` store handle (or None)
 
 
 def _in_force(applicable: Applicable, spec: LimitSpec) -> Applicable:
@@ -118,6 +124,13 @@ class _Core(Generic[L, S]):
         overrides_namespace: str = "ratewarden",
     ) -> None:  # fmt: skip
         self.store = store
+        # The async memory store answers at once: its sync face spares a check the
+        # coroutine of an await that never waits
+        given: Any = store  # S is the store protocols, which the memory store's class is not
+        memory = given if isinstance(given, AsyncMemoryStore) else None
+        self._hit_tiers_now: Callable[[list[Any], list[Any]], Any] | None = (
+            None if memory is None else memory.sync.hit_tiers
+        )
         clock = store.clock
         self._view = OverrideView(clock)
         # the load signals of the adaptive rules: this engine's own (see _adaptive)
@@ -188,7 +201,8 @@ class _Core(Generic[L, S]):
         overridden = frozenset(n for n, spec in enumerate(specs) if spec is not ruleset.limits[n])
         adaptive = frozenset(n for n, limiter in enumerate(limiters) if limiter.scale is not None)
         self.signals.known = ruleset.signals
-        self._bound = _Bound(ruleset, limiters, specs, overridden, adaptive)
+        direct = tuple(limiter.direct for limiter in limiters)
+        self._bound = _Bound(ruleset, limiters, specs, overridden, adaptive, direct)
 
     def set_load(self, signal: str, value: float | Load) -> None:
         """Feed a load signal the adaptive rules read: a finite number, or a
@@ -292,12 +306,14 @@ class _Core(Generic[L, S]):
         source = "" if self.path is None else f" from {str(self.path)!r}"
         return f"<{type(self).__name__} {len(ruleset)} rules{source} on {self.store!r}>"
 
-    def _plan(
+    def _sorted(
         self, attributes: Mapping[str, object], cost: int = 1
-    ) -> tuple[RuleSet, list[Applicable], list[tuple[L, str, int]], list[tuple[L, str, int]], bool]:
+    ) -> tuple[RuleSet, list[Applicable], list[Any], list[Any], int]:
         """The rule set in force, the limits that apply, the tiers of the store
-        call (enforced, shadow), and whether a queue or degrade limit is among
-        them (then `_actions.shaped` makes the store calls)."""
+        call (enforced, shadow) and how they are counted: ``_DIRECT``, the store's
+        own ``(handle, key, cost)`` for one `hit_tiers` of the store; else the
+        limiters' ``(limiter, key, cost)``, for `hit_tiers` (``_PRICED``: an
+        adaptive or sharded limit among them) or `_actions.shaped`."""
         if type(cost) is not int or cost < 1:
             raise ConfigurationError(f"cost must be an integer >= 1, got {cost!r}")
         expiry = self._view.next_expiry  # None unless an override is in force
@@ -305,7 +321,6 @@ class _Core(Generic[L, S]):
             self._expire_overrides()
         bound = self._bound  # read once: a reload in between cannot mix two rule sets
         applicable = bound.ruleset.evaluate(attributes)
-        limiters = bound.limiters
         overridden = bound.overridden
         if overridden:  # the limits in force, for the headers and the reports
             specs = bound.specs
@@ -316,21 +331,34 @@ class _Core(Generic[L, S]):
         if adaptive:  # and an adaptive limit's size now
             specs = bound.specs
             applicable = [
-                a if a.slot not in adaptive else in_force(a, specs, limiters) for a in applicable
+                a if a.slot not in adaptive else in_force(a, specs, bound.limiters)
+                for a in applicable
             ]
-        enforced: list[tuple[L, str, int]] = []
-        shadow: list[tuple[L, str, int]] = []
-        shaped = False
+        direct = bound.direct
+        enforced: list[Any] = []
+        shadow: list[Any] = []
+        how = _DIRECT
         for a in applicable:
             action = a.rule.action
+            handle = direct[a.slot]
+            if handle is None:
+                how = how or _PRICED
             if action == "log_only":
-                shadow.append((limiters[a.slot], a.key, a.cost * cost))
+                shadow.append((handle, a.key, a.cost * cost))
             else:
-                enforced.append((limiters[a.slot], a.key, a.cost * cost))
-                # a request that meets no queue or degrade limit takes the plain path,
-                # whatever else the rule set holds: a flow costs a quarter of a check
-                shaped = shaped or action in _SHAPED
-        return bound.ruleset, applicable, enforced, shadow, shaped
+                enforced.append((handle, a.key, a.cost * cost))
+                if action in _SHAPED:
+                    # a request that meets no queue or degrade limit takes the plain
+                    # path, whatever else the rule set holds: a flow costs a quarter
+                    # of a check
+                    how = _SHAPED_CALLS
+        if how != _DIRECT:  # the limiters themselves: rare enough to sort twice
+            limiters = bound.limiters
+            enforced = [(limiters[a.slot], a.key, a.cost * cost)
+                        for a in applicable if a.rule.action != "log_only"]  # fmt: skip
+            shadow = [(limiters[a.slot], a.key, a.cost * cost)
+                      for a in applicable if a.rule.action == "log_only"]  # fmt: skip
+        return bound.ruleset, applicable, enforced, shadow, how
 
     def _refused_unidentified(
         self, ruleset: RuleSet, attributes: Mapping[str, object], applicable: list[Applicable]
@@ -461,15 +489,20 @@ class RuleEngine(_Core[Limiter, Store]):
     def _check_once(
         self, attributes: Mapping[str, object], cost: int = 1, identified: bool = True
     ) -> Outcome:
-        ruleset, applicable, enforced, shadow, shaped = self._plan(attributes, cost)
+        ruleset, applicable, enforced, shadow, how = self._sorted(attributes, cost)
         if not identified:
             refused = self._refused_unidentified(ruleset, attributes, applicable)
             if refused is not None:
                 return refused
-        if shaped:
+        if not applicable:
+            return self._outcome(ruleset, applicable, None, None)
+        if how == _DIRECT:
+            decision, report = self.store.hit_tiers(enforced, shadow)
+        elif how == _PRICED:
+            decision, report = hit_tiers(enforced, shadow)
+        else:
             counted = drive(act.shaped(ruleset, enforced, shadow, hit_tiers, hit_many))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
-        decision, report = hit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)
 
 
@@ -563,13 +596,22 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
     ) -> Outcome:
         if self._overrides.pending:  # a Redis store's overrides: followed from the first check
             self._overrides.follow()
-        ruleset, applicable, enforced, shadow, shaped = self._plan(attributes, cost)
+        ruleset, applicable, enforced, shadow, how = self._sorted(attributes, cost)
         if not identified:
             refused = self._refused_unidentified(ruleset, attributes, applicable)
             if refused is not None:
                 return refused
-        if shaped:
+        if not applicable:
+            return self._outcome(ruleset, applicable, None, None)
+        if how == _DIRECT:
+            now = self._hit_tiers_now
+            if now is not None:
+                decision, report = now(enforced, shadow)
+            else:
+                decision, report = await self.store.hit_tiers(enforced, shadow)
+        elif how == _PRICED:
+            decision, report = await ahit_tiers(enforced, shadow)
+        else:
             counted = await adrive(act.shaped(ruleset, enforced, shadow, ahit_tiers, ahit_many))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
-        decision, report = await ahit_tiers(enforced, shadow) if applicable else (None, None)
         return self._outcome(ruleset, applicable, decision, report)

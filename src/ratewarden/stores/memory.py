@@ -182,8 +182,15 @@ class MemoryStore:
             if cost is not _ONE:
                 check_cost(cost)
         now = self.clock.time_ns()
-        with self._lock:
+        lock = self._lock
+        try:  # the lock's fast path inline, as `bind`'s hit takes it
+            lock.take()
+        except IndexError:
+            lock.wait()
+        try:
             return self._step_all(checks, now)
+        finally:
+            lock.give(1)
 
     def hit_tiers(
         self, checks: Sequence[Check], shadow: Sequence[Check]
@@ -196,11 +203,18 @@ class MemoryStore:
             if cost is not _ONE:
                 check_cost(cost)
         now = self.clock.time_ns()
-        with self._lock:
+        lock = self._lock
+        try:
+            lock.take()
+        except IndexError:
+            lock.wait()
+        try:
             decision = self._step_all(checks, now) if checks else None
             if shadow and (decision is None or decision.allowed):
                 return decision, self._step_all(shadow, now)
             return decision, None
+        finally:
+            lock.give(1)
 
     def _step_all(self, checks: Sequence[Check], now: int) -> Decision:
         """hit_many's work, under the lock."""
