@@ -21,7 +21,16 @@ from typing import NamedTuple
 
 from ._decision import Decision
 
-__all__ = ["Policy", "rate_limit_headers", "retry_after_header", "sf_string"]
+__all__ = [
+    "Policy",
+    "policy_item",
+    "rate_limit_fields",
+    "rate_limit_headers",
+    "retry_after_header",
+    "sf_string",
+]
+
+_INF = math.inf
 
 
 class Policy(NamedTuple):
@@ -41,8 +50,13 @@ def sf_string(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)  # a service has few limits; each formats once
+def policy_item(name: str, quota: int, window: float) -> str:
+    """One limit's item of ``RateLimit-Policy``: ``"name";q=100;w=60``."""
+    return f"{sf_string(name)};q={quota};w={max(1, math.ceil(window))}"
+
+
 def _policy_item(policy: Policy) -> str:
-    return f"{sf_string(policy.name)};q={policy.quota};w={max(1, math.ceil(policy.window))}"
+    return policy_item(policy.name, policy.quota, policy.window)
 
 
 _name_item = functools.lru_cache(maxsize=4096)(sf_string)  # limit names: few, each quoted once
@@ -72,22 +86,30 @@ def rate_limit_headers(
     ``policies`` that applied; ``legacy``: the X-RateLimit-* trio, ``ietf``: the
     RateLimit fields. A degraded Decision (the store could not count) says nothing
     about counts, so it gets no count headers."""
-    headers: list[tuple[str, str]] = []
+    listed = ", ".join([_policy_item(p) for p in policies]) if ietf else ""
+    return list(rate_limit_fields(decision, listed, legacy=legacy, ietf=ietf).items())
+
+
+def rate_limit_fields(
+    decision: Decision, policy: str, *, legacy: bool = True, ietf: bool = True
+) -> dict[str, str]:
+    """`rate_limit_headers` by name, as the service writes them, with
+    ``RateLimit-Policy``'s value given whole (`policy_item`\\ s joined by ", ";
+    empty: no such field). Written flat: every answer of the service makes it."""
+    headers: dict[str, str] = {}
     if not decision.degraded:
-        reset = _seconds(decision.reset_after)
+        after = decision.reset_after
+        reset = math.ceil(after) if after < _INF else 0  # `_seconds`, inline
+        remaining = decision.remaining if decision.remaining > 0 else 0
         if legacy:
-            headers += [
-                ("X-RateLimit-Limit", str(decision.limit)),
-                ("X-RateLimit-Remaining", str(max(decision.remaining, 0))),
-                ("X-RateLimit-Reset", str(reset)),
-            ]
+            headers["X-RateLimit-Limit"] = str(decision.limit)
+            headers["X-RateLimit-Remaining"] = str(remaining)
+            headers["X-RateLimit-Reset"] = str(reset)
         if ietf:
-            listed = [_policy_item(p) for p in policies]
-            if listed:
-                headers.append(("RateLimit-Policy", ", ".join(listed)))
+            if policy:
+                headers["RateLimit-Policy"] = policy
             name = _name_item(decision.rule or "default")
-            headers.append(("RateLimit", f"{name};r={max(decision.remaining, 0)};t={reset}"))
-    retry = retry_after_header(decision)
-    if retry is not None:
-        headers.append(("Retry-After", retry))
+            headers["RateLimit"] = f"{name};r={remaining};t={reset}"
+    if not decision.allowed and decision.retry_after < _INF:  # `retry_after_header`, inline
+        headers["Retry-After"] = str(max(1, math.ceil(decision.retry_after)))
     return headers

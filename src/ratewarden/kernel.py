@@ -6,7 +6,7 @@ root's own; the packages above import them from here.
 """
 
 from ._adaptive import UNITS, Adaptive, Load, LoadSignals, parse_floor
-from ._headers import Policy, rate_limit_headers
+from ._headers import Policy, policy_item, rate_limit_fields, rate_limit_headers
 from ._hitmany import ahit_many, ahit_tiers, hit_many, hit_tiers
 from ._limiter import AsyncLimiter, Limiter, LimiterOptions
 from ._waiting import AsyncTurns, Turns, check_max_wait, check_priority
@@ -29,5 +29,7 @@ __all__ = [
     "hit_many",
     "hit_tiers",
     "parse_floor",
+    "policy_item",
+    "rate_limit_fields",
     "rate_limit_headers",
 ]

@@ -46,7 +46,7 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
-from ..kernel import AsyncTurns, Policy, Turns, rate_limit_headers
+from ..kernel import AsyncTurns, Turns, policy_item, rate_limit_fields
 from ..primitives import Call, Clock, ConfigurationError, Decision, Flow, Rate, adrive
 from ._compile import Applicable, CompiledRule, RuleSet, ceiling_start
 from ._schema import Response
@@ -120,15 +120,36 @@ class Outcome(msgspec.Struct, frozen=True):
         the rule names one (`degrade_headers`)."""
         if self.decision is None:
             return self.degrade_headers()
-        policies: dict[str, Policy] = {}
-        for applicable in self.limits:
-            if applicable.rule.action in _UNSHOWN:
-                continue
-            spec = applicable.limit
-            quota = spec.rate.limit if spec.burst is None else spec.burst
-            policies.setdefault(spec.name, Policy(spec.name, quota, spec.rate.period))
-        headers = rate_limit_headers(self.decision, policies.values(), legacy=legacy, ietf=ietf)
-        return headers + self.degrade_headers() if self.degrade else headers
+        return list(self.header_fields(legacy=legacy, ietf=ietf, response=False).items())
+
+    def header_fields(
+        self, *, legacy: bool = True, ietf: bool = True, response: bool = True
+    ) -> dict[str, str]:
+        """`headers` by name, as the service answers them; with ``response``, a
+        shadow ban's response headers in place, so that the client cannot tell
+        it from a real answer."""
+        decision = self.decision
+        if decision is None:
+            return dict(self.degrade_headers())
+        policy = ""
+        if ietf:  # a loop, not a generator: this runs for every answer
+            names: list[str] = []
+            for applicable in self.limits:
+                if applicable.rule.action in _UNSHOWN:
+                    continue
+                spec = applicable.limit
+                if spec.name in names:
+                    continue
+                names.append(spec.name)
+                quota = spec.rate.limit if spec.burst is None else spec.burst
+                item = policy_item(spec.name, quota, spec.rate.period)
+                policy = item if not policy else f"{policy}, {item}"
+        fields = rate_limit_fields(decision, policy, legacy=legacy, ietf=ietf)
+        if self.degrade:
+            fields.update(self.degrade_headers())
+        if response and self.action == "shadow_ban" and self.response is not None:
+            fields.update(self.response.headers)
+        return fields
 
     def degrade_headers(self) -> list[tuple[str, str]]:
         """The degrade rule's own header (``X-RateLimit-Degraded: 1``, or the

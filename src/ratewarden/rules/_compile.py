@@ -44,7 +44,6 @@ from ._rule import (
     CompiledRule,
     Entry,
     LimitSpec,
-    Overridden,
     as_text,
     ceiling_of,
     ceiling_start,
@@ -59,7 +58,6 @@ __all__ = [
     "CompiledRule",
     "Explanation",
     "LimitSpec",
-    "Overridden",
     "RuleSet",
     "ceiling_of",
     "ceiling_start",
@@ -122,7 +120,7 @@ class RuleSet:
                     self._by_method.setdefault(method, []).append(entry)
             elif not rule.by and rule.group is None and entry[6] >= 0:
                 # applies to every request with the same key and cost: built once
-                self._fixed.append(Applicable(rule, entry[6], "", rule.cost))
+                self._fixed.append(Applicable(rule, entry[6], "", rule.cost, rule.limits[0]))
             else:
                 self._always.append(entry)
         self._attribute_tables = tuple(self._by_attribute.items())
@@ -188,7 +186,7 @@ class RuleSet:
                 if group is not None:
                     best[group] = (rank, rule, key, slot, cost)
                 elif slot >= 0:
-                    out.append(Applicable(rule, slot, key, cost))
+                    out.append(Applicable(rule, slot, key, cost, rule.limits[0]))
                 else:
                     out += rule.applicable(key, attributes)
         for group, rank, methods, conditions, key_of, rule, slot, cost in found:
@@ -212,12 +210,12 @@ class RuleSet:
                 if group is not None:
                     best[group] = (rank, rule, key, slot, cost)
                 elif slot >= 0:
-                    out.append(Applicable(rule, slot, key, cost))
+                    out.append(Applicable(rule, slot, key, cost, rule.limits[0]))
                 else:
                     out += rule.applicable(key, attributes)
         for _, rule, key, slot, cost in best.values():
             if slot >= 0:
-                out.append(Applicable(rule, slot, key, cost))
+                out.append(Applicable(rule, slot, key, cost, rule.limits[0]))
             else:
                 out += rule.applicable(key, attributes)
         return out

@@ -65,7 +65,7 @@ from ..primitives import ConfigurationError, Decision, adrive, drive
 from ..stores import AsyncMemoryStore, AsyncStore, Store
 from . import _actions as act
 from ._actions import Outcome, ShadowLog
-from ._compile import Applicable, LimitSpec, Overridden, RuleSet, load
+from ._compile import Applicable, LimitSpec, RuleSet, load
 from ._engine_overrides import AsyncOverrides, Overrides
 from ._limits_in_force import adaptive_of, in_force
 from ._override_stores import Snapshot
@@ -105,7 +105,7 @@ class _Bound(Generic[L]):
 
 
 def _in_force(applicable: Applicable, spec: LimitSpec) -> Applicable:
-    return Overridden(applicable.rule, applicable.slot, applicable.key, applicable.cost, spec)
+    return Applicable(applicable.rule, applicable.slot, applicable.key, applicable.cost, spec)
 
 
 class _Core(Generic[L, S]):
@@ -125,9 +125,9 @@ class _Core(Generic[L, S]):
     ) -> None:  # fmt: skip
         self.store = store
         # The async memory store answers at once: its sync face spares a check the
-        # coroutine of an await that never waits
+        # coroutine of an await that never waits (not a subclass's: it may do more)
         given: Any = store  # S is the store protocols, which the memory store's class is not
-        memory = given if isinstance(given, AsyncMemoryStore) else None
+        memory = given if type(given) is AsyncMemoryStore else None
         self._hit_tiers_now: Callable[[list[Any], list[Any]], Any] | None = (
             None if memory is None else memory.sync.hit_tiers
         )

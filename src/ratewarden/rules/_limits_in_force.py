@@ -12,7 +12,7 @@ from typing import Any
 
 from ..kernel import UNITS, Adaptive, LoadSignals
 from ..primitives import Rate
-from ._compile import Applicable, LimitSpec, Overridden
+from ._compile import Applicable, LimitSpec
 
 __all__ = ["adaptive_of", "effective_spec", "in_force"]
 
@@ -55,4 +55,4 @@ def in_force(applicable: Applicable, specs: tuple[LimitSpec, ...], limiters: Any
         spec = shown[2]
     if spec is applicable.limit:  # the full limit, no override: as the rule set has it
         return applicable
-    return Overridden(applicable.rule, slot, applicable.key, applicable.cost, spec)
+    return Applicable(applicable.rule, slot, applicable.key, applicable.cost, spec)

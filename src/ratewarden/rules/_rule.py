@@ -32,7 +32,6 @@ __all__ = [
     "Entry",
     "KeyFn",
     "LimitSpec",
-    "Overridden",
     "as_text",
     "ceiling_of",
     "ceiling_start",
@@ -188,7 +187,10 @@ class CompiledRule:
 
     def applicable(self, key: str, attributes: Mapping[str, object]) -> list[Applicable]:
         cost = self.cost_of(attributes)
-        return [Applicable(self, slot, key, cost) for slot in self.slots]
+        return [
+            Applicable(self, slot, key, cost, spec)
+            for slot, spec in zip(self.slots, self.limits, strict=True)
+        ]
 
     def priority_of(self, attributes: Mapping[str, object]) -> int:
         """The request's class under ``priority_from`` (higher waits less); 0 without."""
@@ -247,27 +249,15 @@ def spec_for(rule: Rule, plain: LimitSpec) -> LimitSpec:
 
 class Applicable(msgspec.Struct, frozen=True, gc=False):
     """One limit that applies to a request: the rule, which of its rates (``slot``
-    indexes the engine's limiters), the key built from ``by`` and the cost."""
+    indexes the engine's limiters), the key built from ``by``, the cost, and the
+    limit in force: the rule's own, or the one a runtime override or an adaptive
+    limit puts in its place, which the headers and reports show."""
 
     rule: CompiledRule
     slot: int
     key: str
     cost: int
-
-    @property
-    def limit(self) -> LimitSpec:
-        return self.rule.limits[self.rule.slots.index(self.slot)]
-
-
-class Overridden(Applicable, frozen=True, gc=False):
-    """An `Applicable` whose limit a runtime override replaces (see _overrides):
-    its headers and reports show the limit in force, not the file's."""
-
-    spec: LimitSpec
-
-    @property
-    def limit(self) -> LimitSpec:
-        return self.spec
+    limit: LimitSpec
 
 
 def _escape(part: str) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 from ..primitives import Decision
 from ._actions import Outcome
-from ._compile import Applicable, CompiledRule, LimitSpec, Overridden, RuleSet
+from ._compile import Applicable, CompiledRule, LimitSpec, RuleSet
 from ._paths import normalize_path
 from ._rule import as_text, normal_method
 
@@ -115,11 +115,7 @@ def refusal(rule: CompiledRule, specs: Sequence[LimitSpec]) -> Outcome:
     spec = specs[slot]
     size = spec.rate.limit if spec.burst is None else spec.burst
     decision = Decision(False, size, 0, RETRY_AFTER, RETRY_AFTER, spec.name, True)
-    limit: Applicable = (
-        Applicable(rule, slot, "", rule.cost)
-        if spec is rule.limits[0]
-        else Overridden(rule, slot, "", rule.cost, spec)
-    )
+    limit = Applicable(rule, slot, "", rule.cost, spec)
     if rule.action == "shadow_ban":
         response = rule.response
         return Outcome(

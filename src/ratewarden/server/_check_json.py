@@ -19,7 +19,6 @@ from ._verdict import (
     answer_headers,
     descriptor_statuses,
     finite,
-    rules_headers,
 )
 
 _INF = float("inf")  # `finite`'s bound, compared inline: below it, a number
@@ -120,7 +119,7 @@ def outcome_result(outcome: Outcome) -> CheckResult:
     return CheckResult(
         outcome.allowed, outcome.action, outcome.status, rule, limit, remaining, reset,
         retry if retry < _INF else None, outcome.wait, decision is not None and decision.degraded,
-        rules_headers(outcome), None if shadow is None else Shadow(shadow.allowed, shadow.rule),
+        outcome.header_fields(), None if shadow is None else Shadow(shadow.allowed, shadow.rule),
         body=body, degrade=outcome.degrade,
     )  # fmt: skip
 

@@ -30,7 +30,6 @@ __all__ = [
     "answer_headers",
     "descriptor_statuses",
     "finite",
-    "rules_headers",
 ]
 
 UNLIMITED_REMAINING = 2**32 - 1  # what envoy's service says is left of an unlimited limit
@@ -59,20 +58,10 @@ def allowed(verdict: Verdict) -> bool:
     return verdict.overall_ok
 
 
-def rules_headers(outcome: Outcome) -> dict[str, str]:
-    """The headers to send with the rules' answer; a shadow ban's are its
-    response's, so that the client cannot tell it from a real answer."""
-    headers = dict(outcome.headers())
-    response = outcome.response
-    if outcome.action == "shadow_ban" and response is not None:
-        headers.update(response.headers)
-    return headers
-
-
 def answer_headers(verdict: Verdict) -> dict[str, str]:
     """The headers to send (X-RateLimit-*, Retry-After, a rule's own)."""
     if isinstance(verdict, RulesVerdict):
-        return rules_headers(verdict.outcome)
+        return verdict.outcome.header_fields()
     decision = verdict.decision
     return {} if decision is None else dict(rate_limit_headers(decision, ietf=False))
 
