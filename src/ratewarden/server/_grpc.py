@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from ..primitives import ConfigurationError
+from ..stores import AsyncMemoryStore
 from ._addresses import parse_address
 from ._connection_limits import ConnectionLimits, ServerLimits
 from ._protos import messages, protos
@@ -171,10 +172,12 @@ class GrpcServer:
         self.reuse_port = reuse_port
         self.health = _Health()
         rls = RateLimitService(service.checker, service.metrics)
+        memory = type(service.store) is AsyncMemoryStore
         # v1 is answered too, but not listed: its descriptors would be v1alpha's
         reflection = _Reflection([SERVICE_NAME, HEALTH, REFLECTION])
         methods = {
-            METHOD: Method("unary", rls.should_rate_limit),
+            # on the memory store a check never waits: no task for it (h2._eager)
+            METHOD: Method("unary", rls.should_rate_limit, eager=memory),
             f"/{HEALTH}/Check": Method("unary", self.health.check, public=True),
             f"/{HEALTH}/Watch": Method("streaming", self.health.watch, public=True),
             f"/{REFLECTION}/ServerReflectionInfo": Method("streaming", reflection.info),

@@ -89,20 +89,36 @@ def response_bytes(
     """A serialised RateLimitResponse: overall_code 1, statuses 2, and the
     response_headers_to_add 3 (HeaderValue: key 1, value 2; keys lower-cased,
     as HTTP/2 carries them)."""
-    parts = [b"\x08" + _SMALL[OK if allowed else OVER_LIMIT]]
+    small = _SMALL
+    out = b"\x08" + small[OK if allowed else OVER_LIMIT]
     for status in statuses:
         one = _status(status)
         size = len(one)
-        parts.append(b"\x12" + (_SMALL[size] if size < 128 else _varint(size)) + one)
-    small = _SMALL
+        out += b"\x12" + (small[size] if size < 128 else _varint(size)) + one
+    keys = _KEYS
     for name, value in headers:  # lengths below 128, the usual case, without a call
-        key = name.lower().encode()
-        size = len(key)
-        header = b"\x0a" + (small[size] if size < 128 else _varint(size)) + key
+        key = keys.get(name) or _key(name)
         if value:
             data = value.encode()
             size = len(data)
-            header += b"\x12" + (small[size] if size < 128 else _varint(size)) + data
+            header = key + b"\x12" + (small[size] if size < 128 else _varint(size)) + data
+        else:
+            header = key
         size = len(header)
-        parts.append(b"\x1a" + (small[size] if size < 128 else _varint(size)) + header)
-    return b"".join(parts)
+        out += b"\x1a" + (small[size] if size < 128 else _varint(size)) + header
+    return out
+
+
+# A header's name as a HeaderValue's key field (tag, length, lower-cased name): the
+# service sends a handful of names, each made once; a bound keeps a rule file's
+# own header names from growing it without end
+_KEYS: dict[str, bytes] = {}
+_MAX_KEYS = 256
+
+
+def _key(name: str) -> bytes:
+    key = name.lower().encode()
+    field = _delimited(b"\x0a", key)
+    if len(_KEYS) < _MAX_KEYS:
+        _KEYS[name] = field
+    return field

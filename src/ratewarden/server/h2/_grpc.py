@@ -36,6 +36,7 @@ from ._connection import (
     Metadata,
     log,
 )
+from ._eager import start as start_eagerly
 from ._frames import (
     DATA,
     END_HEADERS,
@@ -181,11 +182,15 @@ Streaming = Callable[[Call], Awaitable[None]]
 @dataclass(frozen=True)
 class Method:
     """A method's handler: ``unary(request, metadata) -> reply`` or
-    ``streaming(call)``; ``public`` methods need no token."""
+    ``streaming(call)``; ``public`` methods need no token. An ``eager`` unary
+    handler starts in the read that completed its request, and gets a task only
+    if it has to wait (see `_eager`): it must not need a task before its first
+    wait (no ``asyncio.timeout``, no ``current_task``)."""
 
     kind: Literal["unary", "streaming"]
     handler: Unary | Streaming
     public: bool = False
+    eager: bool = False
 
 
 class _GrpcStream(H2Stream):
@@ -290,7 +295,10 @@ class _GrpcConnection(H2Connection):
             return
         finally:
             stream.data.clear()
-        stream.task = self.loop.create_task(self._unary(stream, message))
+        if stream.method.eager:
+            stream.task = start_eagerly(self.loop, self._unary(stream, message))
+        else:
+            stream.task = self.loop.create_task(self._unary(stream, message))
 
     def _request_timed_out(self, stream: H2Stream) -> None:
         assert isinstance(stream, _GrpcStream)
