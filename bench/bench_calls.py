@@ -40,7 +40,7 @@ async def callers() -> dict[str, Callable[[int], Awaitable[Any]]]:
     try:
         from ratewarden.server._protos import messages  # noqa: PLC0415
     except ImportError:  # a checkout from before the service's parts
-        from ratewarden.server._grpc import messages  # type: ignore[attr-defined,no-redef]  # noqa: PLC0415
+        from ratewarden.server._grpc_server import messages  # type: ignore[attr-defined,no-redef]  # noqa: PLC0415
     from ratewarden.server._service import Service  # noqa: PLC0415
     from ratewarden.stores import AsyncMemoryStore  # noqa: PLC0415
 

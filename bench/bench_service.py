@@ -290,7 +290,7 @@ class _H2Connection(asyncio.Protocol):
 
 
 def grpc_payloads() -> list[bytes]:
-    from ratewarden.server._grpc import messages  # noqa: PLC0415
+    from ratewarden.server._grpc_server import messages  # noqa: PLC0415
 
     request_type = messages()["RateLimitRequest"]
     payloads = []
@@ -313,7 +313,7 @@ def grpc_payloads() -> list[bytes]:
 async def grpc_client(port: int, connections: int) -> tuple[Fire, Callable[[], None]]:
     """A few HTTP/2 connections, calls spread over them (Envoy keeps one or a
     few to its rate limit service and multiplexes every check on them)."""
-    from ratewarden.server._grpc import METHOD  # noqa: PLC0415
+    from ratewarden.server._grpc_server import METHOD  # noqa: PLC0415
 
     loop = asyncio.get_running_loop()
     conns: list[_H2Connection] = []

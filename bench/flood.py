@@ -324,7 +324,7 @@ def _http_flood(run: Run, port: int) -> tuple[Callable[[int, int], None], Callab
 def _grpc_flood(run: Run, port: int) -> tuple[Callable[[int, int], None], Callable[[Legit], bool]]:
     import grpc  # noqa: PLC0415 - only for --via grpc
 
-    from ratewarden.server._grpc import METHOD, messages  # noqa: PLC0415
+    from ratewarden.server._grpc_server import METHOD, messages  # noqa: PLC0415
 
     response_type = messages()["RateLimitResponse"]
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")

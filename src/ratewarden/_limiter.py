@@ -1,7 +1,7 @@
 """`Limiter` and `AsyncLimiter`: twins without copies.
 
 Everything that does no I/O (validating options, naming keys, pricing an
-adaptive limit, the steps of ``acquire``) lives once in `_Config`, `_Shell` and
+adaptive limit, the steps of ``acquire``) lives once in `_Config`, `_Core` and
 `_waiting.acquiring`; the two classes only call their store, wait for their
 turn and sleep their own way. ``hit`` and ``peek`` are the store's bound
 functions themselves, so a hit costs one Python call into the store and no more.
@@ -205,7 +205,7 @@ class Tier(NamedTuple):
     ]  # an adaptive limit's, in units, as its Decisions carry them: whole and per shard
 
 
-class _Shell:
+class _Core:
     """What the twins share: configuration, names, repr, what a multi-limit
     check needs. No I/O here."""
 
@@ -279,7 +279,7 @@ class _Shell:
         )
 
 
-class Limiter(_Shell):
+class Limiter(_Core):
     """Limits ``key``s to ``rate`` with ``algorithm`` (default ``sliding_window_counter``),
     in ``store`` (a fresh `MemoryStore` unless given).
 
@@ -368,7 +368,7 @@ class Limiter(_Shell):
         return Slot(self, key, max_wait, cost)
 
 
-class AsyncLimiter(_Shell):
+class AsyncLimiter(_Core):
     """The asyncio twin of `Limiter`: the same options, every call awaited, and
     ``acquire`` waits without blocking the event loop. ``spin`` (seconds, on the
     system clock): ``acquire`` sleeps until that long before a permit is due and

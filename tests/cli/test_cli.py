@@ -18,7 +18,7 @@ import pytest
 
 from ratewarden.cli import main
 from ratewarden.cli._common import EXIT_CODES, CliError, Progress, spinning
-from ratewarden.cli._service import ServiceClient
+from ratewarden.cli._remote import ServiceClient
 from tests.redis_server import free_port
 from tests.server.process import RATEWARDEN
 

@@ -364,13 +364,13 @@ def test_the_default_redis_is_named(
     """Without --store nor $RATEWARDEN_REDIS, the default is asked and named so
     (pointed at the tests' Redis here: never the machine's 6379)."""
     monkeypatch.delenv("RATEWARDEN_REDIS", raising=False)
-    monkeypatch.setattr("ratewarden.cli._quota.DEFAULT_REDIS", redis_single.url)
+    monkeypatch.setattr("ratewarden.cli._quota_command.DEFAULT_REDIS", redis_single.url)
     assert main(["quota", "list"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == f"redis: {redis_single.url} (the default; --store URL to choose)"
     # and when it does not answer, the error says which Redis that was
     url = f"redis://127.0.0.1:{free_port()}/0"
-    monkeypatch.setattr("ratewarden.cli._quota.DEFAULT_REDIS", url)
+    monkeypatch.setattr("ratewarden.cli._quota_command.DEFAULT_REDIS", url)
     assert main(["quota", "show", name]) == 3
     assert error(capsys).endswith(f"; asked {url} (the default; --store URL to choose)")
 

@@ -408,7 +408,7 @@ def test_a_thread_or_task_made_for_each_call_is_a_new_caller() -> None:
     one coming back after waiting (a demand it does not have)."""
     import threading  # noqa: PLC0415 - only these tests run threads
 
-    from ratewarden.fleet._shell import current_caller  # noqa: PLC0415
+    from ratewarden.fleet._line import current_caller  # noqa: PLC0415
 
     seen: list[object] = []
     for _ in range(2):

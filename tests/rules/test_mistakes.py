@@ -11,8 +11,8 @@ import pytest
 from ratewarden.integrations._request import attributes
 from ratewarden.rules import Problem, RuleFileError, dump, loads
 from ratewarden.rules._schema import FRONT_END_ATTRIBUTES
-from ratewarden.server._checks import ENVOY_ALIASES
-from ratewarden.server._request import _AUTH_HEADERS
+from ratewarden.server._checker import ENVOY_ALIASES
+from ratewarden.server._http_input import _AUTH_HEADERS
 
 
 def problems_of(text: str) -> list[Problem]:

@@ -13,7 +13,7 @@ import pytest
 
 from ratewarden import AsyncMemoryStore
 from ratewarden.server import Service
-from ratewarden.server._grpc import GrpcServer
+from ratewarden.server._grpc_server import GrpcServer
 from ratewarden.server._openapi import openapi
 from ratewarden.server.h2._grpc import Status
 from tests.server.conftest import client_for, make_app

@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock
 from ratewarden.envoy._runtime import EnvoyOptions
 from ratewarden.server import Service
-from ratewarden.server._grpc import METHOD, GrpcServer, messages
+from ratewarden.server._grpc_server import METHOD, GrpcServer, messages
 from ratewarden.server._serve import no_rules
 
 from .test_grpc import request

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ratewarden import AsyncMemoryStore
 from ratewarden.server import Service
-from ratewarden.server._grpc import METHOD, SERVICE_NAME, GrpcServer, messages
+from ratewarden.server._grpc_server import METHOD, SERVICE_NAME, GrpcServer, messages
 
 M = messages()
 Call = Callable[..., Awaitable[Any]]
@@ -223,7 +223,7 @@ def make_pki(tmp: Path) -> None:
 
 
 def test_mutual_tls(rules_file: Path, tmp_path: Path) -> None:
-    from ratewarden.server._grpc import parse_tls  # noqa: PLC0415
+    from ratewarden.server._grpc_server import parse_tls  # noqa: PLC0415
 
     make_pki(tmp_path)
     tls = parse_tls(str(tmp_path / "server.pem"), str(tmp_path / "server.key"),
@@ -263,7 +263,7 @@ def test_mutual_tls(rules_file: Path, tmp_path: Path) -> None:
 
 def test_tls_options_go_together() -> None:
     from ratewarden import ConfigurationError  # noqa: PLC0415
-    from ratewarden.server._grpc import parse_tls  # noqa: PLC0415
+    from ratewarden.server._grpc_server import parse_tls  # noqa: PLC0415
 
     assert parse_tls(None, None, None) is None
     with pytest.raises(ConfigurationError, match="go together"):

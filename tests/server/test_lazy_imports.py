@@ -8,7 +8,7 @@ import sys
 
 def test_the_app_and_the_grpc_service_load_no_redis_client() -> None:
     code = (
-        "import sys, ratewarden.server._app, ratewarden.server._grpc\n"
+        "import sys, ratewarden.server._app, ratewarden.server._grpc_server\n"
         "print(sorted(m for m in sys.modules if m == 'redis' or m.startswith('ratewarden.fleet')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

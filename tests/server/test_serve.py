@@ -154,7 +154,7 @@ def grpc_check(port: int, ip: str, token: str | None = None) -> int:
     """One ShouldRateLimit on a new connection (so the kernel picks a worker)."""
     import grpc  # noqa: PLC0415
 
-    from ratewarden.server._grpc import METHOD, messages  # noqa: PLC0415
+    from ratewarden.server._grpc_server import METHOD, messages  # noqa: PLC0415
 
     m = messages()
     request = m["RateLimitRequest"](domain="ratewarden")

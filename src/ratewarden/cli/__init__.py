@@ -1,6 +1,6 @@
 """The ``ratewarden`` command: one module per command (``_check``, ``_bench``,
-``_rules`` for ``check-config`` and ``explain``, ``_override``, ``_quota``,
-``_demo``), what they share in ``_common`` and ``_service``, and the parser and
+``_rules`` for ``check-config`` and ``explain``, ``_override``, ``_quota_command``,
+``_demo``), what they share in ``_common`` and ``_remote``, and the parser and
 dispatch in ``_main``. ``serve`` lives in `ratewarden.server`, ``simulate`` in
 `ratewarden.sim`. Nothing imports this package but the console script.
 """

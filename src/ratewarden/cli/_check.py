@@ -28,7 +28,7 @@ from ._common import (
     print_json,
     table,
 )
-from ._service import add_service_arguments, client_from
+from ._remote import add_service_arguments, client_from
 
 __all__ = ["add_check", "check"]
 

@@ -60,7 +60,7 @@ from ._common import (
     Parser,
     examples,
 )
-from ._quota import add_quota, quota
+from ._quota_command import add_quota, quota
 from ._rules import check_config, explain
 
 __all__ = ["build_parser", "help_texts", "main"]

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from ._common import OK, UNREACHABLE, USAGE, CliError, examples, print_json, table
-from ._service import add_service_arguments, client_from
+from ._remote import add_service_arguments, client_from
 
 __all__ = ["add_parser", "run"]
 

@@ -6,16 +6,16 @@ its environment variables, applied on ratewarden's stores.
     result = config.check("domain", [[("key", "value")]])   # EnvoyResult
 
 ``_files`` reads the files, ``_tree`` finds a descriptor's limit, ``_config`` applies
-them, ``_result`` says what a check answers and counts, ``_runtime`` holds
-``ratewarden serve``'s envoy options and the directory watcher, ``service`` what
+them, ``_answer`` says what a check answers and counts, ``_runtime`` holds
+``ratewarden serve``'s envoy options and the directory watcher, ``shown`` what
 the service shows (dynamic metadata, statsd-named metrics: the ``server`` extra).
 It builds on `ratewarden.rules` (the YAML reader and its errors); the service's
 RLS handler lives in `ratewarden.server`.
 """
 
+from ._answer import OVERRIDE_UNITS, EnvoyLimit, EnvoyResult, EnvoyStats, Override
 from ._config import AsyncEnvoyConfig, EnvoyConfig, EnvoyConfigOptions
 from ._files import envoy_files
-from ._result import OVERRIDE_UNITS, EnvoyLimit, EnvoyResult, EnvoyStats, Override
 from ._runtime import EnvoyOptions, EnvoyWatcher, add_arguments, apply_environment, envoy_options
 
 __all__ = [

@@ -43,8 +43,7 @@ from ..kernel import AsyncLimiter, Limiter, LimiterOptions, ahit_tiers, hit_tier
 from ..primitives import ConfigurationError, Decision, Rate
 from ..rules.source import Document
 from ..stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
-from ._files import EnvoyFile, envoy_files, parse_files
-from ._result import (
+from ._answer import (
     EnvoyLimit,
     EnvoyResult,
     EnvoyStats,
@@ -53,6 +52,7 @@ from ._result import (
     override_limit,
     verdict,
 )
+from ._files import EnvoyFile, envoy_files, parse_files
 from ._tree import Level, build, lookup
 
 __all__ = [
@@ -95,7 +95,7 @@ class EnvoyConfigOptions(TypedDict, total=False):
 
 
 @dataclass(slots=True)
-class _Plan(Generic[L]):
+class _Matched(Generic[L]):
     """A check without its count: the limits that apply, the request's cost, and
     what the shell counts: ``calls`` (each limit on its own counter), or else
     ``tiers`` (one atomic ``hit_tiers``; None when nothing counts, as when a
@@ -220,22 +220,22 @@ class _EnvoyCore(Generic[L, S]):
 
     # -- counting ---------------------------------------------------------------
 
-    def _plan(
+    def _matched(
         self,
         domain: str,
         descriptors: Iterable[Sequence[tuple[str, str]]],
         hits_addend: int,
         overrides: Sequence[Override | None] | None,
-    ) -> _Plan[L]:
-        """What a check counts, found without counting (see `_Plan`)."""
+    ) -> _Matched[L]:
+        """What a check counts, found without counting (see `_Matched`)."""
         cost = _cost(hits_addend)
         limits = self.limits_for(domain, descriptors, overrides)
         if self.count_denied:
-            return _Plan(limits, cost, calls=self._calls(limits))
+            return _Matched(limits, cost, calls=self._calls(limits))
         enforced, shadow, blocked = self._tiers(limits, cost)
         if blocked is not None:
-            return _Plan(limits, cost, blocked=blocked)
-        return _Plan(limits, cost, tiers=(enforced, shadow) if enforced or shadow else None)
+            return _Matched(limits, cost, blocked=blocked)
+        return _Matched(limits, cost, tiers=(enforced, shadow) if enforced or shadow else None)
 
     def _calls(self, limits: list[EnvoyLimit | None]) -> list[_Call[L]]:
         """Counting every limit on its own: a counter per unit, keyed by entries."""
@@ -250,9 +250,9 @@ class _EnvoyCore(Generic[L, S]):
             calls.append((counter, limit.key))
         return calls
 
-    def _counted(self, plan: _Plan[L], answers: Sequence[Decision]) -> EnvoyResult:
-        """The answer from each limit's own count (``plan.calls``), that service's way."""
-        limits, cost = plan.limits, plan.cost
+    def _counted(self, matched: _Matched[L], answers: Sequence[Decision]) -> EnvoyResult:
+        """The answer from each limit's own count (``matched.calls``), that service's way."""
+        limits, cost = matched.limits, matched.cost
         statuses: list[Decision | None] = [None] * len(limits)
         answers_left = iter(answers)
         for i, limit in enumerate(limits):
@@ -312,14 +312,16 @@ class _EnvoyCore(Generic[L, S]):
             self._overrides.move_to_end(slot)
         return limiter
 
-    def _tiered(self, plan: _Plan[L], told: tuple[Decision | None, Decision | None]) -> EnvoyResult:
-        """The answer of one atomic count (``plan.tiers``; None, None without). Its
+    def _tiered(
+        self, matched: _Matched[L], told: tuple[Decision | None, Decision | None]
+    ) -> EnvoyResult:
+        """The answer of one atomic count (``matched.tiers``; None, None without). Its
         Decision is the one limit that spoke for the request: that limit's status
         and statistics are exact; the others are within their limit when the
         request passed, and uncounted when another limit denied it."""
-        limits, cost, (decision, report) = plan.limits, plan.cost, told
-        if plan.blocked is not None:
-            return self._blocked(limits, plan.blocked, cost)
+        limits, cost, (decision, report) = matched.limits, matched.cost, told
+        if matched.blocked is not None:
+            return self._blocked(limits, matched.blocked, cost)
         statuses: list[Decision | None] = [None] * len(limits)
         ok = decision is None or decision.allowed
         spoke = False
@@ -396,10 +398,10 @@ class EnvoyConfig(_EnvoyCore[Limiter, Store]):
         hits_addend: int = 1,
         overrides: Sequence[Override | None] | None = None,
     ) -> EnvoyResult:
-        plan = self._plan(domain, descriptors, hits_addend, overrides)
-        if plan.calls is not None:
-            return self._counted(plan, [c.hit(key, plan.cost) for c, key in plan.calls])
-        return self._tiered(plan, hit_tiers(*plan.tiers) if plan.tiers else (None, None))
+        matched = self._matched(domain, descriptors, hits_addend, overrides)
+        if matched.calls is not None:
+            return self._counted(matched, [c.hit(key, matched.cost) for c, key in matched.calls])
+        return self._tiered(matched, hit_tiers(*matched.tiers) if matched.tiers else (None, None))
 
 
 class AsyncEnvoyConfig(_EnvoyCore[AsyncLimiter, AsyncStore]):
@@ -419,8 +421,10 @@ class AsyncEnvoyConfig(_EnvoyCore[AsyncLimiter, AsyncStore]):
         hits_addend: int = 1,
         overrides: Sequence[Override | None] | None = None,
     ) -> EnvoyResult:
-        plan = self._plan(domain, descriptors, hits_addend, overrides)
-        if plan.calls is not None:
-            counting = (c.hit(key, plan.cost) for c, key in plan.calls)
-            return self._counted(plan, await asyncio.gather(*counting))
-        return self._tiered(plan, await ahit_tiers(*plan.tiers) if plan.tiers else (None, None))
+        matched = self._matched(domain, descriptors, hits_addend, overrides)
+        if matched.calls is not None:
+            counting = (c.hit(key, matched.cost) for c, key in matched.calls)
+            return self._counted(matched, await asyncio.gather(*counting))
+        return self._tiered(
+            matched, await ahit_tiers(*matched.tiers) if matched.tiers else (None, None)
+        )

@@ -63,7 +63,7 @@ class EnvoyOptions:
     shadow_mode: bool = False
     quota_mode: bool = False
     reload_interval: float = 1.0  # seconds between looks at the files; 0: never
-    dynamic_metadata: bool = False  # RESPONSE_DYNAMIC_METADATA (`service`)
+    dynamic_metadata: bool = False  # RESPONSE_DYNAMIC_METADATA (`shown`)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """`AsyncCoordinator`: sends ``fleet.lua``'s calls to Redis.
 
-What each call sends and what its reply means is `_coordinator_plan`'s; this
+What each call sends and what its reply means is `_coordinator_calls`'s; this
 only sends them: by the script's digest, and with its source when Redis has
 lost it.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError
 
-from ._coordinator_plan import (
+from ._coordinator_calls import (
     CoordinatorBase,
     QuotaStatus,
     Reply,

@@ -3,7 +3,7 @@
 The shell only does I/O: a refresh every interval on a task of its own, the
 resource's channel for changes of the total, and sleeping while a caller waits.
 What to send and what a reply means is `member.Member`'s; spending permits is
-`_share.Share`'s; the rest the twins share is `_shell.Shell`. ``acquire`` never
+`_share.Share`'s; the rest the twins share is `_line.QuotaCore`. ``acquire`` never
 touches the network.
 """
 
@@ -33,14 +33,14 @@ from typing import Any
 from ..kernel import AsyncTurns, check_max_wait, check_priority
 from ..primitives import Clock, ConfigurationError, StoreUnavailable
 from ..stores.redis.connection import connect
-from ._shell import LINE, POLL, Line, Shell, check_cost, current_caller, log
+from ._line import LINE, POLL, Line, QuotaCore, check_cost, current_caller, log
 from .config import QuotaConfig
 from .coordinator import AsyncCoordinator, QuotaStatus
 
 __all__ = ["AsyncFleetQuota", "AsyncQuotaSlot"]
 
 
-class AsyncFleetQuota(Line, Shell):
+class AsyncFleetQuota(Line, QuotaCore):
     """This process's share of resource ``name``, coordinated in Redis.
 
     ``redis``: a URL (``redis://``, ``redis+cluster://``...) or a ``redis.asyncio.Redis``

@@ -5,7 +5,7 @@
 The shell only does I/O: a refresh every interval on a thread of its own, the
 resource's channel for changes of the total, and sleeping while a caller waits.
 What to send and what a reply means is `member.Member`'s; spending permits is
-`_share.Share`'s; the rest the twins share is `_shell.Shell`. ``acquire`` never
+`_share.Share`'s; the rest the twins share is `_line.QuotaCore`. ``acquire`` never
 touches the network.
 """
 
@@ -21,14 +21,14 @@ from typing import Any
 from ..kernel import Turns, check_max_wait, check_priority
 from ..primitives import Clock, ConfigurationError, StoreUnavailable
 from ..stores.redis.connection import connect
-from ._shell import LINE, POLL, Line, Shell, check_cost, log
+from ._line import LINE, POLL, Line, QuotaCore, check_cost, log
 from .config import QuotaConfig
 from .coordinator import Coordinator, QuotaStatus
 
 __all__ = ["FleetQuota", "QuotaSlot"]
 
 
-class FleetQuota(Line, Shell):
+class FleetQuota(Line, QuotaCore):
     """This process's share of resource ``name``, coordinated in Redis.
 
     ``redis``: a URL (``redis://``, ``redis+cluster://``...) or a ``redis.Redis``

@@ -26,6 +26,7 @@ from ..stores.failure import OnFailure, check_policy
 from ..stores.redis import RedisStore
 from ..stores.redis.connection import FAILURES, connect
 from ..stores.redis.scripts import redis_params
+from ._line import log
 from ._regions import (
     Demand,
     Record,
@@ -36,7 +37,6 @@ from ._regions import (
     record_fields,
     text,
 )
-from ._shell import log
 from .alloc import MILLI, Piece
 from .coordinator import Coordinator, Report
 from .member import _TRANSIENT

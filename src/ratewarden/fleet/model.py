@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._coordinator_plan import Report
+from ._coordinator_calls import Report
 from .alloc import MAX_PIECES, Piece, allocate, grant, place, scaled, with_spare, within
 
 __all__ = ["Model"]

@@ -10,8 +10,10 @@ The actions that shape traffic instead of refusing it, for the rule engine:
 logic is written once.
 
 A request whose rules are all ``reject``/``delay``/``shadow_ban``/``log_only``
-never comes here (the engine's one ``hit_tiers`` call). With queue or degrade
-rules it takes these steps, each a store call:
+on plain limits never comes here (the engine's one ``hit_tiers`` call of the
+store). An adaptive or sharded limit among them comes here for `hit_tiers` of
+the limiters, which prices and drives them: then step 2 alone. With queue or
+degrade rules it takes these steps, each a store call:
 
 1. **peek** every queue tier: a full queue turns the request away before anything
    counts (429, Retry-After: when the line has room for it);
@@ -226,10 +228,10 @@ def shaped(
     tiers: Callable[[list[Tier], list[Tier]], Any],
     many: Callable[[list[Tier]], Any],
 ) -> Flow[Counted]:
-    """The store calls of a request with queue or degrade tiers (see the module
-    docstring), yielded; the Decisions they gave. ``tiers`` and ``many`` are
-    `hit_tiers` and `hit_many` of the engine's kind, and the limiters' own
-    ``peek`` looks at a queue. A Decision of the queue that denies means the
+    """The store calls of a request with queue or degrade tiers, or adaptive or
+    sharded ones (see the module docstring), yielded; the Decisions they gave.
+    ``tiers`` and ``many`` are `hit_tiers` and `hit_many` of the engine's kind,
+    and the limiters' own ``peek`` looks at a queue. A Decision of the queue that denies means the
     request is turned away; the enforced one denying, too."""
     by_limit = ruleset.by_limit_name
     plain: list[Tier] = []

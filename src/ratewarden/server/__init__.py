@@ -17,11 +17,11 @@ What each module holds:
   ``_counters`` (metrics, dashboard figures, envoy's statistics), ``_readiness``
   (whether the store answers);
 - a check's path: read once at the edge into a `Check` (``_check_json`` for the
-  HTTP API, ``_rls`` for Envoy's RLS), decided once (``_checks``: the `Checker`;
+  HTTP API, ``_rls`` for Envoy's RLS), decided once (``_checker``: the `Checker`;
   ``_verdict``: what it decided), written back by the front end that read it
   (``_check_json``, ``_rls_wire``); ``_refusals``: the requests refused, as
   exceptions both front ends answer;
-- the HTTP API: ``_app`` (a plain ASGI app), ``_request`` (strict JSON bodies),
+- the HTTP API: ``_app`` (a plain ASGI app), ``_http_input`` (strict JSON bodies),
   ``_shapes`` (the msgspec request and answer types), ``_openapi``, ``_admin_api``
   (load signals), ``_quotas`` and ``_quota_reader`` (``/v1/quotas``), ``_metrics``
   (Prometheus), ``_dashboard`` and ``_dashstats`` (the live dashboard);
@@ -29,12 +29,12 @@ What each module holds:
   ``_http_listener`` (what a listener's connections share), ``_http`` (one
   connection), ``_http_cycle`` (one request's exchange with the app),
   ``_connection_limits`` (what one client may hold);
-- gRPC: ``_grpc`` (RLS, health and reflection on one listener), ``_protos`` (the
+- gRPC: ``_grpc_server`` (RLS, health and reflection on one listener), ``_protos`` (the
   messages, compiled when first needed); ``h2/`` is our HTTP/2 server, a protocol
   layer apart from the calls it carries.
 
 ``import ratewarden`` imports none of this; the gRPC half needs the ``grpc`` extra
-and is imported only through ``ratewarden.server._grpc``.
+and is imported only through ``ratewarden.server._grpc_server``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 # Imported on first use, so that `ratewarden serve --help` and `ratewarden demo`
 # do not pay for the rule engine, prometheus-client and the HTTP server at start-up.
 _WHERE = {
-    "App": "_app", "auth_attributes": "_request", "openapi": "_openapi",
+    "App": "_app", "auth_attributes": "_http_input", "openapi": "_openapi",
     "BatchRequest": "_shapes", "BatchResult": "_shapes", "CheckRequest": "_shapes",
     "CheckResult": "_shapes", "DescriptorStatus": "_shapes",
     "ServeOptions": "_serve", "add_arguments": "_serve", "options_from": "_serve",

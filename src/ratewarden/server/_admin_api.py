@@ -29,8 +29,8 @@ import msgspec
 from ..primitives import ConfigurationError
 from ..rules import AsyncRuleEngine
 from ..rules.overrides import MAX_BY, AuditEntry, RuntimeOverride, UnknownRule, check_text
+from ._http_input import HTTPError, parse, scan_duplicates, tail
 from ._refusals import NotFound, Unprocessable
-from ._request import HTTPError, parse, scan_duplicates, tail
 
 __all__ = [
     "LoadRequest",

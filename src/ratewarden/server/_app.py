@@ -45,14 +45,9 @@ import msgspec
 from ..primitives import ConfigurationError, StoreError
 from . import _admin_api as admin
 from ._check_json import check_of, check_result, outcome_result
-from ._checks import AttributesCheck
+from ._checker import AttributesCheck
 from ._dashboard import Dashboard
-from ._metrics import CONTENT_TYPE_LATEST
-from ._openapi import openapi
-from ._quotas import MAX_LISTED, summary
-from ._readiness import store_problem
-from ._refusals import InvalidRequest
-from ._request import (
+from ._http_input import (
     AUTH_METHODS,
     HTTPError,
     auth_attributes,
@@ -61,6 +56,11 @@ from ._request import (
     refuse_duplicates,
     tail,
 )
+from ._metrics import CONTENT_TYPE_LATEST
+from ._openapi import openapi
+from ._quotas import MAX_LISTED, summary
+from ._readiness import store_problem
+from ._refusals import InvalidRequest
 from ._service import Service
 from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ..envoy import EnvoyResult
 from ..primitives import Decision
 from ..rules import Outcome
-from ._checks import AttributesCheck, Check, DescriptorsCheck
+from ._checker import AttributesCheck, Check, DescriptorsCheck
 from ._refusals import InvalidRequest, Unprocessable
 from ._shapes import BAD_COST, AttributeValue, CheckRequest, CheckResult, Descriptor, Shadow
 from ._verdict import (

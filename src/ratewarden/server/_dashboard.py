@@ -37,9 +37,9 @@ import msgspec
 
 from ..primitives import RatewardenError
 from ._admin_api import override_list
+from ._http_input import HTTPError
 from ._quotas import summary
 from ._readiness import store_problem
-from ._request import HTTPError
 
 if TYPE_CHECKING:
     from ._dashstats import DashboardStats, Point

@@ -3,7 +3,7 @@ tests and embedded apps never share counters).
 
 Labels are bounded: ``rule`` takes rule names (or envoy config node paths), which
 the rule files fix; ``endpoint`` takes route names; never a raw key or path;
-envoy stats keys, which may hold request values, are capped (`ratewarden.envoy.service`).
+envoy stats keys, which may hold request values, are capped (`ratewarden.envoy.shown`).
 ``resource`` takes fleet quota names, at most `MAX_SCRAPED` of them; ``member``
 (member ids, which come and go with the fleet's instances) only when asked for.
 """
@@ -171,13 +171,13 @@ class _AdaptiveGauges:
 
 class Metrics:
     """``quota_members``: the fleet quotas' gauges per member too; ``envoy``:
-    the envoy domains' per-descriptor statistics (`ratewarden.envoy.service`)."""
+    the envoy domains' per-descriptor statistics (`ratewarden.envoy.shown`)."""
 
     def __init__(self, *, quota_members: bool = False, envoy: EnvoyStats | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         if envoy is not None:
-            from ..envoy.service import EnvoyCollector  # noqa: PLC0415 - imports rules
+            from ..envoy.shown import EnvoyCollector  # noqa: PLC0415 - imports rules
 
             r.register(EnvoyCollector(envoy))
         self._rules = _RuleCounters()

@@ -9,8 +9,8 @@ import msgspec
 
 from ._admin_api import load_openapi_paths as load_paths
 from ._admin_api import override_openapi_paths as override_paths
+from ._http_input import AUTH_METHODS
 from ._quotas import Quota, QuotaList
-from ._request import AUTH_METHODS
 from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
 
 __all__ = ["openapi"]

@@ -12,9 +12,9 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from ..envoy import OVERRIDE_UNITS, EnvoyResult, Override
-from ..envoy.service import dynamic_metadata
+from ..envoy.shown import dynamic_metadata
 from ..primitives import StoreError
-from ._checks import Checker, DescriptorsCheck
+from ._checker import Checker, DescriptorsCheck
 from ._metrics import Metrics
 from ._protos import messages
 from ._refusals import InvalidRequest

@@ -313,7 +313,7 @@ class _Servers:
         options = self.options
         await service.start()  # the store's runtime overrides, in force before any request
         if options.grpc is not None:
-            from ._grpc import GrpcServer, parse_tls  # noqa: PLC0415 - the grpc extra
+            from ._grpc_server import GrpcServer, parse_tls  # noqa: PLC0415 - the grpc extra
 
             self.grpc = GrpcServer(service, options.grpc, token=options.token,
                                    tls=parse_tls(*options.grpc_tls),

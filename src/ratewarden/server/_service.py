@@ -25,7 +25,7 @@ from ..primitives import StoreError
 from ..rules import AsyncRuleEngine, RuleSet
 from ..stores import AsyncStore
 from ._check_json import check_of, check_result
-from ._checks import Checker, descriptors_check
+from ._checker import Checker, descriptors_check
 from ._counters import Counters
 from ._dashstats import DashboardStats
 from ._metrics import Metrics

@@ -5,7 +5,7 @@ request that the gRPC service holds its requests to as well.
 A check is either **attributes** (``{"attributes": {"path": ..., "ip": ...}}``,
 matched by the YAML rules; every value a string, null for "not given", and
 ``headers`` an object of strings) or **descriptors** in envoy's shape (``{"domain": ...,
-"descriptors": [{"entries": [{"key": ..., "value": ...}]}]}``); `_checks` says how
+"descriptors": [{"entries": [{"key": ..., "value": ...}]}]}``); `_checker` says how
 each is decided. And how a bearer token is read from ``Authorization``, which
 both listeners check.
 """

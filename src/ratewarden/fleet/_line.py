@@ -32,7 +32,7 @@ __all__ = [
     "LINE",
     "POLL",
     "Line",
-    "Shell",
+    "QuotaCore",
     "check_cost",
     "current_caller",
     "log",
@@ -142,7 +142,7 @@ def _timeout(member: Member, max_wait: float, wait_ns: int) -> RateLimitTimeout:
     )
 
 
-class Shell:
+class QuotaCore:
     """What the twins share: the member, its lock, acquire's logic, the channel's
     messages, their reprs."""
 

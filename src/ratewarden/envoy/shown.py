@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, Metric, UnknownMetricFamily
 
-from ._result import STATS, EnvoyResult, EnvoyStats, Override
+from ._answer import STATS, EnvoyResult, EnvoyStats, Override
 
 __all__ = [
     "EnvoyCollector",
