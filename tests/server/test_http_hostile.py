@@ -204,12 +204,14 @@ def test_idle_connections_beyond_the_cap_make_room_oldest_first(
 def test_connections_beyond_the_cap_are_refused_when_none_is_idle(
     rules: Path, tmp_path: Path
 ) -> None:
-    """With every one of --max-connections busy (a body still arriving), one
-    more is answered 503 at once; gRPC (a listener of its own) still answers,
-    and HTTP answers again once the busy ones are gone."""
+    """With every one of --max-connections busy (a body still arriving, within
+    --partial-grace: none may be closed for a newcomer), one more is answered
+    503 at once; gRPC (a listener of its own) still answers, and HTTP answers
+    again once the busy ones are gone. (tests/server/test_attack_slowloris.py:
+    past the grace, a newcomer takes a slow one's place.)"""
     from tests.server.test_serve import grpc_check  # noqa: PLC0415
 
-    slow = ("--body-timeout", "10", "--idle-timeout", "10")
+    slow = ("--body-timeout", "10", "--idle-timeout", "10", "--partial-grace", "30")
     with service(rules, tmp_path, *slow) as served, ExitStack() as stack:
         pid = served.process.pid
         files_before = open_files(pid)

@@ -45,6 +45,11 @@ class ConnectionLimits:
     - ``max_header_bytes``: the size of a request's headers (HTTP: the raw
       head; HTTP/2: the decoded list, each field counted as name + value + 32 as
       RFC 9113 defines it, and advertised as SETTINGS_MAX_HEADER_LIST_SIZE).
+    - ``partial_grace`` (HTTP): seconds a request's head and body may take to
+      arrive before, at ``max_connections`` or the per-address cap, its
+      connection may be closed to admit a new one (see `Admission`). A client
+      on a sound network sends both in a round trip or two; past this it is
+      slow, or holds the slot on purpose (slowloris).
     """
 
     max_connections: int = 10_000
@@ -52,6 +57,7 @@ class ConnectionLimits:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     max_header_bytes: int = 16 * 1024
+    partial_grace: float = 1.0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -85,7 +91,9 @@ class ServerLimits:
     - ``max_connections_per_peer``: connections one source address keeps on a
       listener; past it, and at ``max_connections``, the connection idle the
       longest (the peer's own, at the peer's limit) is closed to admit the new
-      one, so that one address cannot hold every slot.
+      one, or else (HTTP) the one whose request has been arriving longest, past
+      ``partial_grace``: so that one address cannot hold every slot, idle or
+      dripping its requests.
     """
 
     max_buffered_bytes: int = 32 * 1024 * 1024
@@ -181,65 +189,126 @@ def process_budget(max_bytes: int) -> BodyBudget:
     return budget
 
 
+def _first(connections: dict[Any, Any] | None) -> Any:
+    return None if not connections else next(iter(connections))
+
+
 class Admission:
     """Which connections a listener keeps: at most ``max_connections``, and
     ``per_peer`` from one source address. A connection past either limit takes
-    the place of the one idle longest (of its own address, at the address's
-    limit), which `admit` closes with its ``evict``; with none idle it is
-    refused. Idle connections are kept in the order they became idle."""
+    the place of one already open (of its own address, at the address's limit),
+    which `admit` closes with its ``evict``: the one idle longest, else the one
+    whose request has been arriving longest, once that is past ``grace``
+    seconds (see `reading`; `ConnectionLimits.partial_grace`). A connection
+    whose request is being answered is never closed for another: with none of
+    either kind, the new one is refused.
 
-    def __init__(self, max_connections: int, per_peer: int) -> None:
+    Each kind is kept oldest first, in all and per address, so that finding the
+    connection to close is a dict lookup whatever the number open."""
+
+    def __init__(self, max_connections: int, per_peer: int, grace: float = 1.0) -> None:
         self.max_connections = max_connections
         self.per_peer = per_peer
+        self.grace = grace
         self.count = 0
         self.evicted = 0
         self._peer_of: dict[Any, str] = {}
         self._peers: dict[str, int] = {}
         self._idle: dict[Any, None] = {}  # oldest first
+        self._idle_of: dict[str, dict[Any, None]] = {}
+        self._partial: dict[Any, float] = {}  # connection: when its request began, oldest first
+        self._partial_of: dict[str, dict[Any, float]] = {}
 
     def __repr__(self) -> str:
         return (f"<Admission {self.count} of {self.max_connections}, {len(self._peers)} peers, "
-                f"{len(self._idle)} idle, {self.evicted} evicted>")  # fmt: skip
+                f"{len(self._idle)} idle, {len(self._partial)} reading, "
+                f"{self.evicted} evicted>")  # fmt: skip
 
-    def admit(self, connection: Any, peer: str) -> bool:
-        """Whether ``connection`` (idle from now on) may stay; its ``evict()`` is
-        called if it is later closed to make room."""
+    def admit(self, connection: Any, peer: str, now: float = 0.0) -> bool:
+        """Whether ``connection`` (idle from now on) may stay, at ``now`` on the
+        clock `reading` is told of; its ``evict()`` is called if it is later
+        closed to make room."""
         if self._peers.get(peer, 0) >= self.per_peer:
-            victim = next((c for c in self._idle if self._peer_of[c] == peer), None)
+            victim = _first(self._idle_of.get(peer))
             if victim is None:
-                return False
+                victim = self._stalled(self._partial_of.get(peer), now)
+                if victim is None:
+                    return False
             self._evict(victim)
         if self.count >= self.max_connections:
-            victim = next(iter(self._idle), None)
+            victim = _first(self._idle)
             if victim is None:
-                return False
+                victim = self._stalled(self._partial, now)
+                if victim is None:
+                    return False
             self._evict(victim)
         self.count += 1
         self._peer_of[connection] = peer
         self._peers[peer] = self._peers.get(peer, 0) + 1
-        self._idle[connection] = None
+        self._set_idle(connection, peer)
         return True
 
     def idle(self, connection: Any) -> None:
-        if connection in self._peer_of:
-            self._idle.pop(connection, None)
-            self._idle[connection] = None
+        """Nothing in flight: closed first to make room."""
+        peer = self._peer_of.get(connection)
+        if peer is not None:
+            self._unset(connection, peer)
+            self._set_idle(connection, peer)
+
+    def reading(self, connection: Any, since: float) -> None:
+        """A request has been arriving since ``since`` (its first byte), and
+        nothing is being answered: closed to make room once past the grace."""
+        peer = self._peer_of.get(connection)
+        if peer is not None:
+            self._unset(connection, peer)
+            self._partial[connection] = since
+            self._partial_of.setdefault(peer, {})[connection] = since
 
     def busy(self, connection: Any) -> None:
-        self._idle.pop(connection, None)
+        """A request is being answered: never closed to make room."""
+        peer = self._peer_of.get(connection)
+        if peer is not None:
+            self._unset(connection, peer)
 
     def left(self, connection: Any) -> None:
         """The connection closed (or was evicted); idempotent."""
         peer = self._peer_of.pop(connection, None)
         if peer is None:
             return
-        self._idle.pop(connection, None)
+        self._unset(connection, peer)
         self.count -= 1
         left = self._peers[peer] - 1
         if left:
             self._peers[peer] = left
         else:
             del self._peers[peer]
+
+    def _stalled(self, partial: dict[Any, float] | None, now: float) -> Any:
+        """The connection whose request has been arriving longest, if longer
+        than the grace (the oldest first: if it is not, none is)."""
+        if not partial:
+            return None
+        victim = next(iter(partial))
+        return victim if now - partial[victim] >= self.grace else None
+
+    def _set_idle(self, connection: Any, peer: str) -> None:
+        self._idle[connection] = None
+        self._idle_of.setdefault(peer, {})[connection] = None
+
+    def _unset(self, connection: Any, peer: str) -> None:
+        """Neither idle nor reading."""
+        if connection in self._idle:
+            del self._idle[connection]
+            mine = self._idle_of[peer]
+            del mine[connection]
+            if not mine:
+                del self._idle_of[peer]
+        if connection in self._partial:
+            del self._partial[connection]
+            mine_partial = self._partial_of[peer]
+            del mine_partial[connection]
+            if not mine_partial:
+                del self._partial_of[peer]
 
     def _evict(self, connection: Any) -> None:
         self.left(connection)

@@ -122,6 +122,7 @@ class HttpConnection(asyncio.Protocol):
         self.write_deadline = _NEVER  # set while the client takes none of our writes
         self.phase = _IDLE
         self.head_bytes = 0  # received towards the head of the request being read
+        self.began = 0.0  # when the request being read began (the loop's clock)
         self.body_bytes = 0
         self.closing = False  # answered and shut for writing: late bytes are dropped
         self.last_read = False  # a request that closes the connection was read
@@ -148,7 +149,7 @@ class HttpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
         listener = self.listener
-        if not listener.admission.admit(self, peer_of(transport)):
+        if not listener.admission.admit(self, peer_of(transport), self.loop.time()):
             listener.refuse(transport, self.loop)
             return
         self.client = _address(transport.get_extra_info("peername"))
@@ -170,8 +171,9 @@ class HttpConnection(asyncio.Protocol):
         self.cycle = self.answering = None
 
     def evict(self) -> None:
-        """Closed, idle, to admit a new connection (HTTP/1.1 lets a server close
-        an idle keep-alive connection; clients open another)."""
+        """Closed to admit a new connection: idle (HTTP/1.1 lets a server close
+        an idle keep-alive connection; clients open another), or with a request
+        that has been arriving for longer than a sound client takes."""
         self.listener.evicted += 1
         self.closing = True
         self.transport.close()
@@ -267,9 +269,15 @@ class HttpConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         if self.last_read:
             raise _Stop
-        self.listener.admission.busy(self)
+        now = self.loop.time()
+        answering = self.answering
+        if answering is None or answering.response_complete:
+            self.listener.admission.reading(self, now)  # a slow one may make room
+        else:  # pipelined behind an answer in the making: never closed for another
+            self.listener.admission.busy(self)
+        self.began = now
         self.phase = _HEAD
-        self.deadline = self.loop.time() + self.header_timeout
+        self.deadline = now + self.header_timeout
         self.url = b""
         self.headers = []
         self.expect_continue = False
@@ -343,6 +351,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.listener.budget.drop(self)  # the body is the app's now
+        self.listener.admission.busy(self)  # and the answer is in the making
         # (an answer given before the body was in ended the connection already)
         self.phase = _BUSY
         self.deadline = _NEVER
@@ -406,6 +415,8 @@ class HttpConnection(asyncio.Protocol):
             self.listener.admission.idle(self)
             if self.draining:
                 self.shutdown()
+        else:  # the next request is arriving, and nothing is answered now
+            self.listener.admission.reading(self, self.began)
 
     # -- the end of a connection ----------------------------------------------------
 

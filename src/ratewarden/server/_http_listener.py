@@ -59,7 +59,9 @@ class HttpListener:
         self.max_body = max_body
         shared = server_limits or ServerLimits()
         self.budget = budget or process_budget(shared.max_buffered_bytes)
-        self.admission = Admission(limits.max_connections, shared.max_connections_per_peer)
+        self.admission = Admission(
+            limits.max_connections, shared.max_connections_per_peer, limits.partial_grace
+        )
         self.connections: set[Listened] = set()
         self.draining = False
         self.requests = 0  # answered

@@ -135,6 +135,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"HTTP/2 a reset stream; default {limits.body_timeout:g})")  # fmt: skip
     add("--max-header-bytes", type=int, default=limits.max_header_bytes, metavar="BYTES",
         help=f"a request's headers (HTTP 431; default {limits.max_header_bytes})")  # fmt: skip
+    add("--partial-grace", type=float, default=limits.partial_grace, metavar="SECONDS",
+        help="at --max-connections or --max-connections-per-peer with none idle, an HTTP "
+        "request still arriving after this long is closed to admit a new connection "
+        f"(default {limits.partial_grace:g})")  # fmt: skip
     shared = DEFAULT_SERVER_LIMITS
     add("--max-buffered-bytes", type=int, default=shared.max_buffered_bytes, metavar="BYTES",
         help="bytes of unfinished request bodies the process holds, both listeners "
@@ -146,7 +150,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-connections-per-peer", type=int, default=shared.max_connections_per_peer,
         metavar="N",
         help="connections one source address keeps on each listener; past it, and at "
-        "--max-connections, the one idle longest is closed to admit the new one "
+        "--max-connections, the one idle longest (else, HTTP, one whose request is still "
+        "arriving past --partial-grace) is closed to admit the new one "
         f"(default {shared.max_connections_per_peer})")  # fmt: skip
     add("--max-keys", type=int, default=1_000_000, metavar="N",
         help="the memory store's bound: least recently used keys go first (default "

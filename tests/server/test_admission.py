@@ -1,0 +1,153 @@
+"""Which connection a listener closes to admit a new one at its caps: the one
+idle longest, else the one whose request has been arriving longest past the
+grace, never one whose answer is in the making; per address at the address's
+cap, among all at ``max_connections``."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from ratewarden.server._connection_limits import Admission
+
+GRACE = 1.0
+
+
+@dataclass(eq=False)
+class Conn:
+    name: str
+    evicted: list[str] = field(default_factory=list)
+
+    def evict(self) -> None:
+        self.evicted.append(self.name)
+
+
+def opened(admission: Admission, peer: str, names: list[str], now: float = 0.0) -> list[Conn]:
+    conns = [Conn(name) for name in names]
+    for conn in conns:
+        assert admission.admit(conn, peer, now)
+    return conns
+
+
+def test_at_the_address_cap_its_oldest_idle_goes_first_then_its_oldest_stalled_request() -> None:
+    admission = Admission(100, 3, GRACE)
+    a, b, c = opened(admission, "10.0.0.1", ["a", "b", "c"])
+    other = opened(admission, "10.0.0.2", ["other"])[0]  # idle longer, but another address's
+    admission.reading(a, since=0.0)
+    admission.reading(b, since=0.5)
+    admission.busy(c)  # its answer is in the making
+    admission.idle(other)
+    # within the grace nothing of the address may go: refused
+    assert not admission.admit(Conn("early"), "10.0.0.1", now=0.9)
+    # past it, the request arriving longest makes room
+    d = Conn("d")
+    assert admission.admit(d, "10.0.0.1", now=1.2)
+    assert a.evicted == ["a"] and not b.evicted and not c.evicted and not other.evicted
+    # a new connection is idle until its request begins: it goes before b's stalled one
+    e = Conn("e")
+    assert admission.admit(e, "10.0.0.1", now=1.3)
+    assert d.evicted == ["d"] and not b.evicted
+    admission.busy(e)
+    assert admission.admit(Conn("f"), "10.0.0.1", now=1.6)  # b, past its grace, goes now
+    assert b.evicted == ["b"]
+    admission.idle(c)  # answered: idle, while f (new) became idle before it
+    g = Conn("g")
+    assert admission.admit(g, "10.0.0.1", now=1.7)
+    assert not c.evicted  # f went: idle longer
+
+
+def test_at_max_connections_the_oldest_of_all_goes_idle_first() -> None:
+    admission = Admission(3, 100, GRACE)
+    x = opened(admission, "10.0.0.1", ["x"], now=0.0)[0]
+    y = opened(admission, "10.0.0.2", ["y"], now=0.0)[0]
+    z = opened(admission, "10.0.0.3", ["z"], now=0.0)[0]
+    admission.reading(x, since=0.0)
+    admission.reading(y, since=0.2)
+    admission.idle(z)
+    n1 = Conn("n1")
+    assert admission.admit(n1, "10.0.0.9", now=0.1)
+    assert z.evicted == ["z"]  # idle, though the youngest
+    admission.busy(n1)
+    assert not admission.admit(Conn("n2"), "10.0.0.9", now=0.5)  # both within the grace
+    assert admission.admit(Conn("n3"), "10.0.0.9", now=1.1)
+    assert x.evicted == ["x"] and not y.evicted
+
+
+def test_a_request_being_answered_is_never_closed_for_another() -> None:
+    admission = Admission(2, 2, GRACE)
+    conns = opened(admission, "10.0.0.1", ["a", "b"])
+    for conn in conns:
+        admission.reading(conn, since=0.0)
+        admission.busy(conn)
+    assert not admission.admit(Conn("late"), "10.0.0.1", now=1_000.0)
+    assert not any(conn.evicted for conn in conns)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_books_match_a_naive_model_whatever_the_order(seed: int) -> None:
+    """Random opens, state changes and closes against a list-scanning model."""
+    rng = random.Random(seed)
+    admission = Admission(12, 5, GRACE)
+    state: dict[Conn, tuple[str, str, float]] = {}  # conn: (peer, state, since), in order
+    order: list[Conn] = []  # when each entered its state, oldest first
+    now = 0.0
+    for step in range(400):
+        now += rng.random() * 0.3
+        action = rng.random()
+        if action < 0.4 or not state:
+            peer = f"10.0.0.{rng.randint(1, 4)}"
+            conn = Conn(f"{step}")
+            mine = [c for c in state if state[c][0] == peer]
+
+            def victim(pool: list[Conn]) -> Conn | None:
+                idle = [c for c in order if c in pool and state[c][1] == "idle"]
+                if idle:
+                    return idle[0]
+                reading = sorted((state[c][2], order.index(c), c) for c in pool
+                                 if state[c][1] == "reading")  # fmt: skip
+                if reading and now - reading[0][0] >= GRACE:
+                    return reading[0][2]
+                return None
+
+            expected: list[Conn] = []
+            ok = True
+            if len(mine) >= 5:
+                v = victim(mine)
+                ok = v is not None
+                if v is not None:
+                    expected.append(v)
+            if ok and len(state) - len(expected) >= 12:
+                v = victim([c for c in state if c not in expected])
+                ok = v is not None
+                if v is not None:
+                    expected.append(v)
+            assert admission.admit(conn, peer, now) is ok, step
+            for v in expected:
+                assert v.evicted == [v.name]
+                del state[v]
+                order.remove(v)
+            if ok:
+                state[conn] = (peer, "idle", now)
+                order.append(conn)
+        else:
+            conn = rng.choice(list(state))
+            peer, _, since = state[conn]
+            if action < 0.6:
+                admission.reading(conn, since=now)
+                state[conn] = (peer, "reading", now)
+            elif action < 0.75:
+                admission.busy(conn)
+                state[conn] = (peer, "busy", since)
+            elif action < 0.9:
+                admission.idle(conn)
+                state[conn] = (peer, "idle", now)
+            else:
+                admission.left(conn)
+                del state[conn]
+                order.remove(conn)
+                continue
+            order.remove(conn)
+            order.append(conn)
+        assert admission.count == len(state)
