@@ -44,11 +44,13 @@ def test_at_the_address_cap_its_oldest_idle_goes_first_then_its_oldest_stalled_r
     # past it, the request arriving longest makes room
     d = Conn("d")
     assert admission.admit(d, "10.0.0.1", now=1.2)
-    assert a.evicted == ["a"] and not b.evicted and not c.evicted and not other.evicted
+    assert a.evicted == ["a"]
+    assert [b.evicted, c.evicted, other.evicted] == [[], [], []]
     # a new connection is idle until its request begins: it goes before b's stalled one
     e = Conn("e")
     assert admission.admit(e, "10.0.0.1", now=1.3)
-    assert d.evicted == ["d"] and not b.evicted
+    assert d.evicted == ["d"]
+    assert not b.evicted
     admission.busy(e)
     assert admission.admit(Conn("f"), "10.0.0.1", now=1.6)  # b, past its grace, goes now
     assert b.evicted == ["b"]
@@ -72,7 +74,8 @@ def test_at_max_connections_the_oldest_of_all_goes_idle_first() -> None:
     admission.busy(n1)
     assert not admission.admit(Conn("n2"), "10.0.0.9", now=0.5)  # both within the grace
     assert admission.admit(Conn("n3"), "10.0.0.9", now=1.1)
-    assert x.evicted == ["x"] and not y.evicted
+    assert x.evicted == ["x"]
+    assert not y.evicted
 
 
 def test_a_request_being_answered_is_never_closed_for_another() -> None:
@@ -85,12 +88,43 @@ def test_a_request_being_answered_is_never_closed_for_another() -> None:
     assert not any(conn.evicted for conn in conns)
 
 
+State = dict[Conn, tuple[str, str, float]]  # conn: (peer, "idle"/"reading"/"busy", since)
+
+
+def model_victim(pool: list[Conn], state: State, order: list[Conn], now: float) -> Conn | None:
+    """The naive choice: scan for the idle one that became idle first, else the
+    request arriving since longest, if past the grace."""
+    idle = [c for c in order if c in pool and state[c][1] == "idle"]
+    if idle:
+        return idle[0]
+    reading = sorted((state[c][2], order.index(c), c) for c in pool if state[c][1] == "reading")
+    if reading and now - reading[0][0] >= GRACE:
+        return reading[0][2]
+    return None
+
+
+def model_admit(state: State, order: list[Conn], peer: str, now: float) -> list[Conn] | None:
+    """What the naive model closes to admit a connection of ``peer``; None: refused."""
+    closed: list[Conn] = []
+    if len([c for c in state if state[c][0] == peer]) >= 5:
+        victim = model_victim([c for c in state if state[c][0] == peer], state, order, now)
+        if victim is None:
+            return None
+        closed.append(victim)
+    if len(state) - len(closed) >= 12:
+        victim = model_victim([c for c in state if c not in closed], state, order, now)
+        if victim is None:
+            return None
+        closed.append(victim)
+    return closed
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_the_books_match_a_naive_model_whatever_the_order(seed: int) -> None:
     """Random opens, state changes and closes against a list-scanning model."""
     rng = random.Random(seed)
     admission = Admission(12, 5, GRACE)
-    state: dict[Conn, tuple[str, str, float]] = {}  # conn: (peer, state, since), in order
+    state: State = {}
     order: list[Conn] = []  # when each entered its state, oldest first
     now = 0.0
     for step in range(400):
@@ -99,55 +133,33 @@ def test_the_books_match_a_naive_model_whatever_the_order(seed: int) -> None:
         if action < 0.4 or not state:
             peer = f"10.0.0.{rng.randint(1, 4)}"
             conn = Conn(f"{step}")
-            mine = [c for c in state if state[c][0] == peer]
-
-            def victim(pool: list[Conn]) -> Conn | None:
-                idle = [c for c in order if c in pool and state[c][1] == "idle"]
-                if idle:
-                    return idle[0]
-                reading = sorted((state[c][2], order.index(c), c) for c in pool
-                                 if state[c][1] == "reading")  # fmt: skip
-                if reading and now - reading[0][0] >= GRACE:
-                    return reading[0][2]
-                return None
-
-            expected: list[Conn] = []
-            ok = True
-            if len(mine) >= 5:
-                v = victim(mine)
-                ok = v is not None
-                if v is not None:
-                    expected.append(v)
-            if ok and len(state) - len(expected) >= 12:
-                v = victim([c for c in state if c not in expected])
-                ok = v is not None
-                if v is not None:
-                    expected.append(v)
-            assert admission.admit(conn, peer, now) is ok, step
-            for v in expected:
-                assert v.evicted == [v.name]
-                del state[v]
-                order.remove(v)
-            if ok:
+            closed = model_admit(state, order, peer, now)
+            assert admission.admit(conn, peer, now) is (closed is not None), step
+            for victim in closed or ():
+                assert victim.evicted == [victim.name]
+                del state[victim]
+                order.remove(victim)
+            if closed is not None:
                 state[conn] = (peer, "idle", now)
                 order.append(conn)
+            assert admission.count == len(state)
+            continue
+        conn = rng.choice(list(state))
+        peer, _, since = state[conn]
+        order.remove(conn)
+        if action < 0.6:
+            admission.reading(conn, since=now)
+            state[conn] = (peer, "reading", now)
+        elif action < 0.75:
+            admission.busy(conn)
+            state[conn] = (peer, "busy", since)
+        elif action < 0.9:
+            admission.idle(conn)
+            state[conn] = (peer, "idle", now)
         else:
-            conn = rng.choice(list(state))
-            peer, _, since = state[conn]
-            if action < 0.6:
-                admission.reading(conn, since=now)
-                state[conn] = (peer, "reading", now)
-            elif action < 0.75:
-                admission.busy(conn)
-                state[conn] = (peer, "busy", since)
-            elif action < 0.9:
-                admission.idle(conn)
-                state[conn] = (peer, "idle", now)
-            else:
-                admission.left(conn)
-                del state[conn]
-                order.remove(conn)
-                continue
-            order.remove(conn)
-            order.append(conn)
+            admission.left(conn)
+            del state[conn]
+            assert admission.count == len(state)
+            continue
+        order.append(conn)
         assert admission.count == len(state)
