@@ -88,4 +88,5 @@ def test_1000_slow_heads_from_one_address_leave_its_checks_answered(tmp_path: Pa
         assert time.monotonic() - first_round < 60  # the header timeout closed none
         print(f"\nFIGURE attack='{ATTACK} slow heads from one address, HTTP'"
               f" legit_checks={CHECKS} answered_200={legit.statuses.count(200)}"
-              f" worst_ms={legit.worst_ms():.0f} reopened={reopened} took_s={took:.1f}")  # fmt: skip
+              f" worst_ms={legit.worst_ms():.0f} reopened={reopened}"
+              f" took_s={took:.1f}")  # fmt: skip
