@@ -38,6 +38,10 @@ _MAP_FAILURES = (RedisConnectionError, RedisTimeoutError, ClusterDownError, Slot
 # AskError), or to send it again
 _REDIRECTS = (AskError, TryAgainError)
 REDIRECT_ROUNDS = 3  # a stale map's MOVED, then the new owner's ASK, and one spare
+# Batches on the store's own connection at once: while Redis runs one, the next is
+# packed and sent, and the one before answered. More than a few adds round trips of
+# fewer checks each without keeping Redis any busier.
+IN_FLIGHT = 4
 
 
 async def _move_slot(manager: Any, error: MovedError) -> None:
@@ -55,10 +59,11 @@ async def _move_slot(manager: Any, error: MovedError) -> None:
 
 class Batcher:
     """Coalesces concurrent checks into pipelines: every check submitted in one turn
-    of the event loop goes out in one round trip (at most ``max_batch`` a time), and
-    checks submitted while a pipeline is in flight go in the next. No timer: the
-    batching window is the loop's own turn, microseconds. A pipeline goes over the
-    store's own connection (``wire``) when it has one, else through redis-py.
+    of the event loop goes out in one round trip (at most ``max_batch`` a time). On
+    the store's own connection (``wire``) up to `IN_FLIGHT` round trips are out at
+    once, pipelined (Redis answers them in order), and checks submitted while they
+    are go in the next; through redis-py (a cluster, Sentinel), one at a time. No
+    timer: the batching window is the loop's own turn, microseconds.
 
     With a ``timeout``, each check is answered or failed within it of its
     submission: a batch must be over by its oldest check's deadline, connecting
@@ -94,6 +99,8 @@ class Batcher:
         self.pending: list[_Item] = []
         self.draining = False
         self.drainer: asyncio.Task[None] | None = None
+        self.sending: set[asyncio.Task[None]] = set()  # round trips out on the wire
+        self.slot: asyncio.Future[None] | None = None  # the drainer waits for one to end
 
     def submit(self, script: str, numkeys: int, args: list[Any]) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -107,11 +114,28 @@ class Batcher:
     async def _drain(self) -> None:
         try:
             while self.pending:
-                batch = self.pending[: self.max_batch]
-                del self.pending[: self.max_batch]
-                await self._send(batch)
+                if self.wire is None:
+                    await self._send(self._next_batch())
+                    continue
+                while len(self.sending) >= IN_FLIGHT:
+                    self.slot = asyncio.get_running_loop().create_future()
+                    await self.slot
+                task = asyncio.get_running_loop().create_task(self._send(self._next_batch()))
+                self.sending.add(task)
+                task.add_done_callback(self._sent)
         finally:
             self.draining = False
+
+    def _next_batch(self) -> list[_Item]:
+        batch = self.pending[: self.max_batch]
+        del self.pending[: self.max_batch]
+        return batch
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self.sending.discard(task)
+        slot = self.slot
+        if slot is not None and not slot.done():
+            slot.set_result(None)
 
     async def _pipeline(
         self, batch: list[_Item], deadline: float | None, load: Sequence[str] = ()

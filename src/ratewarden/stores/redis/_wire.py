@@ -171,8 +171,9 @@ class _Link(asyncio.Protocol):
 
 class AsyncWire:
     """A connection of its own to ``client``'s server (see `usable`), made on the
-    first call and again after a failure. One caller at a time sends (the store's
-    batcher); replies come back in order."""
+    first call and again after a failure. Calls may overlap (the store's batcher
+    keeps a few round trips out): each is written whole, and the replies come back
+    in order; one connects while the others wait for it."""
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.pool: ConnectionPool = client.connection_pool
@@ -182,6 +183,7 @@ class AsyncWire:
         self.where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
         self.connection: Any = None  # redis-py's, kept to close it
         self.link: _Link | None = None
+        self.connecting = asyncio.Lock()
 
     async def call(
         self, commands: Sequence[Sequence[Arg]], deadline: float | None = None
@@ -196,7 +198,10 @@ class AsyncWire:
             deadline = asyncio.get_running_loop().time() + self.timeout
         link = self.link
         if link is None or link.dead is not None or link.transport.is_closing():
-            link = await self._connect(deadline)
+            async with self.connecting:  # one connects; the others take its link
+                link = self.link
+                if link is None or link.dead is not None or link.transport.is_closing():
+                    link = await self._connect(deadline)
         return await link.send(payload, len(commands), deadline)
 
     async def _connect(self, deadline: float | None) -> _Link:
