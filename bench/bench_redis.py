@@ -95,7 +95,7 @@ def candidates(url: str) -> dict[str, Candidate]:
     out = {"raw EVALSHA via redis-py (trivial script)": Candidate(
         lambda k: client.evalsha(sha, 1, k), "a floor: no limiter at all"
     )}  # fmt: skip
-    store = RedisStore(url)  # from a URL: the store's own connections (_syncwire)
+    store = RedisStore(url)  # from a URL: the store's own connections (_sync_wire)
     for algorithm in ("fixed_window", "sliding_window_counter", "token_bucket", "gcra"):
         limiter = Limiter(f"{BIG}/hour", algorithm=algorithm, store=store, name=algorithm)
         out[f"ratewarden {algorithm}"] = Candidate(limiter.hit, OURS)

@@ -1,6 +1,6 @@
 """Faults between the limiter and one Redis server, for both stores: `RedisStore`
 (redis-py's connections) and `AsyncRedisStore` (its own connection, see
-stores/redis/_wire.py). Each runs under load and is checked by `Report.check`."""
+stores/redis/_async_wire.py). Each runs under load and is checked by `Report.check`."""
 
 from __future__ import annotations
 

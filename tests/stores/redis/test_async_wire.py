@@ -23,7 +23,7 @@ from redis.asyncio.connection import Connection, ConnectionPool
 
 from ratewarden import AsyncLimiter, Decision, Limiter, StoreUnavailable
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
-from ratewarden.stores.redis._wire import usable
+from ratewarden.stores.redis._async_wire import usable
 from ratewarden.stores.redis.connection import QUIET
 from tests.redis_server import LIVE, RedisServer, free_port, redis_server
 

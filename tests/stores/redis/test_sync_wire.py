@@ -1,5 +1,5 @@
 """RedisStore on one server sends its scripts over connections of its own
-(stores/redis/_syncwire.py), not through redis-py's client: what redis-py did for them
+(stores/redis/_sync_wire.py), not through redis-py's client: what redis-py did for them
 (AUTH, SELECT, TLS, threads, fork, reconnecting, timeouts, error replies) must hold
 on them too, and a server that misbehaves must not be trusted."""
 
@@ -25,7 +25,7 @@ from redis.connection import Connection, ConnectionPool
 
 from ratewarden import Decision, Limiter, StoreUnavailable
 from ratewarden.stores.redis import RedisStore
-from ratewarden.stores.redis._syncwire import Wire, usable
+from ratewarden.stores.redis._sync_wire import Wire, usable
 from tests.redis_server import LIVE, RedisServer, free_port, redis_server
 
 

@@ -361,8 +361,8 @@ def test_two_tier_true_on_the_store_is_a_clear_error(redis_single: RedisServer) 
 def test_a_skewed_clock_before_the_first_sync(
     redis_single: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from ratewarden.stores.redis import _twotier_core as _twotierplan  # noqa: PLC0415
     from ratewarden.stores.redis import _twotier_io as _twotierio  # noqa: PLC0415
-    from ratewarden.stores.redis import _twotier_plan as _twotierplan  # noqa: PLC0415
 
     real = time.time_ns
     skew = -((real() // 10**9) % 3600 + 10) * 10**9  # 10 s before the hour, here

@@ -1,5 +1,5 @@
 """The two-tier store's I/O: the engine a Redis store keeps for its limits bound
-with ``two_tier=True`` (the logic is in `_twotier` and `_twotier_plan`). It syncs
+with ``two_tier=True`` (the logic is in `_twotier` and `_twotier_core`). It syncs
 every ``sync_interval``, and at once when a key's unsent hits pass ``flush_at``.
 
 The asyncio engine (`_atwotier_io`, written by hand) syncs from a task, started
@@ -33,7 +33,7 @@ from ...primitives import Clock, Decision, Rate, StoreError
 from ..base import AsyncBound, BindOptions, Check, check_cost
 from ..failure import Breaker, LocalFallback
 from ._twotier import TwoTierSettings
-from ._twotier_plan import EXACT_TIERS, Engine, Step, peeked
+from ._twotier_core import EXACT_TIERS, Engine, Step, peeked
 
 __all__ = ["AsyncTwoTier"]
 
@@ -46,7 +46,7 @@ CLOSE_RETRY = 0.05  # seconds between its tries
 
 
 class _NoLock:
-    """The lock of an engine that one thread runs: the plans take it, as the
+    """The lock of an engine that one thread runs: the checks' calls take it, as the
     sync engine's take a real one."""
 
     def __enter__(self) -> None:
@@ -168,25 +168,25 @@ class AsyncTwoTier(Engine):
         # unasync: async
         self.running()
         # unasync: end
-        return await self.drive(self.plan(checks, self.lock), exact_many)
+        return await self.drive(self.calls(checks, self.lock), exact_many)
 
     async def drive(
         self,
-        plan: Generator[Step, Any, Decision],
+        calls: Generator[Step, Any, Decision],
         exact_many: Callable[[Sequence[Check]], Awaitable[Decision]],
     ) -> Decision:
         try:
-            step = next(plan)
+            step = next(calls)
             while True:
                 if step[0] == EXACT_TIERS:
-                    step = plan.send(await exact_many(step[1]))  # type: ignore[arg-type]
+                    step = calls.send(await exact_many(step[1]))  # type: ignore[arg-type]
                     continue
                 try:
                     result = await self.call(*step)
                 except StoreError as exc:
-                    step = plan.throw(exc)
+                    step = calls.throw(exc)
                 else:
-                    step = plan.send(result)
+                    step = calls.send(result)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 

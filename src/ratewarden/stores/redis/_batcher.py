@@ -22,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...primitives import StoreError, StoreUnavailable
-from ._wire import AsyncWire, Unsupported
+from ._async_wire import AsyncWire, Unsupported
 from .connection import FAILURES
 from .scripts import BATCH, Scripts
 

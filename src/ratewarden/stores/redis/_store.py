@@ -7,7 +7,7 @@ mirror the pure Python steps exactly; they read the Redis server's clock, so
 instances with skewed clocks agree. A test may pass a `Clock` instead, whose time
 is then sent with every call. Keys expire once their state is full again.
 
-What a check sends and what its reply means is planned in `_plan`, without I/O;
+What a check sends and what its reply means is worked out in `_script_calls`, without I/O;
 the stores only make the calls. The asyncio store (`_astore`) is written by
 hand, the sync one (`_store`) written from it by scripts/unasync.py.
 """
@@ -30,8 +30,8 @@ from ...primitives import (
 )
 from ..base import BindOptions, Bound, Check
 from ..failure import Breaker, Instances, LocalFallback
-from ._plan import Answers, Limit, Many, plan_calls
-from ._syncwire import Wire, usable
+from ._script_calls import Answers, Limit, Many, script_calls
+from ._sync_wire import Wire, usable
 from ._twotier import LocalLimit, TwoTierSettings, two_tier_settings
 from ._twotier_io import TwoTier
 from .connection import FAILURES, check_raw_replies, connect, sentinels
@@ -53,13 +53,13 @@ class RedisStore:
     connection adds its connect (and AUTH or SELECT if the URL has them), a server
     that lost its scripts one round trip more. (A round trip is timed as a whole on
     one server, where the scripts go over connections of the store's own, see
-    ``_syncwire``; redis-py's sockets, elsewhere, time each read.) The asyncio
+    ``_sync_wire``; redis-py's sockets, elsewhere, time each read.) The asyncio
     twin answers each check within ``timeout`` of its call, connecting and
     reloading scripts included, and coalesces concurrent checks into pipelines of
     at most ``max_batch`` (see `Batcher`), so that one process is not held to one
     round trip at a time; on one server it sends them over a connection of its
     own instead of redis-py's pipeline, for a fraction of its CPU per round trip
-    (see ``_wire``). A client you pass keeps its own settings and carries every
+    (see ``_async_wire``). A client you pass keeps its own settings and carries every
     command itself. A circuit breaker stops calling Redis for a moment after
     repeated failures, so that a down server does not cost the timeout on every
     call, and probes for its return.
@@ -92,7 +92,7 @@ class RedisStore:
         check_raw_replies(client)
         self.client = client
         # A client made here from a URL, on one plain server: the scripts go over
-        # connections of the store's own (see _wire, _syncwire); a client passed
+        # connections of the store's own (see _async_wire, _sync_wire); a client passed
         # in stays untouched, every command through its own pool.
         wire = Wire(client) if self._owns_client and usable(client) else None
         self.scripts = Scripts(client, wire)
@@ -160,17 +160,17 @@ class RedisStore:
         return self._run(Many(checks, shadow))
 
     def _run(self, many: Many) -> Answers:
-        plan = plan_calls(many, self._keyslot)
+        calls = script_calls(many, self._keyslot)
         call = self.scripts.call
         try:
-            request = next(plan)
+            request = next(calls)
             while True:
                 try:
                     result = call(*request)
-                except StoreError as exc:  # the plan decides what a failure means
-                    request = plan.throw(exc)
+                except StoreError as exc:  # the calls decide what a failure means
+                    request = calls.throw(exc)
                 else:
-                    request = plan.send(result)
+                    request = calls.send(result)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         except StoreError as exc:

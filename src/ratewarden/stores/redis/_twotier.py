@@ -236,7 +236,7 @@ class LocalLimit:
         lower = self.step(state, now, cost, self.params)[0]
         if not lower.allowed:  # the others only add: Redis would deny it too
             return lower
-        self.plan(entry, state, now, lower)
+        self.schedule(entry, state, now, lower)
         if entry.allowance < cost:
             entry.allowance = 0
             return EXACT_CHECK
@@ -254,7 +254,7 @@ class LocalLimit:
 
     def fast(self) -> Callable[[Entry, int, int], Decision | None]:
         """``decide``'s common case as one function: within the allowance, before
-        ``until`` (which `plan` keeps inside the delta's window), nothing but
+        ``until`` (which `schedule` keeps inside the delta's window), nothing but
         arithmetic and the Decision. None when `decide` must be asked."""
         size, rule, hz = self.size, self.rule, self.params.hz
 
@@ -273,7 +273,7 @@ class LocalLimit:
 
         return fast
 
-    def plan(self, entry: Entry, state: State | None, now: int, seen: Decision) -> None:
+    def schedule(self, entry: Entry, state: State | None, now: int, seen: Decision) -> None:
         """Sizes the entry's allowance from ``state`` (its own hits counted)."""
         others = entry.others
         room = self.room(state, now) - entry.asking
@@ -410,7 +410,7 @@ class LocalLimit:
                 INF if retry < 0 else retry / hz, self.rule,
             )  # fmt: skip
         current = self.current(entry, now)
-        self.plan(entry, current, now, answer or self.step(current, now, 1, self.params)[0])
+        self.schedule(entry, current, now, answer or self.step(current, now, 1, self.params)[0])
         return answer
 
 

@@ -1,7 +1,7 @@
 # Generated from src/ratewarden/stores/redis/_atwotier_io.py by scripts/unasync.py:
 # edit that file, then run the script.
 """The two-tier store's I/O: the engine a Redis store keeps for its limits bound
-with ``two_tier=True`` (the logic is in `_twotier` and `_twotier_plan`). It syncs
+with ``two_tier=True`` (the logic is in `_twotier` and `_twotier_core`). It syncs
 every ``sync_interval``, and at once when a key's unsent hits pass ``flush_at``.
 
 The asyncio engine (`_atwotier_io`, written by hand) syncs from a task, started
@@ -24,7 +24,7 @@ from ...primitives import Clock, Decision, Rate, StoreError
 from ..base import BindOptions, Bound, Check, check_cost
 from ..failure import Breaker, LocalFallback
 from ._twotier import TwoTierSettings
-from ._twotier_plan import EXACT_TIERS, Engine, Step, peeked
+from ._twotier_core import EXACT_TIERS, Engine, Step, peeked
 
 __all__ = ["TwoTier"]
 
@@ -111,25 +111,25 @@ class TwoTier(Engine):
     def hit_many(
         self, checks: Sequence[Check], exact_many: Callable[[Sequence[Check]], Decision]
     ) -> Decision:
-        return self.drive(self.plan(checks, self.lock), exact_many)
+        return self.drive(self.calls(checks, self.lock), exact_many)
 
     def drive(
         self,
-        plan: Generator[Step, Any, Decision],
+        calls: Generator[Step, Any, Decision],
         exact_many: Callable[[Sequence[Check]], Decision],
     ) -> Decision:
         try:
-            step = next(plan)
+            step = next(calls)
             while True:
                 if step[0] == EXACT_TIERS:
-                    step = plan.send(exact_many(step[1]))  # type: ignore[arg-type]
+                    step = calls.send(exact_many(step[1]))  # type: ignore[arg-type]
                     continue
                 try:
                     result = self.call(*step)
                 except StoreError as exc:
-                    step = plan.throw(exc)
+                    step = calls.throw(exc)
                 else:
-                    step = plan.send(result)
+                    step = calls.send(result)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
 

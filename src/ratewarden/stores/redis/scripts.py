@@ -17,8 +17,8 @@ from redis.exceptions import NoScriptError
 
 from ...algorithms import Params
 from ...primitives import ConfigurationError, Rate, StoreUnavailable
-from ._syncwire import Wire
-from ._wire import Unsupported
+from ._async_wire import Unsupported
+from ._sync_wire import Wire
 from .connection import FAILURES
 
 __all__ = [
@@ -61,7 +61,7 @@ class Scripts:
     NOSCRIPT (first use, or after a server restart or SCRIPT FLUSH) `call` runs
     the script's source, which loads it as it runs; the async store sends SCRIPT
     LOAD ahead of the retried calls in one round trip. ``wire``: the sync store's
-    own connections (see ``_syncwire``), which carry the calls instead of the
+    own connections (see ``_sync_wire``), which carry the calls instead of the
     client while they can."""
 
     def __init__(self, client: Any, wire: Wire | None = None) -> None:

@@ -1,4 +1,4 @@
-"""A check planned for the Redis scripts: everything but the I/O, shared by the
+"""A check as the Redis scripts take it: everything but the I/O, shared by the
 sync and async stores (one limit's arguments and answers; a multi-tier check's
 script calls, written once as a generator that both stores drive)."""
 
@@ -16,7 +16,7 @@ from ..base import BindOptions, Check, check_cost, pick
 from ..failure import Breaker, Share, answer
 from .scripts import EXACT, MANY, REFUND, STEP_IDS, pack, redis_params, script_args
 
-__all__ = ["Answers", "Call", "Limit", "Many", "plan_calls"]
+__all__ = ["Answers", "Call", "Limit", "Many", "script_calls"]
 
 INF = math.inf
 _DOUBLE, _PAIR = struct.Struct(">d"), struct.Struct(">dd")
@@ -114,7 +114,7 @@ def _failed(
 
 
 class Many:
-    """A multi-tier check planned for _many.lua: no I/O, shared by the twins."""
+    """A multi-tier check as _many.lua takes it: no I/O, shared by the twins."""
 
     def __init__(self, checks: Sequence[Check], shadow: Sequence[Check] = ()) -> None:
         if not checks and not shadow:
@@ -197,7 +197,7 @@ Call: TypeAlias = tuple[str, int, list[Any]]  # script name, numkeys, keys + arg
 Answers: TypeAlias = tuple[Decision | None, Decision | None]  # enforced, shadow
 
 
-def plan_calls(many: Many, keyslot: Any) -> Generator[Call, Any, Answers]:
+def script_calls(many: Many, keyslot: Any) -> Generator[Call, Any, Answers]:
     """The script calls a multi-tier check makes, written once for both twins: each
     yields a call, is sent its result, and returns the Decisions of the enforced
     and the shadow tiers (httpx's auth flows drive sync and async the same way).
@@ -253,6 +253,6 @@ def plan_calls(many: Many, keyslot: Any) -> Generator[Call, Any, Answers]:
 def _part(many: Many, keyslot: Any) -> Generator[Call, Any, Decision | None]:
     """One side of a check split across slots, its own policies answering for it."""
     try:
-        return (yield from plan_calls(many, keyslot))[0]
+        return (yield from script_calls(many, keyslot))[0]
     except StoreError as exc:
         return many.failed(exc)[0]

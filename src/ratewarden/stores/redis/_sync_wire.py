@@ -51,7 +51,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._wire import Unsupported, plain_replies
+from ._async_wire import Unsupported, plain_replies
 
 try:  # the redis extra brings it; a bare redis-py keeps redis-py's commands
     import hiredis

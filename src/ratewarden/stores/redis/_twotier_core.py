@@ -1,10 +1,10 @@
-"""The two-tier engines' shared part, no I/O: the limits, the clock, and the plans
-of the checks and syncs that need Redis (the engines of `_atwotier_io` and
+"""The two-tier engines' shared part, no I/O: the limits, the clock, and the script
+calls of the checks and syncs that need Redis (the engines of `_atwotier_io` and
 `_twotier_io` run them, async and sync).
 
-A check that needs Redis is planned as a generator that yields the script calls
+A check that needs Redis is written as a generator that yields the script calls
 and is sent their replies, which each twin drives its own way (as the exact
-store's multi-tier plan is).
+store's multi-tier calls are).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class Engine:
 
     # -- a request that needs Redis --------------------------------------------------
 
-    def plan(self, checks: Sequence[Check], lock: Any) -> Generator[Step, Any, Decision]:
+    def calls(self, checks: Sequence[Check], lock: Any) -> Generator[Step, Any, Decision]:
         """A request's checks (two-tier tiers, and any exact ones), written once for
         both twins: each yields a script call (or the exact tiers) and is sent its
         reply; a store error is thrown in.
@@ -354,7 +354,7 @@ def judge(limit: LocalLimit, entry: Entry, now: int, cost: int) -> Decision | No
     allowance, left, leased = entry.allowance, entry.left, entry.leased
     delta, pdelta, dwin, seen = entry.delta, entry.pdelta, entry.dwin, entry.seen
     decision = limit.decide(entry, now, cost)
-    if decision is not None and decision.allowed:  # undo the count: the plan redoes it
+    if decision is not None and decision.allowed:  # undo the count: the calls redo it
         entry.allowance, entry.left, entry.leased = allowance, left, leased
         entry.delta, entry.pdelta, entry.dwin, entry.seen = delta, pdelta, dwin, seen
     return decision
