@@ -16,6 +16,12 @@ check and candidate it reports the minimum over the rounds of:
   are inside its EVALSHA's time and are not added again);
 - CPU: client + server, what the check costs the machine.
 
+The 64 async callers (ours and limits' async storage) run interleaved in rounds
+too, wall and CPU per check likewise. Last, the issue's three targets, each
+marked met or missed: the async checks/s against limits', four tiers in one
+``hit_many`` against one, and the sync CPU per check against each peer's
+cheapest strategy.
+
 The minimum is the figure to read: the machine has two cores, shared by the client,
 the server and whatever else runs. Beside every peer, what it promises less than
 ours (ours: Redis's clock, a denied request counts nowhere, windows aligned to the
@@ -55,6 +61,7 @@ from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 KEYS = [f"{{user:{i}}}" for i in range(1000)]  # hash-tagged, as tiers in a cluster need
 BIG = 1_000_000_000  # every check passes: the cost of admitting, not of refusing
 
+ALGORITHMS = ("fixed_window", "sliding_window_counter", "token_bucket", "gcra")
 OURS = "server clock, denied not counted, aligned, exact, atomic"
 
 
@@ -96,7 +103,7 @@ def candidates(url: str) -> dict[str, Candidate]:
         lambda k: client.evalsha(sha, 1, k), "a floor: no limiter at all"
     )}  # fmt: skip
     store = RedisStore(url)  # from a URL: the store's own connections (_sync_wire)
-    for algorithm in ("fixed_window", "sliding_window_counter", "token_bucket", "gcra"):
+    for algorithm in ALGORITHMS:
         limiter = Limiter(f"{BIG}/hour", algorithm=algorithm, store=store, name=algorithm)
         out[f"ratewarden {algorithm}"] = Candidate(limiter.hit, OURS)
     passed = Limiter(f"{BIG}/hour", store=RedisStore(client), name="passed")
@@ -159,8 +166,12 @@ def server_cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
-async def async_rates(url: str, callers: int, per_caller: int) -> dict[str, float]:
-    """Checks per second with ``callers`` concurrent tasks, ours and limits' async."""
+async def async_rates(
+    url: str, callers: int, per_caller: int, rounds: int, pid: int
+) -> dict[str, Candidate]:
+    """``callers`` concurrent tasks of ``per_caller`` checks each, ours and limits'
+    async, interleaved in rounds: per check, wall (the whole run's time over its
+    checks), client and server CPU, as the sync table measures them."""
     store = AsyncRedisStore(url)
     ours = AsyncLimiter(f"{BIG}/hour", algorithm="fixed_window", store=store, name="async")
     item = parse(f"{BIG}/hour")
@@ -171,22 +182,34 @@ async def async_rates(url: str, callers: int, per_caller: int) -> dict[str, floa
         "ratewarden AsyncRedisStore fixed_window": ours.hit,
         "limits aio RedisStorage fixed_window (redis-py)": lambda k: theirs.hit(item, k),
     }
-    rates: dict[str, float] = {}
-    for label, hit in hits.items():
+    found = {label: Candidate(hit) for label, hit in hits.items()}
+    n = callers * per_caller
 
-        async def caller(i: int, hit: Callable[[str], object] = hit) -> None:
+    async def run(hit: Callable[[str], object]) -> None:
+        async def caller(i: int) -> None:
             for j in range(per_caller):
                 await hit(KEYS[(i * per_caller + j) % len(KEYS)])  # type: ignore[misc]
 
-        await asyncio.gather(*(caller(i) for i in range(callers)))  # warm-up
-        best = 0.0
-        for _ in range(3):
-            start = time.perf_counter()
-            await asyncio.gather(*(caller(i) for i in range(callers)))
-            best = max(best, callers * per_caller / (time.perf_counter() - start))
-        rates[label] = best
+        await asyncio.gather(*(caller(i) for i in range(callers)))
+
+    for hit in hits.values():
+        await run(hit)  # warm-up: scripts loaded, connections made
+    labels = list(hits)
+    for r in range(rounds):
+        for label in labels[r % 2 :] + labels[: r % 2]:
+            c = found[label]
+            gc.collect()
+            server0 = server_cpu_ns(pid)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            await run(c.hit)
+            wall, client = time.perf_counter() - wall0, time.process_time() - cpu0
+            server = (server_cpu_ns(pid) - server0) / 1e9
+            c.wall.append(wall / n * 1e6)
+            c.client.append(client / n * 1e6)
+            c.server.append(server / n * 1e6)
+            c.cpu.append((client + server) / n * 1e6)
     await store.aclose()
-    return rates
+    return found
 
 
 def ceiling(port: int, sha: str) -> float:
@@ -241,7 +264,10 @@ def main() -> None:
                 f.hit(k)
         with server.client() as admin:
             measure(funcs, keys, args.rounds, admin, server.process.pid)
-        rates = {} if args.no_async else asyncio.run(async_rates(server.url, 64, 100))
+        pid = server.process.pid
+        rates = (
+            {} if args.no_async else asyncio.run(async_rates(server.url, 64, 100, args.rounds, pid))
+        )
         with server.client() as admin:
             top = ceiling(server.port, admin.script_load("return 1"))
     print(f"sync, one thread, {args.hits} checks x {args.rounds} rounds, 1000 keys cycled;")
@@ -263,10 +289,45 @@ def main() -> None:
         )
     print(f"\nredis-benchmark EVALSHA ceiling (trivial script, -P 16): {top:,.0f} requests/s")
     if rates:
-        print("\nasync, one process, 64 concurrent callers x 100 checks, best of 3")
-        base = rates["limits aio RedisStorage fixed_window (redis-py)"]
-        for label, rate in rates.items():
-            print(f"{label:<50}{rate:>10.0f} checks/s{rate / base:>8.1f}x limits")
+        print(f"\nasync, one process, 64 concurrent callers x 100 checks, {args.rounds} rounds"
+              " interleaved; us per check, minimum over the rounds")  # fmt: skip
+        print(f"{'candidate':<50}{'wall':>7}{'client':>8}{'server':>8}{'CPU':>7}{'checks/s':>10}")
+        for label, c in rates.items():
+            print(f"{label:<50}{min(c.wall):>7.1f}{min(c.client):>8.1f}{min(c.server):>8.1f}"
+                  f"{min(c.cpu):>7.1f}{1e6 / min(c.wall):>10.0f}")  # fmt: skip
+    print("\ntargets (minima over the rounds):")
+    for line in targets(funcs, rates):
+        print(f"  {line}")
+
+
+def targets(funcs: dict[str, Candidate], rates: dict[str, Candidate]) -> list[str]:
+    """The three figures the issue asks for, each with whether it is met."""
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    lines = []
+    if rates:
+        ours, limits = (rates[k] for k in rates)
+        speed = min(limits.wall) / min(ours.wall)
+        cpu = min(limits.cpu) / min(ours.cpu)
+        lines.append(f"async, 64 callers: {speed:.1f}x limits' checks/s (target >= 10x:"
+                     f" {verdict(speed >= 10)}); {cpu:.1f}x less CPU per check")  # fmt: skip
+    one, four = (funcs[f"ratewarden hit_many, {n}"] for n in ("1 tier", "4 tiers"))
+    for label, pick in (("wall", "wall"), ("CPU", "cpu")):
+        ratio = min(getattr(four, pick)) / min(getattr(one, pick))
+        lines.append(f"4 tiers in one hit_many, {label}: {ratio:.2f}x one tier (target <= 1.3x:"
+                     f" {verdict(ratio <= 1.3)})")  # fmt: skip
+    # ours: the costliest of our algorithms; each peer: its cheapest strategy
+    ours_cpu = max(min(funcs[f"ratewarden {a}"].cpu) for a in ALGORITHMS)
+    for peer in ("limits", "throttled-py", "pyrate-limiter"):
+        name, c = min(((k, c) for k, c in funcs.items() if k.startswith(peer + " ")),
+                      key=lambda kc: min(kc[1].cpu))  # fmt: skip
+        theirs = min(c.cpu)
+        lines.append(f"sync CPU per check, client + server: ours (costliest algorithm)"
+                     f" {ours_cpu:.1f} us vs {name} {theirs:.1f} us:"
+                     f" {theirs / ours_cpu:.2f}x ({verdict(ours_cpu < theirs)})")  # fmt: skip
+    return lines
 
 
 if __name__ == "__main__":

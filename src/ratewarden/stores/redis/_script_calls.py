@@ -39,6 +39,7 @@ class Limit:
         self.step_id = STEP_IDS[self.script]
         self.packed, self.tick_us = pack(params, tick_us), tick_us
         self.head = struct.pack(">d", self.step_id)
+        self.tier_one = self.head + _DOUBLE.pack(1) + self.packed  # _many.lua's tier, cost 1
         # _batch.lua's per-check head, by mode
         self.heads = {
             mode: struct.pack(">dd", self.step_id, mode == "peek") for mode in ("hit", "peek")
@@ -119,27 +120,37 @@ class Many:
     def __init__(self, checks: Sequence[Check], shadow: Sequence[Check] = ()) -> None:
         if not checks and not shadow:
             raise ConfigurationError("hit_many needs at least one check")
-        self.limits: list[Limit] = []
+        everything = (*checks, *shadow) if shadow else checks
+        self.limits: list[Limit] = [check[0] for check in everything]
         self.keys: list[str] = []
-        self.raw: list[tuple[str, int]] = []  # the keys as given, and the costs
         self.tiers: list[bytes] = []  # per tier: step number, cost, the limit's constants
-        for limit, key, cost in (*checks, *shadow):
-            check_cost(cost)
-            self.limits.append(limit)
-            self.keys.append(limit.prefix + key)
-            self.raw.append((key, cost))
-            # a cost past 2^53 is denied all the same, and would not pack as a double
-            self.tiers.append(limit.head + _DOUBLE.pack(min(cost, EXACT)) + limit.packed)
+        keys, tiers = self.keys, self.tiers
+        for limit, key, cost in everything:
+            keys.append(limit.prefix + key)
+            if cost == 1 and type(cost) is int:  # the common cost, packed once per limit
+                tiers.append(limit.tier_one)
+            else:
+                check_cost(cost)
+                # a cost past 2^53 is denied all the same, and would not pack as a double
+                tiers.append(limit.head + _DOUBLE.pack(min(cost, EXACT)) + limit.packed)
         self.enforced = len(checks)  # the tiers after these are shadow tiers
         self.checks, self.shadow = checks, shadow
         clock = self.limits[0].test_clock
         self.now = "" if clock is None else clock.time_ns() // 1000
 
-    def args(self, tiers: Sequence[int], mode: str) -> list[Any]:
-        """_many.lua's keys then arguments, for the tiers numbered ``tiers`` (all of
-        them when there are shadow tiers)."""
-        args: list[Any] = [self.keys[i] for i in tiers]
-        args += (self.now, mode, b"".join([self.tiers[i] for i in tiers]))
+    @property
+    def raw(self) -> list[tuple[str, int]]:
+        """The keys as given, and the costs (for the failure policies)."""
+        return [(key, cost) for _, key, cost in (*self.checks, *self.shadow)]
+
+    def args(self, tiers: Sequence[int] | None, mode: str) -> list[Any]:
+        """_many.lua's keys then arguments, for the tiers numbered ``tiers`` (None:
+        all of them, as it must be when there are shadow tiers)."""
+        if tiers is None:
+            args: list[Any] = [*self.keys, self.now, mode, b"".join(self.tiers)]
+        else:
+            args = [self.keys[i] for i in tiers]
+            args += (self.now, mode, b"".join([self.tiers[i] for i in tiers]))
         if self.enforced < len(self.keys):
             args.append(self.enforced)
         return args
@@ -152,9 +163,9 @@ class Many:
     def answers(self, out: list[Any]) -> tuple[Decision | None, Decision | None]:
         """The enforced and the shadow tiers' Decisions from a call of every tier
         (None: no such tiers, or shadow tiers not checked)."""
-        everything = range(len(self.keys))
-        decision = self.answer(everything, out)[1] if out[0] else None
-        shadow = self.answer(everything, out[5:10])[1] if out[5] else None
+        limits = self.limits
+        decision = limits[out[0] - 1].answer(out[1:5]) if out[0] else None
+        shadow = limits[out[5] - 1].answer(out[6:10]) if out[5] else None
         return decision, shadow
 
     def failed(self, error: StoreError) -> tuple[Decision | None, Decision | None]:
@@ -206,10 +217,9 @@ def script_calls(many: Many, keyslot: Any) -> Generator[Call, Any, Answers]:
         blocked = many.blocked()
         if blocked is not None:
             return blocked
-    everything = list(range(len(many.keys)))
-    groups = [everything] if keyslot is None else many.slots(keyslot)
-    if len(groups) == 1:
-        out = yield MANY, len(many.keys), many.args(everything, "hit")
+    groups = None if keyslot is None else many.slots(keyslot)
+    if groups is None or len(groups) == 1:
+        out = yield MANY, len(many.keys), many.args(None, "hit")
         return many.answers(out)
     if many.shadow:  # across slots: the enforced tiers, then the shadow ones, apart
         decision = None

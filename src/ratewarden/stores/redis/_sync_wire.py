@@ -34,6 +34,8 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
+import sys
 import time
 import weakref
 from ssl import SSLSocket
@@ -65,6 +67,15 @@ __all__ = ["Wire", "usable"]
 _PLAIN = (Connection, SSLConnection, UnixDomainSocketConnection)
 _CHUNK = 65536
 _POLLIN = select.POLLIN
+# Where the kernel takes a send and a receive timeout as a struct timeval
+_KERNEL_TIMEOUTS = sys.platform in ("linux", "darwin")
+_TIMEVAL = struct.Struct("@ll")
+
+
+def _timeval(seconds: float) -> bytes:
+    # a zero timeval means no timeout at all: at least a microsecond
+    whole = int(seconds)
+    return _TIMEVAL.pack(whole, max(int((seconds - whole) * 1e6), 0 if whole else 1))
 
 
 def usable(client: Any) -> bool:
@@ -83,10 +94,21 @@ def usable(client: Any) -> bool:
 class _Link:
     """One connection redis-py made, its socket read and written here."""
 
-    __slots__ = ("connection", "poller", "reader", "sock")
+    __slots__ = ("connection", "kernel", "poller", "reader", "sock")
 
-    def __init__(self, connection: Any, sock: socket.socket) -> None:
+    def __init__(self, connection: Any, sock: socket.socket, timeout: float | None) -> None:
         self.connection, self.sock = connection, sock
+        # A plain socket is bounded by the kernel (SO_SNDTIMEO, SO_RCVTIMEO) and left
+        # blocking: Python's own timeout polls before every send and every receive,
+        # two system calls more per round trip than the send and the receive. TLS
+        # keeps Python's, which the ssl module's reads and writes expect.
+        self.kernel = False
+        if _KERNEL_TIMEOUTS and timeout is not None and not isinstance(sock, SSLSocket):
+            value = _timeval(timeout)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+            sock.settimeout(None)
+            self.kernel = True
         self.reader = hiredis.Reader(
             protocolError=InvalidResponse, replyError=BaseParser.parse_error
         )
@@ -160,13 +182,21 @@ class Wire:
                         left = started + timeout - time.monotonic()
                         if left <= 0:
                             raise TimeoutError
-                        sock.settimeout(left)
+                        if link.kernel:
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(left))
+                        else:
+                            sock.settimeout(left)
                         shortened = True
                     data = sock.recv(_CHUNK)
             finally:
-                if shortened:
-                    sock.settimeout(timeout)
-        except TimeoutError as exc:  # socket.timeout is TimeoutError
+                if shortened and timeout is not None:
+                    if link.kernel:
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(timeout))
+                    else:
+                        sock.settimeout(timeout)
+        # socket.timeout is TimeoutError; a kernel timeout on a blocking socket says
+        # EAGAIN, which Python raises as BlockingIOError
+        except (TimeoutError, BlockingIOError) as exc:
             link.close()
             raise RedisTimeoutError(f"Timeout reading from {self.where}") from exc
         except InvalidResponse as exc:
@@ -186,7 +216,7 @@ class Wire:
         if not isinstance(sock, socket.socket):
             connection.disconnect()
             raise Unsupported(f"cannot take over redis-py's connection {connection!r}")
-        return _Link(connection, sock)
+        return _Link(connection, sock, self.timeout)
 
     def close(self) -> None:
         """Close the idle connections (one in use closes when it fails, or stays idle

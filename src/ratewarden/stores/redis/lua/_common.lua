@@ -14,10 +14,12 @@
 local tick, limit, period, burst, scale, unit, capacity, span
 local STEPS = {}  -- _many.lua: the step functions by number (see scripts.py, STEP_IDS)
 local BUCKETS = 4  -- step numbers from here on size their limit by burst
+-- library functions as locals: a global and a field lookup less on every use
+local floor, sunpack, spack = math.floor, struct.unpack, struct.pack
 
 -- floor(a / b) for integers, b > 0, exact even where a / b rounds
 local function fdiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -35,7 +37,7 @@ local function clock(arg)
 end
 
 -- struct formats of n doubles, built once per length
-local FORMATS = setmetatable({}, {__index = function(formats, n)
+local FORMATS = setmetatable({'>d', '>dd', '>ddd'}, {__index = function(formats, n)
   local format = '>' .. string.rep('d', n)
   formats[n] = format
   return format
@@ -46,7 +48,7 @@ local function decode(raw)
   if not raw then return nil end
   local n = #raw / 8
   if n <= 100 then
-    local state = {struct.unpack(FORMATS[n], raw)}
+    local state = {sunpack(FORMATS[n], raw)}
     state[n + 1] = nil  -- unpack's last value is the next position
     return state
   end
@@ -63,7 +65,7 @@ end
 
 local function encode(state)
   local n = #state
-  if n <= 100 then return struct.pack(FORMATS[n], unpack(state)) end
+  if n <= 100 then return spack(FORMATS[n], unpack(state)) end
   -- packed 100 at a time: unpack() of a long log would overflow Lua's C stack
   local parts = {}
   for first = 1, n, 100 do
