@@ -31,7 +31,7 @@ def opened(admission: Admission, peer: str, names: list[str], now: float = 0.0) 
     return conns
 
 
-def test_at_the_address_cap_its_oldest_idle_goes_first_then_its_oldest_stalled_request() -> None:
+def test_at_the_address_cap_its_oldest_idle_goes_first_then_its_oldest_arriving_request() -> None:
     admission = Admission(100, 3, GRACE)
     a, b, c = opened(admission, "10.0.0.1", ["a", "b", "c"])
     other = opened(admission, "10.0.0.2", ["other"])[0]  # idle longer, but another address's
@@ -39,11 +39,10 @@ def test_at_the_address_cap_its_oldest_idle_goes_first_then_its_oldest_stalled_r
     admission.reading(b, since=0.5)
     admission.busy(c)  # its answer is in the making
     admission.idle(other)
-    # within the grace nothing of the address may go: refused
-    assert not admission.admit(Conn("early"), "10.0.0.1", now=0.9)
-    # past it, the request arriving longest makes room
+    # the address's own request arriving longest makes room, within the grace too:
+    # reopening slow connections faster than the grace cannot shut the address out
     d = Conn("d")
-    assert admission.admit(d, "10.0.0.1", now=1.2)
+    assert admission.admit(d, "10.0.0.1", now=0.6)
     assert a.evicted == ["a"]
     assert [b.evicted, c.evicted, other.evicted] == [[], [], []]
     # a new connection is idle until its request begins: it goes before b's stalled one
@@ -52,11 +51,11 @@ def test_at_the_address_cap_its_oldest_idle_goes_first_then_its_oldest_stalled_r
     assert d.evicted == ["d"]
     assert not b.evicted
     admission.busy(e)
-    assert admission.admit(Conn("f"), "10.0.0.1", now=1.6)  # b, past its grace, goes now
+    assert admission.admit(Conn("f"), "10.0.0.1", now=0.8)  # b, the address's oldest arriving
     assert b.evicted == ["b"]
     admission.idle(c)  # answered: idle, while f (new) became idle before it
     g = Conn("g")
-    assert admission.admit(g, "10.0.0.1", now=1.7)
+    assert admission.admit(g, "10.0.0.1", now=0.9)
     assert not c.evicted  # f went: idle longer
 
 
@@ -78,6 +77,16 @@ def test_at_max_connections_the_oldest_of_all_goes_idle_first() -> None:
     assert not y.evicted
 
 
+def test_at_max_connections_another_address_s_request_keeps_its_grace() -> None:
+    admission = Admission(2, 100, GRACE)
+    a, b = opened(admission, "10.0.0.1", ["a", "b"])
+    admission.reading(a, since=0.0)
+    admission.reading(b, since=0.0)
+    assert not admission.admit(Conn("early"), "10.0.0.2", now=0.5)
+    assert admission.admit(Conn("late"), "10.0.0.2", now=1.0)
+    assert a.evicted == ["a"]
+
+
 def test_a_request_being_answered_is_never_closed_for_another() -> None:
     admission = Admission(2, 2, GRACE)
     conns = opened(admission, "10.0.0.1", ["a", "b"])
@@ -91,14 +100,16 @@ def test_a_request_being_answered_is_never_closed_for_another() -> None:
 State = dict[Conn, tuple[str, str, float]]  # conn: (peer, "idle"/"reading"/"busy", since)
 
 
-def model_victim(pool: list[Conn], state: State, order: list[Conn], now: float) -> Conn | None:
+def model_victim(
+    pool: list[Conn], state: State, order: list[Conn], now: float, grace: float
+) -> Conn | None:
     """The naive choice: scan for the idle one that became idle first, else the
-    request arriving since longest, if past the grace."""
+    request arriving since longest, if past ``grace``."""
     idle = [c for c in order if c in pool and state[c][1] == "idle"]
     if idle:
         return idle[0]
     reading = sorted((state[c][2], order.index(c), c) for c in pool if state[c][1] == "reading")
-    if reading and now - reading[0][0] >= GRACE:
+    if reading and now - reading[0][0] >= grace:
         return reading[0][2]
     return None
 
@@ -107,12 +118,13 @@ def model_admit(state: State, order: list[Conn], peer: str, now: float) -> list[
     """What the naive model closes to admit a connection of ``peer``; None: refused."""
     closed: list[Conn] = []
     if len([c for c in state if state[c][0] == peer]) >= 5:
-        victim = model_victim([c for c in state if state[c][0] == peer], state, order, now)
+        mine = [c for c in state if state[c][0] == peer]
+        victim = model_victim(mine, state, order, now, grace=0.0)  # its own: any age
         if victim is None:
             return None
         closed.append(victim)
     if len(state) - len(closed) >= 12:
-        victim = model_victim([c for c in state if c not in closed], state, order, now)
+        victim = model_victim([c for c in state if c not in closed], state, order, now, GRACE)
         if victim is None:
             return None
         closed.append(victim)

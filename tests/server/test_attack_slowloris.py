@@ -18,6 +18,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+import pytest
+
 from tests.server.attack import service
 from tests.server.test_http_hostile import Legitimate
 
@@ -55,7 +57,13 @@ def drip(sock: socket.socket, sent: int) -> bool:
     return True
 
 
-def test_1000_slow_heads_from_one_address_leave_its_checks_answered(tmp_path: Path) -> None:
+@pytest.mark.parametrize("churn", [0, 500], ids=["steady", "churning"])
+def test_1000_slow_heads_from_one_address_leave_its_checks_answered(
+    tmp_path: Path, churn: int
+) -> None:
+    """``churning``: each round the attacker also drops its 500 oldest and opens
+    them again, about 5,000 new connections a second: every one of its
+    connections stays younger than the grace, and its own newcomers still get in."""
     with service(tmp_path, "--header-timeout", "60") as served:
         legit = Legitimate(served.http)
         held: deque[tuple[socket.socket, int]] = deque()  # and the bytes of its head sent
@@ -67,6 +75,10 @@ def test_1000_slow_heads_from_one_address_leave_its_checks_answered(tmp_path: Pa
             time.sleep(GRACE + 0.2)  # the oldest heads are past the grace now
             started = time.monotonic()
             while len(legit.statuses) < CHECKS:
+                for _ in range(churn):  # the oldest dropped and opened again
+                    held.popleft()[0].close()
+                    held.append((slow(served.http), 1))
+                    reopened += 1
                 for _ in range(len(held)):  # a byte each, and the closed ones opened again
                     sock, sent = held.popleft()
                     if drip(sock, sent):
@@ -86,7 +98,7 @@ def test_1000_slow_heads_from_one_address_leave_its_checks_answered(tmp_path: Pa
         assert legit.statuses == [200] * CHECKS, legit.statuses
         assert most < len(HEAD)  # every head was still arriving throughout
         assert time.monotonic() - first_round < 60  # the header timeout closed none
-        print(f"\nFIGURE attack='{ATTACK} slow heads from one address, HTTP'"
+        print(f"\nFIGURE attack='{ATTACK} slow heads from one address, HTTP, churn {churn}'"
               f" legit_checks={CHECKS} answered_200={legit.statuses.count(200)}"
               f" worst_ms={legit.worst_ms():.0f} reopened={reopened}"
               f" took_s={took:.1f}")  # fmt: skip

@@ -46,8 +46,9 @@ class ConnectionLimits:
       head; HTTP/2: the decoded list, each field counted as name + value + 32 as
       RFC 9113 defines it, and advertised as SETTINGS_MAX_HEADER_LIST_SIZE).
     - ``partial_grace`` (HTTP): seconds a request's head and body may take to
-      arrive before, at ``max_connections`` or the per-address cap, its
-      connection may be closed to admit a new one (see `Admission`). A client
+      arrive before, at ``max_connections``, its connection may be closed to
+      admit a new one from another address (at the per-address cap, the
+      address's own go first, whatever their age; see `Admission`). A client
       on a sound network sends both in a round trip or two; past this it is
       slow, or holds the slot on purpose (slowloris).
     """
@@ -196,12 +197,13 @@ def _first(connections: dict[Any, Any] | None) -> Any:
 class Admission:
     """Which connections a listener keeps: at most ``max_connections``, and
     ``per_peer`` from one source address. A connection past either limit takes
-    the place of one already open (of its own address, at the address's limit),
-    which `admit` closes with its ``evict``: the one idle longest, else the one
-    whose request has been arriving longest, once that is past ``grace``
-    seconds (see `reading`; `ConnectionLimits.partial_grace`). A connection
-    whose request is being answered is never closed for another: with none of
-    either kind, the new one is refused.
+    the place of one already open, which `admit` closes with its ``evict``: the
+    one idle longest, else the one whose request has been arriving longest (see
+    `reading`). At the address's own limit that is the address's own, whatever
+    its age; at ``max_connections`` any address's, once past ``grace`` seconds
+    (`ConnectionLimits.partial_grace`), so that another address's request on its
+    way is not cut short. A connection whose request is being answered is never
+    closed for another: with none of either kind, the new one is refused.
 
     Each kind is kept oldest first, in all and per address, so that finding the
     connection to close is a dict lookup whatever the number open."""
@@ -229,9 +231,12 @@ class Admission:
         clock `reading` is told of; its ``evict()`` is called if it is later
         closed to make room."""
         if self._peers.get(peer, 0) >= self.per_peer:
+            # the address's own: its idle one, else its request arriving longest,
+            # whatever its age, so that reopening slow connections faster than the
+            # grace passes cannot keep the address's other clients out
             victim = _first(self._idle_of.get(peer))
             if victim is None:
-                victim = self._stalled(self._partial_of.get(peer), now)
+                victim = _first(self._partial_of.get(peer))
                 if victim is None:
                     return False
             self._evict(victim)

@@ -136,8 +136,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-header-bytes", type=int, default=limits.max_header_bytes, metavar="BYTES",
         help=f"a request's headers (HTTP 431; default {limits.max_header_bytes})")  # fmt: skip
     add("--partial-grace", type=float, default=limits.partial_grace, metavar="SECONDS",
-        help="at --max-connections or --max-connections-per-peer with none idle, an HTTP "
-        "request still arriving after this long is closed to admit a new connection "
+        help="at --max-connections with none idle, an HTTP request still arriving after "
+        "this long is closed to admit a new connection (at --max-connections-per-peer, "
+        "the address's own go first, whatever their age) "
         f"(default {limits.partial_grace:g})")  # fmt: skip
     shared = DEFAULT_SERVER_LIMITS
     add("--max-buffered-bytes", type=int, default=shared.max_buffered_bytes, metavar="BYTES",
