@@ -75,6 +75,13 @@ class Candidate:
     cmd: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
 
+    def record(self, n: int, wall: float, client: float, server: float) -> None:
+        """One round of ``n`` checks: its seconds of wall, client CPU and server CPU."""
+        self.wall.append(wall / n * 1e6)
+        self.client.append(client / n * 1e6)
+        self.server.append(server / n * 1e6)
+        self.cpu.append((client + server) / n * 1e6)
+
 
 class _PyrateBuckets(BucketFactory):
     """A RedisBucket per key, as pyrate-limiter's docs route names to buckets; no
@@ -203,11 +210,7 @@ async def async_rates(
             cpu0, wall0 = time.process_time(), time.perf_counter()
             await run(c.hit)
             wall, client = time.perf_counter() - wall0, time.process_time() - cpu0
-            server = (server_cpu_ns(pid) - server0) / 1e9
-            c.wall.append(wall / n * 1e6)
-            c.client.append(client / n * 1e6)
-            c.server.append(server / n * 1e6)
-            c.cpu.append((client + server) / n * 1e6)
+            c.record(n, wall, client, (server_cpu_ns(pid) - server0) / 1e9)
     await store.aclose()
     return found
 
@@ -241,11 +244,7 @@ def measure(funcs: dict[str, Candidate], keys: list[str], rounds: int, admin: re
             for k in keys:
                 hit(k)
             wall, client = time.perf_counter() - wall0, time.process_time() - cpu0
-            server = (server_cpu_ns(pid) - server0) / 1e9
-            c.wall.append(wall / n * 1e6)
-            c.client.append(client / n * 1e6)
-            c.server.append(server / n * 1e6)
-            c.cpu.append((client + server) / n * 1e6)
+            c.record(n, wall, client, (server_cpu_ns(pid) - server0) / 1e9)
             c.cmd.append(server_cmd_us(admin) / n)
 
 
