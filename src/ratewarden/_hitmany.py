@@ -48,13 +48,14 @@ def _checks(
                 "hit_many needs every limiter on one store: it counts all tiers atomically"
             )
         cost = check[2] if len(check) == 3 else 1
-        if limiter._scale is None:  # a plain limit: its tier without a Tier made per check
-            tiers.append((limiter._tier, check[1], cost))
-            sharded = sharded or limiter._sharded
+        direct = limiter.direct
+        if direct is not None:  # the store takes it as it is: no Tier made per check
+            tiers.append((direct, check[1], cost))
             continue
         tier = limiter.tier(check[1], cost)
-        prices = {} if prices is None else prices
-        prices.update(((limiter.name, limit), tier.price) for limit in tier.limits)  # type: ignore[misc]
+        if tier.price is not None:
+            prices = {} if prices is None else prices
+            prices.update(((limiter.name, limit), tier.price) for limit in tier.limits)
         tiers.append(tier.check)
         sharded = sharded or tier.sharded
     if store is None:
