@@ -355,7 +355,9 @@ def test_a_bad_wants_function_falls_back_to_what_is_measured(
 
 # Eight threads judged by what each is served in real time: beside the parallel
 # pass on two cores, a member whose two threads wait for the CPU asks less, and
-# the coordinator rightly gives the other member more (seen once: 306 against 254).
+# the coordinator rightly gives the other member more (seen: 306 against 254, and
+# 306 against 263 in the serial pass of a clean clone's run). The band is 25%: a
+# coordinator that shared by callers rather than by members would split 3 to 1.
 @pytest.mark.serial
 def test_blocking_threads_are_served_alike_by_a_real_coordinator(
     client: redis.Redis, name: str
@@ -399,7 +401,7 @@ def test_blocking_threads_are_served_alike_by_a_real_coordinator(
         for quota in quotas:
             quota.close()
     assert sum(served) >= 0.9 * 200 * 3.0
-    assert served[0] == pytest.approx(served[1], rel=0.15), served
+    assert served[0] == pytest.approx(served[1], rel=0.25), served
 
 
 def test_a_thread_or_task_made_for_each_call_is_a_new_caller() -> None:

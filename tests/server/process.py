@@ -39,25 +39,19 @@ class Served:
 
 @contextmanager
 def serving(*args: str, tmp: Path, ready: float = 30) -> Iterator[Served]:
-    """Start the service; yield once it printed where it listens; stop it after."""
-    http, grpc = free_port(), free_port()
-    stderr = tmp / f"serve-{http}.log"
-    command = [str(RATEWARDEN), "serve", "--http", f"127.0.0.1:{http}",
-               "--grpc", f"127.0.0.1:{grpc}", *args]  # fmt: skip
-    with stderr.open("w") as err:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    served = Served(process, http, grpc, stderr)
+    """Start the service; yield once it printed where it listens; stop it after.
+
+    A free port can be taken by another process between the test's choice and
+    the server's bind: then the start is tried again on new ports, up to three
+    times, and any other failure to start fails the test with the server's stderr."""
+    for attempt in range(3):
+        served = _start(args, tmp, ready)
+        if served is not None:
+            break
+        if attempt == 2:
+            pytest.fail("ratewarden serve found its ports taken three times")
+    process = served.process
     try:
-        deadline = time.monotonic() + ready
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        if not re.search(r"HTTP on http://", line):
-            process.kill()
-            process.wait()
-            pytest.fail(f"ratewarden serve did not start ({line!r}):\n{stderr.read_text()}")
-        if time.monotonic() > deadline:
-            pytest.fail("ratewarden serve took too long to start")
         yield served
     finally:
         if process.poll() is None:
@@ -65,6 +59,33 @@ def serving(*args: str, tmp: Path, ready: float = 30) -> Iterator[Served]:
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+def _start(args: tuple[str, ...], tmp: Path, ready: float) -> Served | None:
+    """A started server, or None when one of its ports was taken meanwhile."""
+    http, grpc = free_port(), free_port()
+    stderr = tmp / f"serve-{http}.log"
+    command = [str(RATEWARDEN), "serve", "--http", f"127.0.0.1:{http}",
+               "--grpc", f"127.0.0.1:{grpc}", *args]  # fmt: skip
+    with stderr.open("w") as err:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    started = time.monotonic()
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if re.search(r"HTTP on http://", line):
+        if time.monotonic() - started > ready:
+            process.kill()
+            process.wait()
+            pytest.fail("ratewarden serve took too long to start")
+        return Served(process, http, grpc, stderr)
+    process.kill()
+    process.wait()
+    process.stdout.close()
+    said = stderr.read_text()
+    if "address already in use" in said.lower():
+        return None
+    pytest.fail(f"ratewarden serve did not start ({line!r}, exit {process.returncode}):\n{said}")
 
 
 @contextmanager
