@@ -66,6 +66,28 @@ for _ in range(2):
     middleware({"REQUEST_METHOD": "GET", "PATH_INFO": "/", "REMOTE_ADDR": "10.0.0.1"},
                lambda status, headers, exc_info=None: statuses.append(status))
 assert statuses == ["200 OK", "429 Too Many Requests"], statuses
+
+# every command that needs an extra says which, in one line, exit 4
+import subprocess, sys
+from pathlib import Path
+cli = Path(sys.executable).parent / "ratewarden"
+Path("rules.yaml").write_text("rules: [{name: per-ip, rate: 1/minute, by: ip}]\\n")
+for words, extra in (
+    (["check-config", "rules.yaml"], "rules"),
+    (["explain", "rules.yaml", "ip=10.0.0.1"], "rules"),
+    (["check", "rules.yaml", "ip=10.0.0.1"], "rules"),
+    (["serve", "--demo", "--http", "127.0.0.1:0"], "server"),
+    (["simulate", "--seconds", "1"], "simulate"),
+    (["quota", "list"], "fleet"),
+):
+    done = subprocess.run([cli, *words], capture_output=True, text=True)
+    assert done.returncode == 4, (words, done.returncode, done.stderr)
+    assert f"pip install 'ratewarden[{extra}]'" in done.stderr, (words, done.stderr)
+    assert "Traceback" not in done.stderr, (words, done.stderr)
+    assert len(done.stderr.splitlines()) == 1, (words, done.stderr)
+for command, extra in (("serve", "server"), ("simulate", "simulate")):
+    shown = subprocess.run([cli, command, "--help"], capture_output=True, text=True).stdout
+    assert f"pip install 'ratewarden[{extra}]'" in " ".join(shown.split()), shown
 """
 
 RULES = """
@@ -102,6 +124,27 @@ try:
 finally:
     serving.terminate()
     assert serving.wait(30) == 0
+"""
+
+# `pip install 'ratewarden[server]'` without grpc: HTTP served, gRPC off and said
+# so on the start line; --grpc asked for names the extra.
+SERVER_ONLY = """
+import socket, subprocess, sys
+from pathlib import Path
+cli = Path(sys.executable).parent / "ratewarden"
+serving = subprocess.Popen([cli, "serve", "--demo", "--http", "127.0.0.1:0"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+try:
+    line = serving.stdout.readline()
+    assert "HTTP on" in line and "pip install 'ratewarden[grpc]'" in line, line
+finally:
+    serving.terminate()
+    _, err = serving.communicate(timeout=30)
+assert serving.returncode == 0 and "Traceback" not in err, err
+done = subprocess.run([cli, "serve", "--demo", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"],
+                      capture_output=True, text=True, timeout=30)
+assert done.returncode == 4 and "pip install 'ratewarden[grpc]'" in done.stderr, done.stderr
+assert "Traceback" not in done.stderr, done.stderr
 """
 
 FASTAPI = """
@@ -196,7 +239,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     "core": ("", CORE),
     "rules": ("rules", RULES),
     "redis": ("redis", REDIS),
-    "server": ("server,grpc", SERVER),
+    "server": ("server", SERVER_ONLY),
+    "grpc": ("server,grpc", SERVER),
     "fastapi": ("fastapi", FASTAPI),
     "flask": ("flask", FLASK),
     "django": ("django", DJANGO),

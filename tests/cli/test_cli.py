@@ -72,11 +72,45 @@ def test_the_exit_codes_are_in_the_help_and_the_docs() -> None:
 def test_a_missing_extra_is_exit_code_4(monkeypatch: pytest.MonkeyPatch, capsys: Capture) -> None:
     monkeypatch.setitem(sys.modules, "ratewarden.stores.redis.connection", None)  # import fails
     assert main(["quota", "list"]) == 4
-    assert one_line(capsys) == (
-        "ratewarden quota: ratewarden quota needs: pip install 'ratewarden[redis]'"
-    )
+    assert one_line(capsys) == "ratewarden quota: needs: pip install 'ratewarden[fleet]'"
     assert main(["bench", "--store", "redis://127.0.0.1:1/0"]) == 4
     assert "pip install 'ratewarden[redis]'" in one_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("words", "module", "said"),
+    [
+        (["check-config", "rules.yaml"], "yaml", "ratewarden[rules]"),
+        (["explain", "rules.yaml", "ip=1"], "yaml", "ratewarden[rules]"),
+        (["check", "rules.yaml", "--store", "redis://127.0.0.1:1/0"], "redis", "ratewarden[redis]"),
+    ],
+)
+def test_a_module_an_extra_brings_is_named_by_its_extra(
+    words: list[str], module: str, said: str, monkeypatch: pytest.MonkeyPatch, capsys: Capture
+) -> None:
+    """Wherever the import happens, a missing dependency is one line naming the
+    extra (scripts/check_wheels.py tries it in a venv without the extras)."""
+
+    def missing(*args: object, **kwargs: object) -> int:
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+    for name in ("check", "check_config", "explain"):
+        monkeypatch.setattr(f"ratewarden.cli._main.{name}", missing)
+    assert main(words) == 4
+    assert one_line(capsys) == (
+        f"ratewarden {words[0]}: needs: pip install '{said}' (no module named {module!r})"
+    )
+
+
+def test_a_missing_module_no_extra_brings_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def missing(*args: object, **kwargs: object) -> int:
+        raise ModuleNotFoundError("No module named 'ratewarden.nothing'", name="ratewarden.nothing")
+
+    monkeypatch.setattr("ratewarden.cli._main.check_config", missing)
+    with pytest.raises(ModuleNotFoundError):
+        main(["check-config", "rules.yaml"])
 
 
 def test_an_unreachable_store_is_exit_code_3(capsys: Capture) -> None:

@@ -129,6 +129,12 @@ SIMULATE_EXAMPLES = examples(
 
 DEMO_EXAMPLES = examples("ratewarden demo")
 
+# A command's help where its extra is not installed: its options come with it.
+_NOT_INSTALLED = (
+    "Its options come with its extra, which is not installed here: "
+    "pip install 'ratewarden[{extra}]'."
+)
+
 
 def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     """The whole command line. ``simulate_options``: add simulate's own options,
@@ -149,7 +155,8 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     try:
         from ..server import add_arguments  # noqa: PLC0415 - the server extra, if installed
     except ImportError:
-        serve.set_defaults(missing="server,grpc")
+        serve.set_defaults(missing="server")
+        serve.description = f"{serve.description} {_NOT_INSTALLED.format(extra='server')}"
     else:
         add_arguments(serve)
 
@@ -207,6 +214,10 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
         epilog=SIMULATE_EXAMPLES,
     )
     simulate.set_defaults(missing="simulate")
+    simulate.description = (
+        "Run a fleet quota's members on a virtual clock, against the model or a Redis, and "
+        "show what each member and the provider see."
+    )
     if simulate_options:
         try:
             from .. import sim  # noqa: PLC0415 - the Redis client, if installed
@@ -215,6 +226,8 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
         else:
             sim.add_arguments(simulate)
             simulate.set_defaults(missing=None)
+        if simulate.get_default("missing"):
+            simulate.description += " " + _NOT_INSTALLED.format(extra="simulate")
 
     add_bench(sub, BENCH_EXAMPLES)
     sub.add_parser(
@@ -269,14 +282,44 @@ class _NoTerminal:
         return getattr(self._stream, name)
 
 
-def _missing(extra: str, command: str) -> CliError:
-    return CliError(f"ratewarden {command} needs: pip install 'ratewarden[{extra}]'", MISSING)
+# The extra that brings each third-party module the commands import, for the
+# one line that replaces a ModuleNotFoundError's traceback; a command whose own
+# extra brings the module names that one instead (`serve` gets PyYAML from server).
+_EXTRA_OF_MODULE = {
+    "yaml": "rules", "redis": "redis", "hiredis": "redis", "matplotlib": "simulate",
+    "google": "grpc", "grpc_tools": "grpc", "hpack": "grpc",
+    "httptools": "server", "uvloop": "server", "prometheus_client": "server",
+}  # fmt: skip
+_EXTRA_OF_COMMAND = {"serve": "server", "quota": "fleet", "simulate": "simulate"}
+_COMMAND_BRINGS = {
+    "server": {"yaml", "httptools", "uvloop", "prometheus_client"},
+    "fleet": {"redis", "hiredis"},
+    "simulate": {"redis", "hiredis", "matplotlib"},
+}
+
+
+def _missing(extra: str) -> CliError:
+    return CliError(f"needs: pip install 'ratewarden[{extra}]'", MISSING)
+
+
+def _missing_module(exc: ModuleNotFoundError, command: str) -> CliError | None:
+    """The one-line error for a dependency an extra brings, or None for any
+    other missing module (a defect: its traceback is kept)."""
+    module = (exc.name or "").partition(".")[0]
+    extra = _EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    own = _EXTRA_OF_COMMAND.get(command)
+    if own is not None and module in _COMMAND_BRINGS.get(own, ()):
+        extra = own
+    return CliError(f"needs: pip install 'ratewarden[{extra}]' (no module named {module!r})",
+                    MISSING)  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:
     command = args.command
     if getattr(args, "missing", None):
-        raise _missing(args.missing, command)
+        raise _missing(args.missing)
     if command == "serve":
         from ..server import options_from, run  # noqa: PLC0415
 
@@ -353,6 +396,12 @@ def _main(argv: Sequence[str] | None) -> int:
     # simulate's options import the fleet package: only when the command is simulate
     parser = build_parser(simulate_options=words[:1] == ["simulate"])
     args, extra = parser.parse_known_args(words)
+    where = f"ratewarden {args.command}"
+    if getattr(args, "missing", None):
+        # the command's options come with its extra: name the extra, not the
+        # options this install cannot know
+        print(f"{where}: {_missing(args.missing)}", file=sys.stderr)
+        return MISSING
     # NAME=VALUE words after an option (`check FILE --times 6 user=u1`): argparse
     # has closed the positional list by then and hands them back as unknown
     if (
@@ -363,7 +412,6 @@ def _main(argv: Sequence[str] | None) -> int:
         args.words.extend(extra)
     elif extra:
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
-    where = f"ratewarden {args.command}"
     try:
         return _run(args)
     except BrokenPipeError:  # our reader went away: main() ends quietly
@@ -385,6 +433,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return USAGE
     except KeyboardInterrupt:
         return INTERRUPTED
+    except ModuleNotFoundError as exc:
+        missing = _missing_module(exc, args.command)
+        if missing is None:
+            raise
+        print(f"{where}: {missing}", file=sys.stderr)
+        return MISSING
 
 
 if __name__ == "__main__":

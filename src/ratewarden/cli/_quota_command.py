@@ -266,7 +266,7 @@ def quota(args: argparse.Namespace) -> int:
     try:
         from ..stores.redis.connection import FAILURES, connect  # noqa: PLC0415 - the redis extra
     except ImportError:
-        raise CliError("ratewarden quota needs: pip install 'ratewarden[redis]'", MISSING) from None
+        raise CliError("needs: pip install 'ratewarden[fleet]'", MISSING) from None
     url, asked = _redis(args)
     commands = {"set": quota_set, "show": quota_show, "list": quota_list, "delete": quota_delete}
     client = None
