@@ -12,6 +12,7 @@ import pytest
 from ratewarden import ConfigurationError
 from ratewarden.server import ServeOptions, add_arguments, options_from
 from ratewarden.server._connection_limits import ConnectionLimits, ServerLimits
+from ratewarden.server._serve import DEFAULT_GRPC, check_options
 
 SERVICE_MD = Path(__file__).resolve().parents[2] / "docs" / "service.md"
 
@@ -53,7 +54,9 @@ def test_the_docs_table_lists_every_option_with_its_default() -> None:
     assert sorted(table) == sorted(parsed)
     for names, action in parsed.items():
         cell = table[names]
-        if action.default is None:
+        if names == "--grpc":  # the default where the grpc extra is installed, else off
+            assert cell == f"`{DEFAULT_GRPC}`", cell
+        elif action.default is None:
             assert cell.startswith(("none", "`--")), (names, cell)  # what None means, said
         else:
             assert cell.strip("`") == shown(action.default), (names, cell, action.default)
@@ -95,3 +98,31 @@ def test_bad_server_limits_are_said_in_the_options_names(args: list[str], said: 
     with pytest.raises(ConfigurationError) as raised:
         options(*args)
     assert str(raised.value) == said or str(raised.value).startswith(said), raised.value
+
+
+@pytest.mark.parametrize(
+    ("http", "grpc"),
+    [("27080", "27080"), ("0.0.0.0:27080", "127.0.0.1:27080"), (":27080", "[::1]:27080")],
+)
+def test_both_listeners_on_one_port_is_said_to_be_our_own_clash(http: str, grpc: str) -> None:
+    """Bound, the second would fail with the system's "address already in use",
+    as if another program held the port."""
+    with pytest.raises(ConfigurationError, match="ask for the same port: each listener needs"):
+        check_options(options("--http", http, "--grpc", grpc))
+
+
+def test_listeners_on_other_ports_or_hosts_are_no_clash() -> None:
+    check_options(options("--http", "0", "--grpc", "0"))  # the system picks two ports
+    check_options(options("--http", "127.0.0.1:27080", "--grpc", "127.0.0.2:27080"))
+    check_options(options("--http", "27080", "--grpc", "27081"))
+
+
+def test_grpc_left_to_its_default_is_off_without_the_grpc_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert options().grpc == DEFAULT_GRPC
+    assert not options().grpc_missing
+    monkeypatch.setattr("ratewarden.server._serve.grpc_installed", lambda: False)
+    assert options().grpc is None
+    assert options().grpc_missing
+    assert not options("--grpc", "off").grpc_missing

@@ -81,6 +81,7 @@ class ServeOptions:
     quota_member_metrics: bool = False
     envoy: EnvoyOptions = field(default_factory=EnvoyOptions)
     reload_interval: float = 1.0  # seconds between looks at the rule file; 0: never
+    grpc_missing: bool = False  # --grpc left to its default, off for want of the grpc extra
 
 
 _LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(ConnectionLimits)}
@@ -103,9 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
         help=f"the HTTP API (default {DEFAULT_HTTP}; a bare PORT is {LOOPBACK}:PORT; "
         "'off' for none)")  # fmt: skip
-    add("--grpc", default=DEFAULT_GRPC, metavar="HOST:PORT",
-        help=f"Envoy's RLS v3 over gRPC (default {DEFAULT_GRPC}; a bare PORT is "
-        f"{LOOPBACK}:PORT; 'off' for none)")  # fmt: skip
+    add("--grpc", metavar="HOST:PORT",
+        help=f"Envoy's RLS v3 over gRPC (default {DEFAULT_GRPC} where the grpc extra is "
+        f"installed, else off; a bare PORT is {LOOPBACK}:PORT; 'off' for none)")  # fmt: skip
     add("--envoy-config", action="append", default=[], metavar="FILE|DIR",
         help="an envoyproxy/ratelimit config file, or a directory of them (repeat; "
         "default none)")  # fmt: skip
@@ -122,8 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 65536)")  # fmt: skip
     limits = DEFAULT_LIMITS
     add("--max-connections", type=int, default=limits.max_connections, metavar="N",
-        help="open connections each listener keeps; one more is refused at once "
-        f"(default {limits.max_connections}, lowered to fit the open-file limit)")  # fmt: skip
+        help="open connections each listener keeps; at it, a new one closes the one idle "
+        "longest (else, HTTP, a request arriving past --partial-grace), and is refused "
+        f"only when none can go (default {limits.max_connections}, lowered to fit the "
+        "open-file limit)")  # fmt: skip
     add("--idle-timeout", type=float, default=limits.idle_timeout, metavar="SECONDS",
         help="close a connection with nothing in flight after this long (default "
         f"{limits.idle_timeout:g})")  # fmt: skip
@@ -206,7 +209,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         demo=args.demo,
         store=args.store,
         http=listen_address(args.http, "--http"),
-        grpc=listen_address(args.grpc, "--grpc"),
+        grpc=_grpc_address(args.grpc),
         envoy_config=tuple(args.envoy_config),
         domain=args.domain,
         token=token,
@@ -225,7 +228,30 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         quota_member_metrics=args.quota_member_metrics,
         envoy=envoy_options(args),
         reload_interval=args.config_reload_interval,
+        grpc_missing=args.grpc is None and not grpc_installed(),
     )
+
+
+def _grpc_address(given: str | None) -> str | None:
+    """``--grpc`` as given; not given, the default where the grpc extra is
+    installed and off where it is not (`run` says so once at start).
+
+    Given without the extra, the import error reaches the command line, which
+    names the extra to install."""
+    if given is None:
+        return DEFAULT_GRPC if grpc_installed() else None
+    address = listen_address(given, "--grpc")
+    if address is not None:
+        from . import _grpc_server  # noqa: F401, PLC0415 - the grpc extra, named if missing
+    return address
+
+
+def grpc_installed() -> bool:
+    try:
+        from . import _grpc_server  # noqa: F401, PLC0415 - the grpc extra, if installed
+    except ModuleNotFoundError:
+        return False
+    return True
 
 
 def limits_from(args: argparse.Namespace) -> ConnectionLimits:
@@ -303,6 +329,24 @@ def check_options(options: ServeOptions) -> None:
     for address, what in ((options.http, "--http"), (options.grpc, "--grpc")):
         if address is not None:
             parse_address(address, what)
+    if options.http is not None and options.grpc is not None:
+        _distinct(options.http, options.grpc)
+
+
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def _distinct(http: str, grpc: str) -> None:
+    """The two listeners on one port would fail with the system's "address
+    already in use", as if another program held it: say that it is our own."""
+    http_host, http_port = parse_address(http, "--http")
+    grpc_host, grpc_port = parse_address(grpc, "--grpc")
+    if http_port != grpc_port or http_port == 0:
+        return
+    if http_host == grpc_host or http_host in _WILDCARDS or grpc_host in _WILDCARDS:
+        raise ConfigurationError(
+            f"--http {http} and --grpc {grpc} ask for the same port: each listener needs its own"
+        )
 
 
 class _Servers:
@@ -343,6 +387,8 @@ class _Servers:
             await self.http.start()
             host, port = self.http_socket.getsockname()[:2]
             self.where.insert(0, f"HTTP on http://{host}:{port}")
+        if options.grpc_missing:
+            self.where.append("gRPC off (Envoy's RLS needs: pip install 'ratewarden[grpc]')")
 
     async def run_until(self, stop: asyncio.Event, health: Any) -> None:
         await stop.wait()
