@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parent.parent
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -89,7 +93,42 @@ def test_dev_installs_the_lock_and_a_new_lock_makes_a_new_venv() -> None:
     assert '--require-hashes --no-deps -r "$LOCK"' in dev
     assert "--require-hashes -r requirements/gateways.txt" in dev
     assert "scripts/check_wheels.py" in dev
-    assert 'exec "$VENV/bin/ratewarden" serve "$@"' in dev  # ./dev run --http 9090 ...
+
+
+def test_dev_run_installs_what_serving_needs_only() -> None:
+    """`./dev run` has a lock of its own: the service's extras at the dev lock's
+    versions, with hashes, and none of the test tools (a 922 MB venv otherwise)."""
+    dev = (ROOT / "dev").read_text()
+    assert '--require-hashes --no-deps -r "$RUN_LOCK"' in dev
+    assert 'exec "$RUN_VENV/bin/ratewarden" serve "${demo[@]}" "$@"' in dev
+    run = (ROOT / "requirements" / "run.txt").read_text()
+    pins = dict(line.split(" ")[0].split("==") for line in run.splitlines() if line[:1].isalnum())
+    extras = CONFIG["project"]["optional-dependencies"]
+    wanted = {_requirement_name(r) for r in extras["server"] + extras["grpc"]}
+    assert wanted - set(pins) == set()
+    assert {"mypy", "pytest", "playwright", "django", "ruff"} & set(pins) == set()
+    dev_lock = (ROOT / "requirements" / "dev.txt").read_text()
+    for name, version in pins.items():
+        assert f"\n{name}=={version} \\" in dev_lock, f"{name} {version}: not the dev lock's"
+
+
+@pytest.mark.parametrize(
+    ("args", "runs"),
+    [
+        ("", "ratewarden serve --demo"),
+        ("--http 9090", "ratewarden serve --demo --http 9090"),
+        ("--rules my.yaml", "ratewarden serve --rules my.yaml"),
+        ("--config=my.yaml", "ratewarden serve --config=my.yaml"),
+        ("--config-reload-interval 5", "ratewarden serve --demo --config-reload-interval 5"),
+    ],
+)
+def test_dev_run_passes_its_arguments_and_adds_the_demo_rules_unless_a_rule_file(
+    args: str, runs: str
+) -> None:
+    done = subprocess.run([str(ROOT / "dev"), "run", *args.split()], capture_output=True,
+                          text=True, check=True, env={**os.environ, "DEV_RUN_ECHO": "1"},
+                          timeout=30)  # fmt: skip
+    assert done.stdout.strip() == runs
 
 
 def test_check_wheels_covers_every_extra() -> None:
