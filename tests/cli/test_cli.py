@@ -3,6 +3,7 @@ client's answers to what a service can say, the progress bar."""
 
 from __future__ import annotations
 
+import argparse
 import http.server
 import io
 import json
@@ -72,7 +73,7 @@ def test_the_exit_codes_are_in_the_help_and_the_docs() -> None:
 def test_a_missing_extra_is_exit_code_4(monkeypatch: pytest.MonkeyPatch, capsys: Capture) -> None:
     monkeypatch.setitem(sys.modules, "ratewarden.stores.redis.connection", None)  # import fails
     assert main(["quota", "list"]) == 4
-    assert one_line(capsys) == "ratewarden quota: needs: pip install 'ratewarden[fleet]'"
+    assert one_line(capsys) == "ratewarden quota list: needs: pip install 'ratewarden[fleet]'"
     assert main(["bench", "--store", "redis://127.0.0.1:1/0"]) == 4
     assert "pip install 'ratewarden[redis]'" in one_line(capsys)
 
@@ -280,3 +281,15 @@ def test_long_commands_show_progress_on_a_terminal_but_not_with_json(
             assert terminal.getvalue() == ""
         else:
             assert re.search(r"\[#*\.*\] +\d+%", terminal.getvalue())
+
+
+def test_every_command_says_what_it_does_and_every_option_has_help() -> None:
+    from ratewarden.cli._main import _subcommands, build_parser  # noqa: PLC0415
+
+    for parser in _subcommands(build_parser()):
+        if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+            continue  # `quota`, `override`: their verbs say it
+        assert parser.description, f"{parser.prog} --help has no description"
+        for action in parser._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{parser.prog} {action.option_strings[0]} has no help"

@@ -51,7 +51,7 @@ def test_set_creates_a_quota(
         ["safe", "50 permits"], ["cap", "0"], ["adaptive", "no"], ["floor", "1"],
         ["sliding", "no"],
     ]  # fmt: skip
-    assert lines[-1] == f"redis: {redis_single.url} (--store)"
+    assert lines[-1] == f"redis: {redis_single.url} (--redis)"
     status = show_quota(client, name)
     assert status is not None
     assert status.config == QuotaConfig("2000/second", "equal", lease=10.0, safe=50)
@@ -132,7 +132,7 @@ def test_show_prints_the_resource_its_members_and_totals(
     assert 9.0 < float(table[1][6].rstrip("s")) <= 10.0
     # 1240 used: 62% of the 2000, 83% of min(2000, 1500) wanted
     assert table[3] == ["total", "(2)", "1500", "1000", "1240", "62%", "83%"]
-    assert lines[-1] == f"redis: {redis_single.url} (--store)"
+    assert lines[-1] == f"redis: {redis_single.url} (--redis)"
 
 
 def test_show_orders_members_by_id_when_asked(
@@ -159,7 +159,7 @@ def test_show_without_members(
     lines = capsys.readouterr().out.splitlines()
     assert "adaptive (floor 2)" in lines[0]
     assert lines[1].startswith("permits per 60s window")
-    assert lines[2:] == ["no live members", f"redis: {redis_single.url} (--store)"]
+    assert lines[2:] == ["no live members", f"redis: {redis_single.url} (--redis)"]
 
 
 def test_show_json_is_the_status_as_a_dict(
@@ -194,7 +194,7 @@ def test_list(redis_single: RedisServer, client: redis.Redis, name: str, capsys:
     assert lines[0].split() == ["name", "rate", "effective", "algorithm", "members", "wants",
                                 "granted", "used", "utilisation", "demand", "served",
                                 "version"]  # fmt: skip
-    assert lines[-1] == f"redis: {redis_single.url} (--store)"
+    assert lines[-1] == f"redis: {redis_single.url} (--redis)"
     rows = {line.split()[0]: line.split() for line in lines[1:-1]}
     assert rows[name] == [name, "2000/second", "2000", "equal", "2", "1500", "1000", "1240",
                           "62%", "83%", "1"]  # fmt: skip
@@ -204,7 +204,7 @@ def test_list(redis_single: RedisServer, client: redis.Redis, name: str, capsys:
     assert run(redis_single, "list", "--json") == 0
     out, err = capsys.readouterr()
     listed = json.loads(out)  # the JSON alone on stdout; the Redis asked on stderr
-    assert err == f"redis: {redis_single.url} (--store)\n"
+    assert err == f"redis: {redis_single.url} (--redis)\n"  # the option as spelled
     assert listed["truncated"] is False
     by_name = {q["name"]: q for q in listed["quotas"]}
     assert by_name[name]["members"] == 2
@@ -242,13 +242,24 @@ def error(capsys: Capture) -> str:
 
 
 def test_an_unknown_quota(redis_single: RedisServer, name: str, capsys: Capture) -> None:
+    """Said with the command's verb and the Redis asked: the wrong Redis is the
+    likeliest reason."""
     assert run(redis_single, "show", name) == 2
-    assert error(capsys) == f"ratewarden quota: no quota named {name!r}"
+    assert (
+        error(capsys)
+        == f"ratewarden quota show: no quota named {name!r}; asked {redis_single.url} (--redis)"
+    )
     assert run(redis_single, "show", name, "--json") == 2
-    assert error(capsys) == f"ratewarden quota: no quota named {name!r}"
+    assert (
+        error(capsys)
+        == f"ratewarden quota show: no quota named {name!r}; asked {redis_single.url} (--redis)"
+    )
     # changing one needs it to exist; creating one needs a rate
     assert run(redis_single, "set", name, "--algorithm", "equal") == 2
-    assert error(capsys) == f"ratewarden quota: no quota named {name!r}: give a RATE to create it"
+    assert error(capsys) == (
+        f"ratewarden quota set: no quota named {name!r}: give a RATE to create it;"
+        f" asked {redis_single.url} (--redis)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -259,6 +270,10 @@ def test_an_unknown_quota(redis_single: RedisServer, name: str, capsys: Capture)
         (["10/second", "--algorithm", "round_robin"],
          "unknown algorithm 'round_robin'; expected one of equal, proportional_share,"
          " fair_share, static"),
+        (["10/second", "--algorithm", "fair"],
+         "unknown algorithm 'fair'; expected one of equal, proportional_share, fair_share,"
+         " static; did you mean 'fair_share'?"),
+        (["10/second", "--algorithm", "proportional"], "did you mean 'proportional_share'?"),
         (["10/second", "--refresh", "3"], "lease (5.0 s) must be at least twice refresh (3.0 s)"),
         (["10/second", "--safe", "half"], "--safe takes 'equal' or a number of permits"),
         (["10/second", "--algorithm", "static"], "the static algorithm needs cap"),
@@ -268,7 +283,8 @@ def test_a_bad_setting(
     redis_single: RedisServer, name: str, args: list[str], message: str, capsys: Capture
 ) -> None:
     assert run(redis_single, "set", name, *args) == 2
-    assert error(capsys).startswith(f"ratewarden quota: {message}")
+    said = error(capsys)
+    assert said.startswith(f"ratewarden quota set: {message}") or message in said, said
     with redis_single.client() as client:
         assert show_quota(client, name) is None
 
@@ -278,7 +294,10 @@ def test_a_bad_change_leaves_the_quota_as_it_was(
 ) -> None:
     set_quota(client, name, QuotaConfig("10/second", "equal"))
     assert run(redis_single, "set", name, "--algorithm", "lottery") == 2
-    assert error(capsys).startswith("ratewarden quota: unknown algorithm 'lottery'")
+    assert error(capsys) == (
+        "ratewarden quota set: unknown algorithm 'lottery'; expected one of equal,"
+        " proportional_share, fair_share, static"
+    )  # nothing close: no guess
     status = show_quota(client, name)
     assert status is not None
     assert (status.config.algorithm, status.version) == ("equal", 1)
@@ -286,7 +305,7 @@ def test_a_bad_change_leaves_the_quota_as_it_was(
 
 def test_a_bad_name(redis_single: RedisServer, capsys: Capture) -> None:
     assert run(redis_single, "set", "a b", "10/second") == 2
-    assert error(capsys).startswith("ratewarden quota: a quota name is 1-200 characters")
+    assert error(capsys).startswith("ratewarden quota set: a quota name is 1-200 characters")
 
 
 @pytest.mark.parametrize("args", [["list"], ["show", "q"], ["set", "q", "10/second"]])
@@ -294,13 +313,13 @@ def test_redis_unreachable(args: list[str], capsys: Capture) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     assert main(["quota", *args, "--redis", url]) == 3  # unreachable
     message = error(capsys)
-    assert message.startswith("ratewarden quota: redis: ")
+    assert message.startswith(f"ratewarden quota {args[0]}: redis: ")
     assert "Connection refused" in message
 
 
 def test_a_bad_redis_url(capsys: Capture) -> None:
     assert main(["quota", "list", "--redis", "http://127.0.0.1:1/"]) == 2
-    assert error(capsys).startswith("ratewarden quota: bad Redis URL 'http://127.0.0.1:1/'")
+    assert error(capsys).startswith("ratewarden quota list: bad Redis URL 'http://127.0.0.1:1/'")
 
 
 def test_redis_and_the_fleet_are_imported_only_when_the_command_runs() -> None:
@@ -395,7 +414,7 @@ def test_delete_removes_the_configuration_and_the_member_records(
     out, err = capsys.readouterr()
     assert out.splitlines() == [
         f"deleted quota {name}: its configuration (2000/second, version 2) and 2 member records",
-        f"redis: {redis_single.url} (--store)",
+        f"redis: {redis_single.url} (--redis)",
     ]
     # a running member would bring it back: said, with who they are
     assert err == (
@@ -407,7 +426,10 @@ def test_delete_removes_the_configuration_and_the_member_records(
     assert show_quota(client, other) is not None  # only the quota named
     # gone: a second delete is an unknown quota
     assert run(redis_single, "delete", name) == 2
-    assert error(capsys) == f"ratewarden quota: no quota named {name!r}"
+    assert (
+        error(capsys)
+        == f"ratewarden quota delete: no quota named {name!r}; asked {redis_single.url} (--redis)"
+    )
 
 
 def test_delete_json_and_a_quota_without_members(
@@ -418,7 +440,7 @@ def test_delete_json_and_a_quota_without_members(
     out, err = capsys.readouterr()
     assert json.loads(out) == {"deleted": name, "keys": keys(name), "member_records": 0,
                                "live_members": []}  # fmt: skip
-    assert err == f"redis: {redis_single.url} (--store)\n"
+    assert err == f"redis: {redis_single.url} (--redis)\n"  # the option as spelled
     assert client.exists(*keys(name)) == 0
 
 
@@ -442,9 +464,12 @@ def test_delete_an_unknown_or_impossible_name(
     redis_single: RedisServer, name: str, capsys: Capture
 ) -> None:
     assert run(redis_single, "delete", name) == 2
-    assert error(capsys) == f"ratewarden quota: no quota named {name!r}"
+    assert (
+        error(capsys)
+        == f"ratewarden quota delete: no quota named {name!r}; asked {redis_single.url} (--redis)"
+    )
     assert run(redis_single, "delete", "a b") == 2
-    assert error(capsys).startswith("ratewarden quota: a quota name is 1-200 characters")
+    assert error(capsys).startswith("ratewarden quota delete: a quota name is 1-200 characters")
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     assert main(["quota", "delete", name, "--store", url]) == 3
     assert "Connection refused" in error(capsys)

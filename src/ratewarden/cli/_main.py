@@ -396,7 +396,7 @@ def _main(argv: Sequence[str] | None) -> int:
     # simulate's options import the fleet package: only when the command is simulate
     parser = build_parser(simulate_options=words[:1] == ["simulate"])
     args, extra = parser.parse_known_args(words)
-    where = f"ratewarden {args.command}"
+    where = _chosen(parser, args).prog  # with its verb: "ratewarden quota set"
     if getattr(args, "missing", None):
         # the command's options come with its extra: name the extra, not the
         # options this install cannot know

@@ -22,6 +22,23 @@ if TYPE_CHECKING:
 __all__ = ["add_quota", "quota"]
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+
+class NoSuchQuota(ConfigurationError):
+    """A quota the Redis asked does not hold: `quota` names that Redis, since
+    asking the wrong one is the likeliest reason."""
+
+
+class _StoreOption(argparse.Action):
+    """``--store`` or ``--redis``, keeping the spelling given, so that the line
+    naming the Redis asked names the option the user wrote."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
+        setattr(namespace, self.dest, values)
+        namespace.redis_option = option_string or "--store"
+
+
 # Seconds a Redis command of `ratewarden quota` may take (connecting included).
 QUOTA_TIMEOUT = 5.0
 
@@ -80,7 +97,7 @@ def quota_set(client: Any, args: argparse.Namespace) -> int:
     current = show_quota(client, args.name)
     if current is None:
         if args.rate is None:
-            raise ConfigurationError(f"no quota named {args.name!r}: give a RATE to create it")
+            raise NoSuchQuota(f"no quota named {args.name!r}: give a RATE to create it")
         config = QuotaConfig(**changes)
         version = set_quota(client, args.name, config)
         if args.json:
@@ -144,7 +161,7 @@ def quota_show(client: Any, args: argparse.Namespace) -> int:
 
     status = show_quota(client, args.name)
     if status is None:
-        raise ConfigurationError(f"no quota named {args.name!r}")
+        raise NoSuchQuota(f"no quota named {args.name!r}")
     if args.json:
         print_json(status.as_dict())
         return 0
@@ -224,7 +241,7 @@ def quota_delete(client: Any, args: argparse.Namespace) -> int:
         status, unreadable = None, str(exc)
     removed = int(client.delete(config_key, members_key))
     if removed == 0:
-        raise ConfigurationError(f"no quota named {args.name!r}")
+        raise NoSuchQuota(f"no quota named {args.name!r}")
     live = [] if status is None else sorted(m.id for m in status.members)
     if args.json:
         print_json({"deleted": args.name, "keys": [config_key, members_key],
@@ -253,7 +270,7 @@ def _redis(args: argparse.Namespace) -> tuple[str, str]:
     """The Redis URL to ask, and how to name it: the URL (its password hidden)
     and where it came from."""
     if args.redis:
-        return args.redis, f"{redact(args.redis)} (--store)"
+        return args.redis, f"{redact(args.redis)} ({getattr(args, 'redis_option', '--store')})"
     if url := os.environ.get("RATEWARDEN_REDIS"):
         return url, f"{redact(url)} ($RATEWARDEN_REDIS)"
     return DEFAULT_REDIS, f"{DEFAULT_REDIS} (the default; --store URL to choose)"
@@ -273,6 +290,8 @@ def quota(args: argparse.Namespace) -> int:
     try:
         client = connect(url, QUOTA_TIMEOUT)
         code = commands[args.quota_command](client, args)
+    except NoSuchQuota as exc:
+        raise ConfigurationError(f"{exc}; asked {asked}") from None
     except (StoreError, *FAILURES) as exc:
         raise CliError(f"{exc}; asked {asked}", UNREACHABLE) from None
     finally:
@@ -344,12 +363,16 @@ def add_quota(sub: Any) -> None:
     change.add_argument("--json", action="store_true",
                         help="print what was done and the quota as JSON")  # fmt: skip
     show = verbs.add_parser("show", help="a quota, its members and their use",
-                            epilog=SHOW_EXAMPLES)  # fmt: skip
+                            description="Show a quota's settings, its total in force, and "
+                            "each member's grant, use and lease, from the Redis its members "
+                            "coordinate through.", epilog=SHOW_EXAMPLES)  # fmt: skip
     show.add_argument("name")
     show.add_argument("--json", action="store_true", help="print it as JSON")
     show.add_argument("--members-by-id", action="store_true",
                       help="members in order of id (default: the largest grant first)")  # fmt: skip
-    listing = verbs.add_parser("list", help="every quota, summed up", epilog=LIST_EXAMPLES)
+    listing = verbs.add_parser("list", help="every quota, summed up", epilog=LIST_EXAMPLES,
+                               description="List every quota in the Redis asked, one line "
+                               "each: its rate, algorithm, members and use.")  # fmt: skip
     listing.add_argument("--json", action="store_true", help="print them as JSON")
     remove = verbs.add_parser(
         "delete",
@@ -363,4 +386,5 @@ def add_quota(sub: Any) -> None:
     remove.add_argument("--json", action="store_true", help="print what was removed as JSON")
     for verb in (change, show, listing, remove):
         # --store as every command names its Redis; --redis as it was first spelled
-        verb.add_argument("--store", "--redis", dest="redis", metavar="URL", help=store_help)
+        verb.add_argument("--store", "--redis", dest="redis", metavar="URL", help=store_help,
+                          action=_StoreOption)  # fmt: skip

@@ -8,8 +8,10 @@ adaptive total's timestamps).
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -112,6 +114,7 @@ class QuotaConfig:
         if self.algorithm not in ALLOCATORS:
             raise ConfigurationError(
                 f"unknown algorithm {self.algorithm!r}; expected one of {', '.join(ALLOCATORS)}"
+                + _guess(str(self.algorithm), ALLOCATORS)
             )
         refresh = _seconds("refresh", self.refresh, least=0.01)
         lease = _seconds("lease", self.lease, least=0.02)
@@ -192,3 +195,12 @@ class QuotaConfig:
 
     def but(self, **changes: Any) -> QuotaConfig:
         return replace(self, **changes)
+
+
+def _guess(word: str, choices: Iterable[str]) -> str:
+    """``; did you mean 'x'?`` for the one choice that begins with the word or
+    is close to it, as a rule file's misspellings are answered; else nothing."""
+    choices = tuple(choices)
+    begins = [choice for choice in choices if word and choice.startswith(word)]
+    found = begins if len(begins) == 1 else difflib.get_close_matches(word, choices, n=1)
+    return f"; did you mean {found[0]!r}?" if found else ""

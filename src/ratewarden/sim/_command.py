@@ -193,7 +193,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="spread each window's permits evenly (default: paced)")  # fmt: skip
     add("--skew-ms", type=float, default=None,
         help="clocks spread over +-this many ms (default 0; 100 for --pattern skew)")  # fmt: skip
-    add("--seed", type=int, default=1)
+    add("--seed", type=int, default=1,
+        help="the seed of the demand's and clocks' randomness: the same seed, the same run "
+        "(default 1)")  # fmt: skip
     add("--refresh", type=float, default=1.0, help="seconds between refreshes (default 1)")
     add("--lease", type=float, default=5.0, help="seconds a lease lasts (default 5)")
     add("--max-wait", type=float, default=None,
@@ -202,7 +204,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--pubsub", action=argparse.BooleanOptionalAction, default=True,
         help="deliver the coordinator's messages (default yes)")  # fmt: skip
     add("--pubsub-ms", type=float, default=1.0, help="their delay (default 1 ms)")
-    add("--arrivals", choices=("poisson", "even"), default="poisson")
+    add(
+        "--arrivals",
+        choices=("poisson", "even"),
+        default="poisson",
+        help="open-loop callers arrive at random (poisson, the default) or evenly spaced",
+    )
     add("--workers", type=int, default=0,
         help="closed-loop callers per member, each blocking in acquire and asking again"
              " when served or timed out (default 0: open-loop arrivals)")  # fmt: skip
