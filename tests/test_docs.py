@@ -25,7 +25,9 @@ How a block is run is decided by its language (the fence's info string, one word
   ``localhost:8080`` and ``127.0.0.1:8080`` mean the service, for ``ratewarden``
   commands too). Any other ``ratewarden`` command must exit
   0, or N when its line carries the comment ``# exits N``. ``NAME=value`` before a
-  command sets its environment. Any other program fails.
+  command sets its environment; ``export NAME=value`` sets it for the block's later
+  commands. Any other program fails. A block whose ``ratewarden quota`` commands name
+  ``--redis`` names it on each of them.
 - ``nginx``: a configuration checked with ``nginx -t``: a whole file, or a
   ``server``/``location`` snippet wrapped in what it needs (hostnames must resolve:
   write 127.0.0.1).
@@ -261,6 +263,11 @@ def shell_session(block: Block, session: Session) -> Iterator[Callable[[list[str
         while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
             name, _, value = words.pop(0).partition("=")
             assignments[name] = value
+        if words[:1] == ["export"]:  # for the block's later commands, as a shell has it
+            for word in words[1:]:
+                name, _, value = word.partition("=")
+                base_env[name] = value
+            return
         env = {**base_env, **assignments}
         if services:  # the service the block started answers for the default address
             words = [SERVICE_HOST.sub(services[-1][1], w) for w in words]
@@ -330,7 +337,21 @@ def start_service(
         time.sleep(0.05)
 
 
+def one_redis(block: Block) -> None:
+    """A block whose `ratewarden quota` commands name their Redis on one line
+    and not on the next sends a reader who follows it to two Redis: the second
+    command makes a quota of its own on the default one."""
+    commands = [words for words, _ in commands_of(block.code)]
+    quota = [w for w in commands if w[:2] == ["ratewarden", "quota"]]
+    named = [any(x.startswith(("--redis", "--store")) for x in w) for w in quota]
+    assert all(named) or not any(named), (
+        f"{block.where}: some `ratewarden quota` lines name --redis and some do not; "
+        "name it on each, or `export RATEWARDEN_REDIS=...` first"
+    )
+
+
 def run_sh(block: Block, session: Session) -> None:
+    one_redis(block)
     with shell_session(block, session) as run:
         for words, expected in commands_of(block.code):
             run(words, expected)
@@ -886,3 +907,22 @@ def test_the_cli_pages_command_table_lists_every_command() -> None:
     documented = re.findall(r"^\| `([a-z-]+)", table, re.M)
     assert len(commands) > 5
     assert documented == commands
+
+
+def test_sample_quota_output_shows_the_default_settings() -> None:
+    """A `quota show` printed as a sample (not run: it needs a live fleet) shows
+    the refresh and lease a quota gets when none is given."""
+    from ratewarden.fleet import QuotaConfig  # noqa: PLC0415
+
+    default = QuotaConfig("1/second")
+    samples = [
+        (block, found)
+        for page in PAGES
+        for block in blocks_of(page)
+        if "$ ratewarden quota show" in block.code
+        and (found := re.search(r"refresh (\S+)s, lease (\S+)s", block.code))
+    ]
+    assert samples, "no sample of `ratewarden quota show` found in the docs"
+    for block, found in samples:
+        shown = (float(found[1]), float(found[2]))
+        assert shown == (default.refresh, default.lease), f"{block.where}: {found[0]}"

@@ -4,6 +4,7 @@ that fails (Redis itself: tests/cli/test_quota.py)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -45,3 +46,23 @@ def test_a_failed_scan_is_a_store_unavailable() -> None:
         list_quotas(ScanClient(KEYS, fails=True))
     with pytest.raises(StoreUnavailable, match="cannot list quotas: connection reset"):
         asyncio.run(alist_quotas(AsyncScanClient(KEYS, fails=True)))
+
+
+def test_the_status_as_json_has_no_float_noise() -> None:
+    """Thousandths of a permit summed and divided read as the numbers they are."""
+    import json  # noqa: PLC0415
+
+    from ratewarden.fleet import MemberStatus, QuotaConfig, QuotaStatus  # noqa: PLC0415
+
+    members = tuple(
+        MemberStatus(f"m{i}", wants=has, has=has, used=has * 0.995, expires_in=4.7000000001)
+        for i, has in enumerate((33.317, 33.117, 33.117))
+    )
+    status = QuotaStatus("q", QuotaConfig("100/second"), 100.0, 1, members)
+    shown = status.as_dict()
+    assert shown["granted"] == shown["wants"] == 99.551
+    assert shown["used"] == round(sum(m.used for m in members), 3)
+    assert shown["members"][0]["expires_in"] == 4.7
+    text = json.dumps(shown)
+    assert "99.551," in text
+    assert not re.search(r"\d{10}", text), text

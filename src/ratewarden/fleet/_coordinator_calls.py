@@ -122,6 +122,12 @@ def _share(part: float, whole: float) -> float | None:
     return min(1.0, max(0.0, part / whole))
 
 
+def _ratio(value: float | None) -> float | None:
+    """A share as JSON shows it: six decimals, far finer than the figures it
+    divides, without a division's float noise (0.9950000000000001)."""
+    return None if value is None else round(value, 6)
+
+
 @dataclass(frozen=True, slots=True)
 class MemberStatus:
     """One member as the coordinator sees it; permits a window."""
@@ -148,9 +154,9 @@ class MemberStatus:
             "wants": self.wants,
             "has": self.has,
             "used": self.used,
-            "expires_in": self.expires_in,
-            "used_of_grant": self.used_of_grant,
-            "demand_served": self.demand_served,
+            "expires_in": round(self.expires_in, 3),
+            "used_of_grant": _ratio(self.used_of_grant),
+            "demand_served": _ratio(self.demand_served),
         }
 
 
@@ -164,17 +170,21 @@ class QuotaStatus:
     version: int
     members: tuple[MemberStatus, ...]
 
+    # The members' figures are thousandths of a permit (the coordinator keeps
+    # milli-permits): their sums are rounded to that, so that 33.317 + 33.117 +
+    # 33.117 reads 99.551 and not 99.55099999999999.
+
     @property
     def wants(self) -> float:
-        return sum(m.wants for m in self.members)
+        return round(sum(m.wants for m in self.members), 3)
 
     @property
     def granted(self) -> float:
-        return sum(m.has for m in self.members)
+        return round(sum(m.has for m in self.members), 3)
 
     @property
     def used(self) -> float:
-        return sum(m.used for m in self.members)
+        return round(sum(m.used for m in self.members), 3)
 
     @property
     def used_of_total(self) -> float:
@@ -214,9 +224,9 @@ class QuotaStatus:
             "wants": self.wants,
             "granted": self.granted,
             "used": self.used,
-            "used_of_total": self.used_of_total,
-            "demand_served": self.demand_served,
-            "utilisation": self.utilisation,
+            "used_of_total": _ratio(self.used_of_total),
+            "demand_served": _ratio(self.demand_served),
+            "utilisation": _ratio(self.utilisation),
             "members": [m.as_dict() for m in self.members],
         }
 
