@@ -34,10 +34,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import redis
 from skewed_clock import SkewedClock, offsets
 
 from ratewarden import RateLimitTimeout
 from ratewarden.fleet import FleetQuota, QuotaConfig
+from ratewarden.fleet.coordinator import keys
 
 HERE = Path(__file__).resolve().parent
 
@@ -140,6 +142,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         provider.terminate()
         provider.wait(timeout=10)
+        if not args.keep:
+            forget(args)
 
     seconds = [
         (int(s), ok, refused)
@@ -167,6 +171,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "within_limit": busiest <= args.limit + tolerance,
         "per_worker": reports,
     }
+
+
+def forget(args: argparse.Namespace) -> None:
+    """Delete the quotas the run made, as `ratewarden quota delete` would: a
+    member keeps its quota's configuration in Redis for good, so that one run
+    after another would leave a quota behind each time."""
+    names = [args.name] if not args.unshared else [f"{args.name}-{i}" for i in range(args.workers)]
+    client = redis.Redis.from_url(args.redis)
+    try:
+        client.delete(*(key for name in names for key in keys(name)))
+    finally:
+        client.close()
 
 
 def show(result: dict[str, Any]) -> None:
@@ -208,6 +224,11 @@ def main() -> None:
     parser.add_argument("--name", default=f"fleet-example-{uuid.uuid4().hex[:6]}")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to drain, at most")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the run's quotas in Redis (ratewarden quota show NAME)",
+    )
     args = parser.parse_args()
     result = run(args)
     if args.json:

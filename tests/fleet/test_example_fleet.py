@@ -48,6 +48,11 @@ def shared(server: RedisServer) -> dict[str, Any]:
     return run_example(server)
 
 
+def test_the_run_leaves_nothing_in_redis(shared: dict[str, Any], server: RedisServer) -> None:
+    with server.client() as client:
+        assert client.keys("*") == []
+
+
 def test_no_provider_second_goes_over_the_limit(shared: dict[str, Any]) -> None:
     assert shared["shared"]
     assert shared["pace"]
@@ -66,6 +71,8 @@ def test_the_queue_drains_at_the_providers_limit(shared: dict[str, Any]) -> None
 def test_without_a_shared_quota_the_provider_is_overrun(server: RedisServer) -> None:
     result = run_example(server, "--unshared")
     assert result["drained"]
+    with server.client() as client:  # the run deletes the quotas it made, these too
+        assert client.keys("*") == []
     assert result["busiest_second"] > LIMIT + WORKERS
     assert result["refused_429"] > 0
     assert not result["within_limit"]
