@@ -926,3 +926,15 @@ def test_sample_quota_output_shows_the_default_settings() -> None:
     for block, found in samples:
         shown = (float(found[1]), float(found[2]))
         assert shown == (default.refresh, default.lease), f"{block.where}: {found[0]}"
+
+
+def test_every_column_of_check_configs_table_is_explained() -> None:
+    rules = ROOT / "examples" / "rules.yaml"
+    done = subprocess.run([str(BIN / "ratewarden"), "check-config", str(rules)],
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    columns = done.stdout.splitlines()[0].split()
+    page = (DOCS / "cli.md").read_text()
+    section = page[page.index("## check-config and explain") :]
+    missing = [c for c in columns if f"`{c}`" not in section]
+    assert not missing, f"docs/cli.md's check-config section does not explain {missing}"
+    assert "`rank` is " in section

@@ -110,9 +110,15 @@ def outcome_result(outcome: Outcome) -> CheckResult:
         if decision.reset_after < _INF:
             reset = decision.reset_after
     retry = outcome.retry_after
+    # the rule that denied, or, allowed, the one whose limit the numbers and the
+    # headers describe (the closest to its limit), as RateLimit-Policy names it
     rule = outcome.rule.name if outcome.rule is not None else None
-    if rule is None and decision is not None and not decision.allowed:
+    if rule is None and decision is not None:
         rule = decision.rule
+        for applicable in outcome.limits:  # a rule of several rates names each "name@rate"
+            if applicable.limit.name == rule:
+                rule = applicable.rule.name
+                break
     response = outcome.response
     body = response.body if outcome.action == "shadow_ban" and response is not None else None
     shadow = outcome.shadow
@@ -133,7 +139,7 @@ def envoy_result(result: EnvoyResult) -> CheckResult:
     shadow = result.shadow
     return CheckResult(
         allowed, "allow" if allowed else "reject", 200 if allowed else 429,
-        None if allowed or decision is None else decision.rule, limit, remaining, reset,
+        None if decision is None else decision.rule, limit, remaining, reset,
         retry, 0.0, decision is not None and decision.degraded, answer_headers(result),
         None if shadow is None else Shadow(shadow.allowed, shadow.rule),
         descriptor_statuses(result) or [],
