@@ -938,3 +938,22 @@ def test_every_column_of_check_configs_table_is_explained() -> None:
     missing = [c for c in columns if f"`{c}`" not in section]
     assert not missing, f"docs/cli.md's check-config section does not explain {missing}"
     assert "`rank` is " in section
+
+
+def test_the_readmes_retry_after_is_between_the_figures_it_gives() -> None:
+    """README's example: the 6th of 5/minute, at any second of the minute, waits
+    from 12 to 72 seconds, as the words under it say."""
+    from ratewarden import FakeClock, Limiter, MemoryStore  # noqa: PLC0415
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`retry_after` is between 12 and 72 seconds, longer than the minute" in readme
+    waits = []
+    for second in range(60):
+        clock = FakeClock(1_700_000_040.0 + second)  # a minute starts at ...040
+        store = MemoryStore(clock=clock)
+        limiter = Limiter("5/minute", algorithm="sliding_window_counter", store=store)
+        decisions = [limiter.hit("user:42") for _ in range(6)]
+        waits.append(decisions[-1].retry_after)
+    assert min(waits) >= 12, waits
+    assert max(waits) <= 72, waits
+    assert max(waits) > 60
