@@ -126,3 +126,13 @@ def test_grpc_left_to_its_default_is_off_without_the_grpc_extra(
     assert options().grpc is None
     assert options().grpc_missing
     assert not options("--grpc", "off").grpc_missing
+
+
+def test_the_connection_caps_help_says_what_docs_service_md_says() -> None:
+    """At the cap a newcomer closes the connection idle longest; refused only
+    when none can go (docs/service.md), not "refused at once"."""
+    (cap,) = [a for a in actions() if "--max-connections" in a.option_strings]
+    assert cap.help is not None
+    assert "refused at once" not in cap.help
+    assert "idle" in cap.help
+    assert "longest" in cap.help

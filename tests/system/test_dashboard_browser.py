@@ -4,9 +4,10 @@ Playwright, against ``ratewarden serve`` on a free loopback port.
 Traffic trips a limit and the denial count rises on the page without a reload;
 an override set from the page shows with its time left and takes effect (the
 key it denied is admitted); a refused override shows the API's own error; a key
-made of HTML stays text. The screenshot goes to the test's directory, and to
-docs/dashboard.png (which the README shows) when RATEWARDEN_SCREENSHOT=1 asks
-for it: a test run leaves the files under git as they were.
+made of HTML stays text. The README's screenshot is taken of a demo run
+(`serve --demo`, traffic a user would send it): it goes to the test's directory,
+and to docs/dashboard.png when RATEWARDEN_SCREENSHOT=1 asks for it, so that a
+test run leaves the files under git as they were.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
-from tests.server.process import Served, serving_rules
+from tests.server.process import Served, serving, serving_rules
 
 ROOT = Path(__file__).parent.parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -90,7 +91,6 @@ def test_the_dashboard_live_in_chromium(served: Served, browser: Browser, tmp_pa
     assert [p for p in problems if "422" not in p] == []
     problems.clear()  # the browser logs the refusal it was just told
     row = override_from_the_page(page, served)
-    screenshot(page, served, tmp_path)
     # cleared from the page: gone from the list, in the audit trail, the rule's own limit back
     row.locator("button").click()
     expect(page.locator("#override-message")).to_have_text("Override on api cleared.")
@@ -160,17 +160,40 @@ def override_from_the_page(page: Page, served: Served) -> Locator:
     return row
 
 
-def screenshot(page: Page, served: Served, tmp_path: Path) -> None:
-    # traffic spread over a few seconds (not to any boundary), so the charts have a shape
-    for second in range(6):
-        for n in range(6 + 3 * second):
-            check(served, f"user-{n % 4}", "/api/search")
-            check(served, f"export-{n % 2}", "/exports")
-        check(served, "u1")
-        time.sleep(1)
-    expect(page.locator("#rates tr")).to_have_count(3)
-    shot = tmp_path / "dashboard.png"
-    page.screenshot(path=str(shot), full_page=True)
+def demo_check(served: Served, attributes: dict[str, str]) -> None:
+    answer = httpx.post(f"{served.url}/v1/check", json={"attributes": attributes},
+                        headers=AUTH, timeout=10)  # fmt: skip
+    assert answer.status_code == 200, answer.text
+
+
+def test_the_readme_screenshot_is_a_demo_run(browser: Browser, tmp_path: Path) -> None:
+    """What a new user sees after `./dev run`: the demo's rules, and keys such as
+    their own traffic makes; nothing a test leaves (no HTML keys, no temporary
+    folder)."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    with serving("--demo", "--grpc", "off", "--token-file", str(token), tmp=tmp_path) as served:
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.goto(served.url + f"/#token={TOKEN}")
+        expect(page.locator("#status")).to_contain_text("live")
+        # traffic spread over a few seconds (not to any boundary), so the charts have a shape
+        for second in range(6):
+            for n in range(4 + 2 * second):
+                demo_check(served, {"method": "GET", "path": "/api/v1/orders",
+                                    "user": f"user-{n % 5}"})  # fmt: skip
+                demo_check(served, {"method": "POST", "path": "/api/login",
+                                    "ip": f"203.0.113.{n % 3}"})  # fmt: skip
+            demo_check(served, {"method": "GET", "path": "/api/v1/orgs/acme/export",
+                                "org": "acme"})  # fmt: skip
+            time.sleep(1)
+        expect(page.locator("#total-denied")).not_to_have_text("0")
+        expect(page.locator("#rules-source")).to_contain_text("demo")
+        text = page.inner_text("body")
+        assert "<img" not in text
+        assert str(tmp_path) not in text
+        assert "pytest" not in text
+        shot = tmp_path / "dashboard.png"
+        page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
     if os.environ.get("RATEWARDEN_SCREENSHOT") == "1":
         shutil.copyfile(shot, ROOT / "docs" / "dashboard.png")
