@@ -67,6 +67,16 @@ for _ in range(2):
                lambda status, headers, exc_info=None: statuses.append(status))
 assert statuses == ["200 OK", "429 Too Many Requests"], statuses
 
+# the testing helpers need no pytest (the plugin module alone imports it)
+from ratewarden.testing import RateLimits
+assert importlib.util.find_spec("pytest") is None, "the core must not bring pytest"
+limits = RateLimits.start()
+limiter = Limiter("1/minute", algorithm="fixed_window")
+assert [limiter.hit("k").allowed, limiter.hit("k").allowed] == [True, False]
+limits.advance(60)
+assert limiter.hit("k").allowed
+limits.stop()
+
 # every command that needs an extra says which, in one line, exit 4
 import subprocess, sys
 from pathlib import Path

@@ -41,6 +41,9 @@ Markers, an HTML comment on the line before the fence (invisible on the page):
   Envoy file (a Kubernetes manifest, Envoy's own configuration) is only parsed.
 - ``<!-- output -->``: a ``text`` block that must equal what the python block
   before it printed.
+- ``<!-- pytest -->``: a ``python`` block that is a test file of a user's: pytest
+  runs it in a process of its own (ratewarden's plugin loaded), and every test in
+  it must pass.
 
 A block with any other language, extra words in its info string, or none at all
 fails the test. tests/test_docs.py's conventions are also in docs/contributing.md.
@@ -83,7 +86,9 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 BIN = Path(sys.executable).parent
 
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>.*)$")
-MARKER = re.compile(r"^\s*<!--\s*(?P<kind>not run|parse|output)\s*(?::\s*(?P<reason>.*?))?\s*-->$")
+MARKER = re.compile(
+    r"^\s*<!--\s*(?P<kind>not run|parse|output|pytest)\s*(?::\s*(?P<reason>.*?))?\s*-->$"
+)
 REDIS_URL = re.compile(r"redis://[A-Za-z0-9.-]+(?::\d+)?(?:/\d+)?")
 CLUSTER_URL = re.compile(r"redis\+cluster://[^\s\"']+")
 SERVICE_HOST = re.compile(r"\b(?:localhost|127\.0\.0\.1):8080\b")
@@ -102,7 +107,7 @@ class Block:
     language: str
     info: str
     code: str
-    marker: str | None = None  # "not run", "parse", "output"
+    marker: str | None = None  # "not run", "parse", "output", "pytest"
     reason: str = ""
 
     @property
@@ -149,6 +154,8 @@ def problem(block: Block) -> str | None:
     if block.marker == "parse":
         ok = block.language in ("yaml", "json") and block.reason
         return None if ok else f"{block.where}: `parse: REASON` is for yaml and json blocks"
+    if block.marker == "pytest" and block.language != "python":
+        return f"{block.where}: `<!-- pytest -->` is for a python block (a test file)"
     if (block.marker == "output") != (block.language == "text"):
         return f"{block.where}: a text block is the `<!-- output -->` of the python block before"
     if block.language not in RUNNERS:
@@ -184,7 +191,24 @@ class Session:
         return text
 
 
+def run_pytest(block: Block, session: Session) -> None:
+    """A test file of a user's: run by pytest in a process of its own, with
+    ratewarden's plugin loaded as pip installs it; every test must pass."""
+    path = session.workdir / f"test_docs_{block.page.stem}_{block.line}.py"
+    path.write_text(session.with_servers(block.code))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", path.name],
+        cwd=session.workdir, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{block.where}: pytest says:\n{done.stdout[-3000:]}"
+    assert re.search(r"\b\d+ passed\b", done.stdout), done.stdout
+    assert not re.search(r"skipped|deselected|xfail", done.stdout), done.stdout
+
+
 def run_python(block: Block, session: Session) -> None:
+    if block.marker == "pytest":
+        run_pytest(block, session)
+        return
     # Line numbers in a traceback are the page's own, and linecache shows the source.
     source = "\n" * block.line + session.with_servers(block.code)
     filename = block.name

@@ -47,6 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ratewarden.integrations",),
     ("ratewarden.server",),
     ("ratewarden.cli",),
+    ("ratewarden.testing",),
 )
 # modules of the kernel's layers that may share a layer with each other
 KERNEL = {name for layer in (LAYERS[0], LAYERS[3]) for name in layer}

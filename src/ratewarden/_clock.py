@@ -11,9 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
 
-__all__ = ["Clock", "FakeClock", "SystemClock"]
+__all__ = [
+    "Clock",
+    "FakeClock",
+    "SystemClock",
+    "TestSwitch",
+    "default_clock",
+    "install_test_switch",
+    "test_switch",
+]
 
 
 class Clock(Protocol):
@@ -79,3 +89,72 @@ class FakeClock:
     def __repr__(self) -> str:
         seconds, nanos = divmod(self.now_ns, 1_000_000_000)
         return f"FakeClock(now={seconds}.{nanos:09d})"
+
+
+class TestSwitch:
+    """The default clock while ratewarden's pytest plugin is loaded, and what it
+    switches for a test: the clock in force (the system's unless a test put a
+    `FakeClock` in), limiting on or off, and the memory stores to reset.
+
+    Outside pytest nothing installs one: `default_clock` is then a plain
+    `SystemClock`, and a memory store's hot path is exactly as it is without
+    the plugin. Under the plugin, a store reads time through this switch (one
+    call more) so that a limiter built at import time, before any fixture ran,
+    follows the test's fake clock too.
+    """
+
+    __test__ = False  # not a test class, whatever pytest's collection thinks of its name
+
+    def __init__(self) -> None:
+        self.clock: Clock = SystemClock()
+        self.off = False
+        self.stores: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def time_ns(self) -> int:
+        return self.clock.time_ns()
+
+    def sleep(self, seconds: float) -> None:
+        self.clock.sleep(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        await self.clock.asleep(seconds)
+
+    def switchable(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """An algorithm's step that, while limiting is off, admits every request
+        and counts none: it answers as a fresh key would, and keeps the state."""
+
+        def switched(state: Any, now: int, cost: int, params: Any) -> Any:
+            if not self.off:
+                return step(state, now, cost, params)
+            decision, fresh = step(None, now, 0, params)
+            return decision, fresh if state is None else state
+
+        return switched
+
+    def __repr__(self) -> str:
+        return f"TestSwitch(clock={self.clock!r}, off={self.off})"
+
+
+# Set by ratewarden.testing's pytest plugin when pytest loads it; read when a
+# store is built.
+installed: TestSwitch | None = None
+
+
+def default_clock() -> Clock:
+    """The clock of a store or quota given none: the wall clock, or, under
+    ratewarden's pytest plugin, the switch its fixtures turn."""
+    return SystemClock() if installed is None else installed
+
+
+def test_switch() -> TestSwitch | None:
+    """The switch ratewarden's pytest plugin installed, or None (always, outside pytest)."""
+    return installed
+
+
+def install_test_switch() -> TestSwitch:
+    """Install the switch (once: later calls give the same one). Stores built
+    from now on read time through it; those built before keep their clocks."""
+    global installed  # noqa: PLW0603 - one switch for the process, as pytest is one
+    if installed is None:
+        installed = TestSwitch()
+    return installed

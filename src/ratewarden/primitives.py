@@ -5,7 +5,15 @@ the root's own; the stores, the algorithms and the packages above import them
 from here.
 """
 
-from ._clock import Clock, FakeClock, SystemClock
+from ._clock import (
+    Clock,
+    FakeClock,
+    SystemClock,
+    TestSwitch,
+    default_clock,
+    install_test_switch,
+    test_switch,
+)
 from ._decision import Decision
 from ._errors import (
     ConfigurationError,
@@ -31,7 +39,11 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "SystemClock",
+    "TestSwitch",
     "adrive",
+    "default_clock",
     "drive",
+    "install_test_switch",
     "parse_rate",
+    "test_switch",
 ]

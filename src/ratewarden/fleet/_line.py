@@ -24,7 +24,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ..kernel import check_max_wait
-from ..primitives import Clock, ConfigurationError, RateLimitTimeout, SystemClock
+from ..primitives import Clock, ConfigurationError, RateLimitTimeout, default_clock
 from .config import QuotaConfig
 from .member import Member
 
@@ -166,7 +166,7 @@ class QuotaCore:
         replace_config: bool = False,
     ) -> None:
         self.background = background
-        self.clock = SystemClock() if clock is None else clock
+        self.clock = default_clock() if clock is None else clock
         self._member = Member(
             name,
             self.clock,

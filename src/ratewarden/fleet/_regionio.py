@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..algorithms import get_algorithm
-from ..primitives import Clock, ConfigurationError, Decision, Rate, StoreUnavailable, SystemClock
+from ..primitives import Clock, ConfigurationError, Decision, Rate, StoreUnavailable, default_clock
 from ..stores.base import Bound
 from ..stores.failure import OnFailure, check_policy
 from ..stores.redis import RedisStore
@@ -131,7 +131,7 @@ class RegionalLimiter:
         self.split, self.region, self.store = split, region, store
         self._view = _View(split, region)
         self._given_clock = clock
-        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.clock: Clock = clock if clock is not None else default_clock()
         self._keys = split.keys()
         self._algorithm = get_algorithm(split.algorithm)
         self._on_failure: OnFailure = on_failure

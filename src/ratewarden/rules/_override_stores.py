@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from ..primitives import Clock, ConfigurationError, StoreUnavailable, SystemClock
+from ..primitives import Clock, ConfigurationError, StoreUnavailable, default_clock
 from .overrides import AUDIT_KEPT, OverrideRecord, StoredChange
 
 __all__ = ["AsyncRedisOverrides", "LocalOverrides", "RedisOverrides", "Snapshot"]
@@ -163,7 +163,7 @@ class LocalOverrides:
     shared = False
 
     def __init__(self, clock: Clock | None = None) -> None:
-        self.clock: Clock = SystemClock() if clock is None else clock
+        self.clock: Clock = default_clock() if clock is None else clock
         self._lock = threading.Lock()
         self._active: dict[str, OverrideRecord] = {}
         self._audit: deque[StoredChange] = deque(maxlen=AUDIT_KEPT)

@@ -43,7 +43,7 @@ from types import TracebackType
 from typing import Unpack
 
 from ..algorithms import Algorithm, Params, State, Step, peek
-from ..primitives import Clock, ConfigurationError, Decision, Rate, SystemClock
+from ..primitives import Clock, ConfigurationError, Decision, Rate, default_clock, test_switch
 from .base import AsyncBound, BindOptions, Bound, Check, check_cost, pick
 
 __all__ = [
@@ -120,7 +120,7 @@ class MemoryStore:
     def __init__(self, *, max_keys: int | None = None, clock: Clock | None = None) -> None:
         if max_keys is not None and (type(max_keys) is not int or max_keys < 1):
             raise ConfigurationError(f"max_keys must be a positive integer, got {max_keys!r}")
-        self.clock: Clock = SystemClock() if clock is None else clock
+        self.clock: Clock = default_clock() if clock is None else clock
         self.max_keys = max_keys
         self._tables: dict[str, dict[str, State]] = {}  # key prefix -> key -> state
         self._lock = TokenLock()
@@ -135,6 +135,10 @@ class MemoryStore:
             rate.limit, rate.period_ns, burst=options["burst"], tick=1e-9, rule=options["rule"]
         )
         step = algorithm.step
+        switch = test_switch()
+        if switch is not None:  # under ratewarden's pytest plugin only: see TestSwitch
+            step = switch.switchable(step)
+            switch.stores.add(self)
         with self._lock:
             data = self._tables.setdefault(options["prefix"], {})
         # With a bound, pop and re-insert keeps each dict in least-recently-used order;

@@ -1,0 +1,63 @@
+"""What the ``ratewarden`` fixture gives a test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..primitives import FakeClock, SystemClock, TestSwitch, install_test_switch
+
+__all__ = ["RateLimits"]
+
+
+class RateLimits:
+    """The limits of the code under test: its time, its counters, and whether
+    they limit at all. Built by the ``ratewarden`` fixture (the pytest plugin);
+    ``RateLimits.start()`` builds one outside pytest, and ``stop()`` undoes it."""
+
+    def __init__(self, switch: TestSwitch, clock: FakeClock) -> None:
+        self._switch = switch
+        self.clock = clock
+
+    @classmethod
+    def start(cls, clock: FakeClock | None = None) -> RateLimits:
+        """The fake clock in force and the memory stores emptied."""
+        switch = install_test_switch()
+        limits = cls(switch, FakeClock() if clock is None else clock)
+        switch.clock = limits.clock
+        switch.off = False
+        limits.reset()
+        return limits
+
+    def stop(self) -> None:
+        """The system clock back, limiting on, the memory stores emptied."""
+        self._switch.clock = SystemClock()
+        self._switch.off = False
+        self.reset()
+
+    def advance(self, seconds: float) -> None:
+        """Move time on by ``seconds``: windows end, buckets refill."""
+        self.clock.advance(seconds)
+
+    def reset(self) -> None:
+        """Forget every count of every memory store: each key starts afresh."""
+        for store in list(self._switch.stores):
+            store.clear()
+
+    @property
+    def limiting(self) -> bool:
+        return not self._switch.off
+
+    @limiting.setter
+    def limiting(self, on: bool) -> None:
+        self._switch.off = not on
+
+    @contextmanager
+    def off(self) -> Iterator[None]:
+        """Within the block every limit admits every request, and counts none."""
+        was = self._switch.off
+        self._switch.off = True
+        try:
+            yield
+        finally:
+            self._switch.off = was
