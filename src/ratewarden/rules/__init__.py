@@ -8,8 +8,10 @@
 
 What each module holds:
 
-- the rule file: ``_schema`` (typed objects, and every check that is not about
-  types), ``source`` (what is wrong with a file, said so an operator can fix it);
+- the rule file: ``_schema`` (its typed objects), ``_schema_checks`` (the file
+  read into them, and every check that is not about types), ``_schema_problems``
+  (every problem of shape found and said), ``source`` (what is wrong with a file,
+  said so an operator can fix it);
 - its index, no I/O: ``_compile`` (`RuleSet`: which limits apply to a request,
   without looking at every rule), ``_rule`` (`CompiledRule`, `LimitSpec`,
   `Applicable`: the pieces it indexes), ``_paths`` (path patterns, matched all at

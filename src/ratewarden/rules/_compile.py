@@ -24,7 +24,7 @@ with a fallback (``by: ip``, or no ``by`` for one counter shared by all), and
 
 Warnings for rules that can never apply: an earlier-ranked rule of their group
 matches every request they match; or they read an attribute that no front end
-gives and the file does not declare (`_schema.undeclared`).
+gives and the file does not declare (`_schema_checks.undeclared`).
 
 Not part of matching: compiling a rule file runs it once so that ``ratewarden
 check`` and a reload can say which rules are dead weight.
@@ -50,7 +50,8 @@ from ._rule import (
     normal_method,
     text_of,
 )
-from ._schema import RuleFile, from_document, undeclared
+from ._schema import RuleFile
+from ._schema_checks import from_document, undeclared
 from .source import Document, Problem, parse_text, read_file
 
 __all__ = [
@@ -269,7 +270,7 @@ def _mismatch(
 
 
 def compile_rules(rule_file: RuleFile, document: Document | None = None) -> RuleSet:
-    """Compile a checked `RuleFile` (see `_schema.from_document`)."""
+    """Compile a checked `RuleFile` (see `_schema_checks.from_document`)."""
     rules = []
     for i, spec in enumerate(rule_file.rules):
         line = None if document is None else document.line_of(f"$.rules[{i}]")
