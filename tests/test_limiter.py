@@ -275,3 +275,39 @@ def test_acquire_with_no_wait_tries_once_on_the_real_clock() -> None:
             await alimiter.acquire("k", max_wait=0)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("turns_between", range(5))
+def test_a_waiter_cancelled_as_its_turn_comes_is_cancelled_and_passes_the_turn_on(
+    turns_between: int,
+) -> None:
+    """A waiter cancelled while its turn comes (the one before it leaves, and
+    the cancel lands a few loop turns later, before the waiter ran again) ends
+    cancelled, not as if it had its turn, and the turn goes to the next in line,
+    whichever loop turn the cancel lands on. (On Python 3.11, asyncio.wait_for
+    can lose a cancel that lands as its wait completes: see the two-tier store's
+    test_async_sync_task_ends_when_cancelled_as_it_wakes.)"""
+    from ratewarden.kernel import AsyncTurns  # noqa: PLC0415
+
+    async def main() -> None:
+        turns = AsyncTurns(FakeClock())
+        assert await turns.wait_turn("k", math.inf)  # the head
+        second = asyncio.create_task(turns.wait_turn("k", math.inf))
+        third = asyncio.create_task(turns.wait_turn("k", math.inf))
+        await asyncio.sleep(0.01)  # both wait in line
+        turns.leave("k")  # the second's turn comes
+        for _ in range(turns_between):
+            await asyncio.sleep(0)
+        asked = second.cancel()  # False: it ran, had its turn, and ended
+        await asyncio.sleep(0.01)
+        if asked:
+            assert second.cancelled(), "the cancel was lost: the waiter went on"
+            assert third.done(), "the cancelled waiter kept the turn"
+            assert third.result()
+        else:
+            assert second.result()
+            turns.leave("k")
+            await asyncio.sleep(0.01)
+            assert third.result()
+
+    asyncio.run(main())

@@ -322,7 +322,11 @@ class AsyncTurns(_Queues["asyncio.Future[None]"]):
     async def _wait(self, key: str, future: asyncio.Future[None], deadline: float) -> bool:
         timeout = max(_timeout(deadline, self.clock.time_ns()), 0.0)
         try:
-            await asyncio.wait_for(asyncio.shield(future), None if math.isinf(timeout) else timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11, wait_for returns as if
+            # nothing happened when the caller is cancelled in the loop turn its
+            # future completes, and the cancelled caller would go on with the turn
+            async with asyncio.timeout(None if math.isinf(timeout) else timeout):
+                await asyncio.shield(future)
         except TimeoutError:
             return not self._give_up(key, future)
         except BaseException:  # cancelled: never strand the turn

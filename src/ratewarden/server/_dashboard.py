@@ -320,7 +320,8 @@ async def _first(waiting: Awaitable[object], gone: asyncio.Future[None]) -> None
 async def _within(part: Awaitable[Any], what: str) -> Any:
     """A part of the snapshot, or ``{"error": ...}`` when it fails or is late."""
     try:
-        return await asyncio.wait_for(part, PART_TIMEOUT)
+        async with asyncio.timeout(PART_TIMEOUT):
+            return await part
     except TimeoutError:
         return {"error": f"{what} took more than {PART_TIMEOUT:g} s"}
     except (RatewardenError, OSError) as exc:

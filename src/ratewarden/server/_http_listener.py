@@ -123,7 +123,8 @@ class HttpListener:
         if self.connections:
             self._empty = asyncio.Event()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._empty.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see ratewarden._waiting
+                    await self._empty.wait()
         left = list(self.connections)
         for connection in left:
             if connection.task is not None:

@@ -23,7 +23,8 @@ async def store_problem(store: AsyncStore) -> str | None:
     if client is None:
         return None  # the memory store is always there
     try:
-        await asyncio.wait_for(client.ping(), timeout=1.0)
+        async with asyncio.timeout(1.0):
+            await client.ping()
     except (OSError, TimeoutError, RatewardenError) as exc:
         return f"store unreachable: {exc!r}"
     except Exception as exc:

@@ -662,3 +662,30 @@ def test_cluster_multi_tier_across_slots(redis_6_nodes: RedisCluster, clock: Fak
         assert count(name, "1000/hour", "u", "fixed_window") == 30
         assert count(name + "c", "50/hour", "v", "sliding_window_counter") == 30
         assert count(name + "x", "30/hour", "w", "fixed_window") == 30
+
+
+def test_async_sync_task_ends_when_cancelled_as_it_wakes(redis_single: RedisServer) -> None:
+    """A cancellation that arrives in the loop turn the task's wake-up completes
+    ends the task: on Python 3.11, asyncio.wait_for would swallow it and the
+    task would sync on, after its loop had been asked to stop it."""
+
+    async def main() -> bool:
+        s = AsyncRedisStore(redis_single.url, two_tier=TwoTierSettings(sync_interval=10.0),
+                            timeout=LIVE)  # fmt: skip
+        limiter = AsyncLimiter("100000/hour", store=s, name=fresh(), algorithm="fixed_window",
+                               two_tier=True)  # fmt: skip
+        await limiter.hit("k")  # starts the sync task
+        local = s._local
+        assert local is not None
+        assert local.task is not None
+        assert local.wake is not None
+        await asyncio.sleep(0.01)  # the task waits on its wake-up
+        local.wake.set()
+        await asyncio.sleep(0)  # the wait inside it completes in this turn
+        local.task.cancel()
+        await asyncio.sleep(0.05)
+        ended = local.task.done()
+        await s.aclose()
+        return ended
+
+    assert asyncio.run(main())

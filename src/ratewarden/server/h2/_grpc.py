@@ -475,7 +475,8 @@ class H2Server(H2Listener[H2Connection]):
         if self.connections:
             self._idle.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), grace)
+                async with asyncio.timeout(grace):  # not wait_for: see ratewarden._waiting
+                    await self._idle.wait()
         cancelled = [
             stream.task
             for connection in self.connections

@@ -189,7 +189,10 @@ class H2Output(asyncio.Protocol):
             waiter = stream.waiter = self.loop.create_future()
             self.waiting[stream.id] = stream
             try:
-                await asyncio.wait_for(waiter, self.limits.idle_timeout)
+                async with asyncio.timeout(
+                    self.limits.idle_timeout
+                ):  # not wait_for: see ratewarden._waiting
+                    await waiter
             except TimeoutError:
                 return False
             finally:

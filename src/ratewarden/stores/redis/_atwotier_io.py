@@ -206,8 +206,11 @@ class AsyncTwoTier(Engine):
         interval = self.settings.sync_interval
         assert self.wake is not None
         while not self.closed:
+            # asyncio.timeout, not wait_for: on Python 3.11, wait_for can swallow a
+            # cancellation that arrives as the wake-up does, and the task lives on
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await self.wake.wait()
             self.wake.clear()
             try:
                 await self.sync()
