@@ -31,6 +31,7 @@ from ._waiting import (
     check_spin,
 )
 from .algorithms import Algorithm, Refill, get_algorithm
+from .algorithms.calendar import Calendar, calendar_unit
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 from .stores import shards as _shards
 from .stores.base import (
@@ -70,6 +71,8 @@ class LimiterOptions(TypedDict, total=False):
     promote_at: float | None
     classes: Sequence[str]
     adaptive: Adaptive | None
+    calendar: str | None
+    week_start: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +86,14 @@ class _Config:
     adaptive: Adaptive | None = None
     # what the store counts: the rate itself, or in units when adaptive (see _adaptive)
     counted: Rate | None = None
+    calendar: Calendar | None = None  # windows on a time zone's calendar
 
     @classmethod
     def make(
         cls,
         rate: str | Rate,
         *,
-        algorithm: str = DEFAULT_ALGORITHM,
+        algorithm: str | None = None,
         burst: int | None = None,
         refill: Refill = "continuous",
         name: str | None = None,
@@ -99,8 +103,23 @@ class _Config:
         promote_at: float | None = None,
         classes: Sequence[str] = (),
         adaptive: Adaptive | None = None,
+        calendar: str | None = None,
+        week_start: str = "monday",
     ) -> _Config:
         parsed = parse_rate(rate)
+        cal = None
+        if calendar is not None:
+            if adaptive is not None or two_tier or shards != 1:
+                raise ConfigurationError(
+                    "a calendar limit is a plain fixed window on the memory store: no adaptive,"
+                    " two_tier or shards"
+                )
+            cal = _calendar(parsed, calendar, week_start, algorithm)
+            algorithm = "fixed_window"
+        elif week_start != "monday":
+            raise ConfigurationError("week_start goes with a calendar: calendar='Europe/Berlin'")
+        if algorithm is None:
+            algorithm = DEFAULT_ALGORITHM
         named: tuple[object, ...] = () if isinstance(classes, str) else tuple(classes)
         if (
             isinstance(classes, str)
@@ -111,6 +130,8 @@ class _Config:
                 f"classes is a list of distinct class names, highest first, got {classes!r}"
             )
         algo = get_algorithm(algorithm, refill=refill)
+        if cal is not None:  # the fixed window, on the calendar's edges
+            algo = Algorithm(algo.name, cal.step, uses_burst=False)
         if burst is not None:
             if not algo.uses_burst:
                 raise ConfigurationError(
@@ -131,6 +152,8 @@ class _Config:
         # that gains or loses a rate keeps the counters of the rates it had.
         mode = "" if refill == "continuous" else f"/{refill}"
         tag = f"{algo.name}{mode}/{parsed}" + ("" if burst is None else f"/burst={burst}")
+        if cal is not None:
+            tag += f"/{cal.tag}"
         counted = parsed
         if adaptive is not None:
             if not isinstance(adaptive, Adaptive):
@@ -155,7 +178,15 @@ class _Config:
             options["two_tier"] = True
         _shards.check_shards(shards, promote_at)
         return cls(
-            parsed, algo, options, shards, promote_at, tuple(map(str, named)), adaptive, counted
+            parsed,
+            algo,
+            options,
+            shards,
+            promote_at,
+            tuple(map(str, named)),
+            adaptive,
+            counted,
+            cal,
         )
 
     @property
@@ -179,6 +210,7 @@ class _Config:
         return Scale(self.adaptive, clock, self.units)
 
     def bind(self, store: Store) -> Bound:
+        self._check_store(store)
         rate = self.counted or self.rate
         if self.shards == 1:
             return store.bind(self.algorithm, rate, **self.options)
@@ -186,11 +218,31 @@ class _Config:
                             shards=self.shards, promote_at=self.promote_at)  # fmt: skip
 
     def abind(self, store: AsyncStore) -> AsyncBound:
+        self._check_store(store)
         rate = self.counted or self.rate
         if self.shards == 1:
             return store.bind(self.algorithm, rate, **self.options)
         return _shards.abind(store, self.algorithm, rate, self.options,
                              shards=self.shards, promote_at=self.promote_at)  # fmt: skip
+
+    def _check_store(self, store: object) -> None:
+        """A calendar's windows are the memory store's alone: a Redis store counts
+        the epoch's fixed windows, and would count a '/month' as 30 days."""
+        if self.calendar is not None and not isinstance(store, MemoryStore | AsyncMemoryStore):
+            raise ConfigurationError(
+                f"a calendar limit ({self.rate}, {self.calendar.tz}) counts on the memory store;"
+                f" {type(store).__name__} does not count calendar periods"
+            )
+
+
+def _calendar(rate: Rate, tz: str, week_start: str, algorithm: str | None) -> Calendar:
+    """The calendar of a limit, or why it cannot have one."""
+    if algorithm not in (None, "fixed_window"):
+        raise ConfigurationError(
+            f"a calendar limit counts in fixed windows (its periods), not {algorithm}:"
+            " leave algorithm out, or give fixed_window"
+        )
+    return Calendar(tz, calendar_unit(rate.period), week_start)
 
 
 class Tier(NamedTuple):
