@@ -121,6 +121,8 @@ class _Core(Generic[L, S]):
             refill=spec.refill, name=spec.name, on_failure=spec.on_failure,
             two_tier=spec.two_tier, shards=spec.shards,
             adaptive=adaptive_of(spec, self.signals),
+            calendar=None if spec.calendar is None else spec.calendar.tz,
+            week_start="monday" if spec.calendar is None else spec.calendar.week_start,
         )  # fmt: skip
 
     def _change_overrides(self, edit: Callable[[OverrideView], bool]) -> None:

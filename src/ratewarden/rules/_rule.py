@@ -16,6 +16,7 @@ from ._paths import Pattern, parse_pattern
 from ._schema import (
     Action,
     AdaptiveLimit,
+    CalendarSpec,
     FailurePolicy,
     Refill,
     Response,
@@ -71,6 +72,7 @@ class LimitSpec:
     degrade_from: int | None = None
     # adaptive: the limit follows a load signal (see ratewarden._adaptive)
     adaptive: AdaptiveLimit | None = None
+    calendar: CalendarSpec | None = None  # windows on a time zone's calendar
 
     @property
     def file_rate(self) -> Rate:
@@ -164,7 +166,7 @@ class CompiledRule:
         names = [rule.name] if len(rates) == 1 else [f"{rule.name}@{r}" for r in rates]
         plain = [
             LimitSpec(name, rate, algorithm, rule.burst, rule.refill, on_failure, two_tier, shards,
-                      adaptive=rule.adaptive)
+                      adaptive=rule.adaptive, calendar=rule.calendar)
             for name, rate in zip(names, rates, strict=True)
         ]  # fmt: skip
         self.limits = tuple(spec_for(rule, spec) for spec in plain)

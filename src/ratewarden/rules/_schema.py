@@ -17,6 +17,7 @@ __all__ = [
     "FRONT_END_ATTRIBUTES",
     "Action",
     "AdaptiveLimit",
+    "CalendarSpec",
     "ClientIP",
     "CostFrom",
     "Defaults",
@@ -104,6 +105,14 @@ class AdaptiveLimit(_Base, frozen=True):
     dead_band: float = 0.05
 
 
+class CalendarSpec(_Base, frozen=True):
+    """Windows on a time zone's calendar: a day, week, month or year from local
+    midnight (see `ratewarden.algorithms.calendar`)."""
+
+    tz: str
+    week_start: str = "monday"
+
+
 class Rule(_Base, frozen=True):
     name: str
     rate: str | list[str]
@@ -128,6 +137,7 @@ class Rule(_Base, frozen=True):
     queue: int | None = None  # action queue: how many requests may wait in line
     priority_from: PriorityFrom | None = None
     adaptive: AdaptiveLimit | None = None
+    calendar: CalendarSpec | None = None
 
 
 class ClientIP(_Base, frozen=True):
@@ -176,6 +186,8 @@ def rule_algorithm(rule: Rule, defaults: Defaults) -> str:
     queue is that bucket's schedule), else the file's default."""
     if rule.algorithm is not None:
         return rule.algorithm
+    if rule.calendar is not None:  # a calendar's periods are fixed windows
+        return "fixed_window"
     return "leaky_bucket" if rule.action == "queue" else defaults.algorithm
 
 

@@ -21,6 +21,7 @@ from typing import Protocol
 import msgspec
 
 from ..algorithms import get_algorithm
+from ..algorithms.calendar import Calendar, calendar_unit
 from ..kernel import parse_floor
 from ..primitives import ConfigurationError, parse_rate
 from ..stores.shards import MAX_SHARDS
@@ -28,6 +29,7 @@ from ._paths import parse_pattern
 from ._schema import (
     FRONT_END_ATTRIBUTES,
     AdaptiveLimit,
+    CalendarSpec,
     CostFrom,
     Defaults,
     Degrade,
@@ -140,6 +142,8 @@ def _check(rule_file: RuleFile, document: Document, shape: Shape | None) -> list
                 bad("cost", f"bad attribute name {rule.cost.attribute!r}", f"{at}.cost.attribute")
             if rule.cost.default < 1:
                 bad("cost", "the default cost must be a positive integer", f"{at}.cost.default")
+        if whole and rule.calendar is not None:
+            _check_calendar(rule, rule.calendar, rule_file.defaults, bad, at)
         if whole:
             _check_action(rule, bad)
             _check_shaping(rule, rule_file.defaults, bad)
@@ -212,6 +216,30 @@ def _check_counting(rule: Rule, defaults: Defaults, bad: _Bad) -> None:
             bad("burst", f"burst applies to {', '.join(_BUCKETS)}, not {algorithm!r}")
         elif rule.burst < 1:
             bad("burst", f"burst must be a positive integer, got {rule.burst}")
+
+
+def _check_calendar(
+    rule: Rule, calendar: CalendarSpec, defaults: Defaults, bad: _Bad, at: str
+) -> None:
+    """A calendar's zone and week start, and what goes with its fixed windows."""
+    algorithm = rule_algorithm(rule, defaults)
+    if algorithm != "fixed_window":
+        bad("calendar", f"a calendar counts in fixed windows (its periods), not {algorithm!r}")
+        return
+    if rule.adaptive is not None or rule.shards not in (None, 1) or rule.store == "two_tier":
+        bad("calendar", "a calendar limit is a plain fixed window: no adaptive, shards or two_tier")
+    for rate in as_list(rule.rate):
+        try:
+            unit = calendar_unit(parse_rate(rate).period)
+        except ConfigurationError as exc:
+            bad("rate", str(exc))
+            continue
+        try:
+            Calendar(calendar.tz, unit, calendar.week_start)
+        except ConfigurationError as exc:
+            field = "week_start" if "week_start" in str(exc) else "tz"
+            bad("calendar", str(exc), f"{at}.calendar.{field}")
+            return
 
 
 def _check_shards(rule: Rule, bad: _Bad) -> None:
