@@ -108,7 +108,17 @@ class TestSwitch:
     def __init__(self) -> None:
         self.clock: Clock = SystemClock()
         self.off = False
-        self.stores: weakref.WeakSet[Any] = weakref.WeakSet()
+        # what a reset empties: each memory store, each engine's local overrides
+        # (held weakly: a test's own stores go when the test drops them)
+        self.resets: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    def track(self, owner: object, method: str) -> None:
+        """``owner.method()`` empties ``owner`` at every `reset`."""
+        self.resets[owner] = method
+
+    def reset(self) -> None:
+        for owner, method in list(self.resets.items()):
+            getattr(owner, method)()
 
     def time_ns(self) -> int:
         return self.clock.time_ns()

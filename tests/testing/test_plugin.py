@@ -1,6 +1,6 @@
 """ratewarden's pytest plugin, as a user's suite meets it: each case is a test
-file of a user's, run by pytest in this process (pytester), with the plugin
-loaded as pip installs it, through the pytest11 entry point."""
+file of a user's, run by pytest in a process of its own (pytester), with the
+plugin loaded as pip installs it, through the pytest11 entry point."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def make_limiter():
 
 def run(pytester: pytest.Pytester, tests: str, *args: str) -> pytest.RunResult:
     pytester.makepyfile(app=APP, test_user=tests)
-    return pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", *args)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
 
 
 def test_a_limiter_built_in_application_code_sees_the_fake_clock(
@@ -136,6 +136,25 @@ def test_off(ratewarden_off):
     assert {status() for _ in range(10)} == {200}
 """,
     )
+    result.assert_outcomes(passed=2)
+
+
+def test_runtime_overrides_of_one_test_are_gone_in_the_next(pytester: pytest.Pytester) -> None:
+    result = run(pytester, '''
+from ratewarden import MemoryStore
+from ratewarden.rules import RuleEngine, loads
+
+ENGINE = RuleEngine(loads("rules: [{name: search, rate: 2/minute, by: user}]"), MemoryStore())
+
+def test_sets_an_override(ratewarden):
+    ENGINE.set_override("search", "100/minute", duration="30m", reason="load test")
+    assert [o.rule for o in ENGINE.list_overrides()] == ["search"]
+    assert all(ENGINE.check({"user": "u"}).allowed for _ in range(50))
+
+def test_the_next_has_the_files_limit(ratewarden):
+    assert ENGINE.list_overrides() == []
+    assert [ENGINE.check({"user": "u"}).allowed for _ in range(3)] == [True, True, False]
+''')
     result.assert_outcomes(passed=2)
 
 

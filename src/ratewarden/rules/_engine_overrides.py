@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from ..primitives import ConfigurationError, StoreUnavailable
+from ..primitives import ConfigurationError, StoreUnavailable, test_switch
 from ._compile import LimitSpec, RuleSet
 from ._override_stores import AsyncRedisOverrides, LocalOverrides, RedisOverrides, Snapshot
 from ._override_view import Follower, OverrideView, clear_record, follow_async, new_record
@@ -60,7 +60,17 @@ class _Overrides(Generic[R]):
         self._build = build
         self._change = change
         self._take = take
+        switch = test_switch()
+        if switch is not None and isinstance(source, LocalOverrides):
+            switch.track(self, "forget")  # the pytest plugin's reset ends them
         self._begin()
+
+    def forget(self) -> None:
+        """End every override of this process's own now, here and in the store."""
+        if isinstance(self.source, LocalOverrides):
+            now, rules = self.source.forget()
+            for rule in rules:
+                self._applied(now, None, rule)
 
     def _begin(self) -> None:
         """Start following a Redis store's overrides, as the kind of engine can."""

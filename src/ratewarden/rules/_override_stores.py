@@ -171,6 +171,14 @@ class LocalOverrides:
     def _now(self) -> int:
         return self.clock.time_ns() // 1_000_000
 
+    def forget(self) -> tuple[int, list[str]]:
+        """Drop every override now (the pytest plugin's reset between tests, not
+        an operator's change: no audit entry); the time and the rules they were on."""
+        with self._lock:
+            rules = list(self._active)
+            self._active.clear()
+        return self._now(), rules
+
     def change(
         self, action: str, record: OverrideRecord, seconds: float
     ) -> tuple[int, OverrideRecord | None, OverrideRecord | None]:

@@ -138,7 +138,7 @@ class MemoryStore:
         switch = test_switch()
         if switch is not None:  # under ratewarden's pytest plugin only: see TestSwitch
             step = switch.switchable(step)
-            switch.stores.add(self)
+            switch.track(self, "clear")
         with self._lock:
             data = self._tables.setdefault(options["prefix"], {})
         # With a bound, pop and re-insert keeps each dict in least-recently-used order;

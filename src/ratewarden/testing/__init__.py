@@ -16,6 +16,6 @@ given no clock reads time through the plugin's switch (`TestSwitch`). Redis
 stores keep Redis's own time: fake time covers the memory store.
 """
 
-from ._limits import RateLimits
+from ._limits import RateLimits, install
 
-__all__ = ["RateLimits"]
+__all__ = ["RateLimits", "install"]

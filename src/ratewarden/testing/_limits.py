@@ -7,7 +7,14 @@ from contextlib import contextmanager
 
 from ..primitives import FakeClock, SystemClock, TestSwitch, install_test_switch
 
-__all__ = ["RateLimits"]
+__all__ = ["RateLimits", "install"]
+
+
+def install() -> None:
+    """Make the stores built from now on follow `RateLimits` (pytest's plugin
+    does this as pytest starts). Another test runner calls it before the
+    application under test is imported: a store built earlier keeps its clock."""
+    install_test_switch()
 
 
 class RateLimits:
@@ -40,9 +47,9 @@ class RateLimits:
         self.clock.advance(seconds)
 
     def reset(self) -> None:
-        """Forget every count of every memory store: each key starts afresh."""
-        for store in list(self._switch.stores):
-            store.clear()
+        """Forget every count of every memory store (each key starts afresh), and
+        end every runtime override an engine on one holds."""
+        self._switch.reset()
 
     @property
     def limiting(self) -> bool:
