@@ -87,7 +87,7 @@ for words, extra in (
     (["explain", "rules.yaml", "ip=10.0.0.1"], "rules"),
     (["check", "rules.yaml", "ip=10.0.0.1"], "rules"),
     (["serve", "--demo", "--http", "127.0.0.1:0"], "server"),
-    (["simulate", "--seconds", "1"], "simulate"),
+    (["simulate", "--seconds", "1"], "fleet"),
     (["quota", "list"], "fleet"),
 ):
     done = subprocess.run([cli, *words], capture_output=True, text=True)
@@ -95,7 +95,7 @@ for words, extra in (
     assert f"pip install 'ratewarden[{extra}]'" in done.stderr, (words, done.stderr)
     assert "Traceback" not in done.stderr, (words, done.stderr)
     assert len(done.stderr.splitlines()) == 1, (words, done.stderr)
-for command, extra in (("serve", "server"), ("simulate", "simulate")):
+for command, extra in (("serve", "server"), ("simulate", "fleet")):
     shown = subprocess.run([cli, command, "--help"], capture_output=True, text=True).stdout
     assert f"pip install 'ratewarden[{extra}]'" in " ".join(shown.split()), shown
 """

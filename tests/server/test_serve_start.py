@@ -85,7 +85,7 @@ def test_demo_serves_the_shipped_example_rules(tmp_path: Path) -> None:
         assert len(shipped) == 14
         assert rules["source"] == demo_rules()
     line = first_line("--demo", tmp=tmp_path)
-    assert "rules: the demo's, 14 on domain ratewarden (" in line, line
+    assert "rules: the demo's, 14 rules on domain ratewarden (" in line, line
 
 
 def test_the_demo_file_is_in_the_package_and_the_same_as_the_example() -> None:
@@ -109,7 +109,8 @@ def test_the_rule_file_given_and_the_envoy_domains_are_in_the_banner(
     (envoy / "edge.yaml").write_text(ENVOY)
     (envoy / "billing.yaml").write_text(ENVOY.replace("domain: edge", "domain: billing"))
     line = first_line("--config", str(rules_file), "--envoy-config", str(envoy), tmp=tmp_path)
-    assert f"rules: {rules_file}, 5 on domain ratewarden; envoy domains: billing, edge" in line
+    said = f"rules: {rules_file}, 5 rules on domain ratewarden; envoy domains: billing, edge"
+    assert said in line
 
 
 def test_demo_and_config_together_are_refused(rules_file: Path) -> None:

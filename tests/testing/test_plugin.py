@@ -140,7 +140,9 @@ def test_off(ratewarden_off):
 
 
 def test_runtime_overrides_of_one_test_are_gone_in_the_next(pytester: pytest.Pytester) -> None:
-    result = run(pytester, '''
+    result = run(
+        pytester,
+        """
 from ratewarden import MemoryStore
 from ratewarden.rules import RuleEngine, loads
 
@@ -154,7 +156,8 @@ def test_sets_an_override(ratewarden):
 def test_the_next_has_the_files_limit(ratewarden):
     assert ENGINE.list_overrides() == []
     assert [ENGINE.check({"user": "u"}).allowed for _ in range(3)] == [True, True, False]
-''')
+""",
+    )
     result.assert_outcomes(passed=2)
 
 

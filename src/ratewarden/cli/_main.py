@@ -213,7 +213,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
         help="a fleet quota's members on a virtual clock: figures and plots",
         epilog=SIMULATE_EXAMPLES,
     )
-    simulate.set_defaults(missing="simulate")
+    simulate.set_defaults(missing="fleet")  # the plots are the simulate extra's, and optional
     simulate.description = (
         "Run a fleet quota's members on a virtual clock, against the model or a Redis, and "
         "show what each member and the provider see."
@@ -227,7 +227,7 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
             sim.add_arguments(simulate)
             simulate.set_defaults(missing=None)
         if simulate.get_default("missing"):
-            simulate.description += " " + _NOT_INSTALLED.format(extra="simulate")
+            simulate.description += " " + _NOT_INSTALLED.format(extra="fleet")
 
     add_bench(sub, BENCH_EXAMPLES)
     sub.add_parser(
@@ -290,11 +290,10 @@ _EXTRA_OF_MODULE = {
     "google": "grpc", "grpc_tools": "grpc", "hpack": "grpc",
     "httptools": "server", "uvloop": "server", "prometheus_client": "server",
 }  # fmt: skip
-_EXTRA_OF_COMMAND = {"serve": "server", "quota": "fleet", "simulate": "simulate"}
+_EXTRA_OF_COMMAND = {"serve": "server", "quota": "fleet", "simulate": "fleet"}
 _COMMAND_BRINGS = {
     "server": {"yaml", "httptools", "uvloop", "prometheus_client"},
     "fleet": {"redis", "hiredis"},
-    "simulate": {"redis", "hiredis", "matplotlib"},
 }
 
 

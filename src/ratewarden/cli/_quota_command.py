@@ -293,7 +293,7 @@ def quota(args: argparse.Namespace) -> int:
     except NoSuchQuota as exc:
         raise ConfigurationError(f"{exc}; asked {asked}") from None
     except (StoreError, *FAILURES) as exc:
-        raise CliError(f"{exc}; asked {asked}", UNREACHABLE) from None
+        raise CliError(f"{str(exc).rstrip('.')}; asked {asked}", UNREACHABLE) from None
     finally:
         if client is not None:
             client.close()

@@ -220,6 +220,8 @@ class QuotaStatus:
             "safe": config.safe,
             "cap": config.cap,
             "adaptive": config.adaptive,
+            "floor": config.floor,
+            "sliding": config.sliding,
             "version": self.version,
             "wants": self.wants,
             "granted": self.granted,

@@ -67,6 +67,8 @@ class QuotaFigures(msgspec.Struct):
     safe: str | int
     cap: int
     adaptive: bool
+    floor: int
+    sliding: bool
     version: int
     wants: float
     granted: float

@@ -447,7 +447,7 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         memory = " (memory: counters live in this process only)" if (
             options.store == "memory") else ""  # fmt: skip
         rules = _rules_said(options, service.rules)
-        print(f"ratewarden {os.getpid()}: {', '.join(servers.where)}; {rules}; "
+        print(f"ratewarden (pid {os.getpid()}): {', '.join(servers.where)}; {rules}; "
               f"store {_redact(options.store)}{memory}", flush=True)  # fmt: skip
         log.info("serving: %s", ", ".join(servers.where))
         await servers.run_until(stop, service.health)
@@ -481,9 +481,9 @@ def _rules_said(options: ServeOptions, rules: RulesInForce) -> str:
     if options.config is None:
         said = "rules: none (give --config FILE, or --demo for the example rules)"
     elif options.demo:
-        said = f"rules: the demo's, {count} on domain {rules.domain} ({options.config})"
+        said = f"rules: the demo's, {_rules(count)} on domain {rules.domain} ({options.config})"
     else:
-        said = f"rules: {options.config}, {count} on domain {rules.domain}"
+        said = f"rules: {options.config}, {_rules(count)} on domain {rules.domain}"
     if options.envoy_config:
         envoy = rules.envoy
         domains = [] if envoy is None else sorted(envoy.domains)
@@ -496,3 +496,7 @@ def _redact(url: str) -> str:
     if sep and "@" in rest:
         return f"{scheme}://***@{rest.rpartition('@')[2]}"
     return url
+
+
+def _rules(count: int) -> str:
+    return f"{count} rule" if count == 1 else f"{count} rules"
