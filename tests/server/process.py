@@ -44,12 +44,13 @@ def serving(*args: str, tmp: Path, ready: float = 30) -> Iterator[Served]:
     A free port can be taken by another process between the test's choice and
     the server's bind: then the start is tried again on new ports, up to three
     times, and any other failure to start fails the test with the server's stderr."""
-    for attempt in range(3):
+    served = None
+    for _ in range(3):
         served = _start(args, tmp, ready)
         if served is not None:
             break
-        if attempt == 2:
-            pytest.fail("ratewarden serve found its ports taken three times")
+    if served is None:
+        pytest.fail("ratewarden serve found its ports taken three times")
     process = served.process
     try:
         yield served
