@@ -2,11 +2,15 @@
 the waits for a permit, written once for sync and async.
 
 Before a call: a permit from the limiter for the call's key, after any pause a
-provider asked for on that key, all within ``max_wait`` (`Pauses.permit` and
-`Pauses.apermit` wait: the limiter's ``acquire`` and the clock's sleep). After a
-call: a 429 (or 503) with ``Retry-After`` pauses the key until then, so the next
-calls wait instead of collecting more refusals. The client integrations only
-hook these into the request and send.
+provider asked for on that key and once the provider's budget has room, all
+within ``max_wait`` (`Pauses.permit` and `Pauses.apermit` wait: the limiter's
+``acquire`` and the clock's sleep). After a call: what the provider says
+remains, and when it resets (`_budget`), is the key's budget, less the calls
+still in flight; none goes while it is spent, until the reset. A 429 (or 503)
+with ``Retry-After`` pauses the key until then, so the next calls wait instead
+of collecting more refusals. The limiter stays the ceiling: the provider's
+budget only ever holds calls back. The client integrations only hook these into
+the request and send.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Awaitable, Collection
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Protocol
 
 from ..kernel import AsyncLimiter, Limiter, check_max_wait
 from ..primitives import Clock, ConfigurationError, RateLimitTimeout
+from ._budget import Header, read_budget
 
 __all__ = ["AsyncQuota", "Pauses", "Quota", "clock_of", "observe", "retry_after_seconds"]
 
@@ -56,6 +62,20 @@ def clock_of(limiter: Limiter | AsyncLimiter | Quota | AsyncQuota) -> Clock:
     if isinstance(limiter, Limiter | AsyncLimiter):
         return limiter.store.clock
     return limiter.clock
+
+
+# Seconds between looks at a key whose budget is spent, while the answers of its
+# calls in flight have not said when it comes back.
+POLL = 0.05
+
+
+@dataclass(slots=True)
+class _Left:
+    """What a provider said remains on a key, less the calls sent since."""
+
+    remaining: int
+    reset_at: int | None  # ns on the clock; None: not said
+    limit: int | None  # a window's quota, for the window after reset_at
 
 
 # A provider's Retry-After is capped at a day: a bogus 99999999999 would pause a key
@@ -105,55 +125,113 @@ class Pauses:
         self.pause_on = frozenset(pause_on)
         self.default_pause = float(default_pause)
         self._until: dict[str, int] = {}
+        self._left: dict[str, _Left] = {}  # what each key's provider says remains
+        self._in_flight: dict[str, int] = {}  # calls sent, not answered yet
         self._lock = threading.Lock()
 
-    def before(self, key: str) -> tuple[float, float]:
-        """Seconds to sleep for a pause on ``key``, and the ``max_wait`` left for
-        the permit after it; `RateLimitTimeout` when the pause alone is too long."""
+    def _wait(self, key: str) -> float:
+        """Seconds ``key`` must wait before a call may go, for a pause or for the
+        provider's budget; 0 when it may go now, the call then counted as sent."""
+        now = self.clock.time_ns()
         with self._lock:
             until = self._until.get(key)
-            if until is None:
-                return 0.0, self.max_wait
-            left = (until - self.clock.time_ns()) / 1e9
-            if left <= 0:
+            if until is not None:
+                if until > now:
+                    return (until - now) / 1e9
                 del self._until[key]
-                return 0.0, self.max_wait
-        if left > self.max_wait:
+            left = self._left.get(key)
+            if left is not None:
+                if left.reset_at is not None and now >= left.reset_at:
+                    if left.limit is None:  # a new window, of a size not said: not guessed
+                        del self._left[key]
+                        left = None
+                    else:  # a new window: the provider's quota, until its next answer
+                        left.remaining, left.reset_at = left.limit, None
+                if left is not None:
+                    if left.remaining <= 0:
+                        # the answers of the calls in flight say when, if no reset did
+                        return POLL if left.reset_at is None else (left.reset_at - now) / 1e9
+                    left.remaining -= 1
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+            return 0.0
+
+    def _unsent(self, key: str) -> None:
+        """A call counted as sent that did not go (no permit in time)."""
+        with self._lock:
+            self._in_flight[key] = max(0, self._in_flight.get(key, 0) - 1)
+            left = self._left.get(key)
+            if left is not None:
+                left.remaining += 1
+
+    def _waited(self, key: str, deadline: float, wait: float) -> None:
+        """`RateLimitTimeout` when waiting ``wait`` more seconds passes ``deadline``."""
+        now = self.clock.time_ns() / 1e9
+        if now + wait > deadline:
             raise RateLimitTimeout(
-                f"{key!r}: the provider asked for a pause of {left:.6g}s,"
-                f" more than max_wait={self.max_wait}s",
+                f"{key!r}: the provider asked for a pause of {wait:.6g}s (a Retry-After, or"
+                f" its budget spent until a reset), more than max_wait={self.max_wait}s",
                 key=key,
-                retry_after=left,
+                retry_after=wait,
             )
-        return left, self.max_wait - left
 
     def permit(self, limiter: Limiter | Quota, key: str) -> None:
-        """Sit out a pause on ``key``, then take a permit: all within ``max_wait``.
-        A fleet quota has one permit pool for every key."""
-        pause, left = self.before(key)
-        if pause:
-            self.clock.sleep(pause)
-        if isinstance(limiter, Limiter):
-            limiter.acquire(key, left)
-        else:
-            limiter.acquire(left)
+        """Sit out a pause on ``key`` and wait for the provider's budget, then
+        take a permit: all within ``max_wait``. A fleet quota has one permit pool
+        for every key."""
+        deadline = self.clock.time_ns() / 1e9 + self.max_wait
+        while wait := self._wait(key):
+            self._waited(key, deadline, wait)
+            self.clock.sleep(wait)
+        left = max(0.0, deadline - self.clock.time_ns() / 1e9)
+        try:
+            if isinstance(limiter, Limiter):
+                limiter.acquire(key, left)
+            else:
+                limiter.acquire(left)
+        except BaseException:
+            self._unsent(key)
+            raise
 
     async def apermit(self, limiter: AsyncLimiter | AsyncQuota, key: str) -> None:
         """`permit` without blocking the event loop."""
-        pause, left = self.before(key)
-        if pause:
-            await self.clock.asleep(pause)
-        if isinstance(limiter, AsyncLimiter):
-            await limiter.acquire(key, left)
-        else:
-            await limiter.acquire(left)
+        deadline = self.clock.time_ns() / 1e9 + self.max_wait
+        while wait := self._wait(key):
+            self._waited(key, deadline, wait)
+            await self.clock.asleep(wait)
+        left = max(0.0, deadline - self.clock.time_ns() / 1e9)
+        try:
+            if isinstance(limiter, AsyncLimiter):
+                await limiter.acquire(key, left)
+            else:
+                await limiter.acquire(left)
+        except BaseException:
+            self._unsent(key)
+            raise
 
-    def after(self, key: str, status: int, retry_after: str | None) -> float | None:
-        """Note a response; the pause it starts on ``key`` in seconds, if any."""
+    def after(self, key: str, status: int, header: Header) -> float | None:
+        """Note a response, whose headers ``header`` reads by lower-case name:
+        the provider's budget for ``key``, and the pause it starts, in seconds,
+        if any."""
+        now = self.clock.time_ns()
+        budget = read_budget(header, now / 1e9)
+        with self._lock:
+            in_flight = self._in_flight[key] = max(0, self._in_flight.get(key, 0) - 1)
+            if budget is not None:
+                # the calls still in flight may not be in the provider's count yet
+                remaining = max(0, budget.remaining - in_flight)
+                known = self._left.get(key)
+                if known is not None and (known.reset_at is None or known.reset_at > now):
+                    # answers overtake one another: each says a floor of what is
+                    # left in this window, and the lowest is the latest
+                    remaining = min(remaining, known.remaining)
+                self._left[key] = _Left(
+                    remaining,
+                    now + round(budget.reset * 1e9) if budget.reset > 0 else None,
+                    budget.limit,
+                )
         if status not in self.pause_on:
             return None
-        now = self.clock.time_ns()
-        seconds = retry_after_seconds(retry_after, now)
+        seconds = retry_after_seconds(header("retry-after"), now)
         if seconds is None:
             if status != 429:
                 return None  # a 503 without Retry-After need not be about rate

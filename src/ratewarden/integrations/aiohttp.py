@@ -56,5 +56,5 @@ class RateLimitMiddleware:
         await self.pauses.apermit(self.limiter, key)
         response = await handler(request)
         observe(self.limiter, response.status)
-        self.pauses.after(key, response.status, response.headers.get("Retry-After"))
+        self.pauses.after(key, response.status, response.headers.get)
         return response

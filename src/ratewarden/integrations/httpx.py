@@ -69,7 +69,7 @@ class _Transport(Generic[Q, T]):
     def _answered(self, key: str, response: httpx.Response) -> httpx.Response:
         """Tell a fleet quota the status, and pause ``key`` if the provider asks."""
         observe(self.limiter, response.status_code)
-        self.pauses.after(key, response.status_code, response.headers.get("retry-after"))
+        self.pauses.after(key, response.status_code, response.headers.get)
         return response
 
 
