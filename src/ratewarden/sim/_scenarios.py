@@ -70,7 +70,8 @@ class Scenario:
             raise ConfigurationError("the churn pattern needs at least 4 members")
         if not 0 < self.seconds <= 3600 or self.seconds < 2 * rate.period:
             raise ConfigurationError(
-                f"seconds must cover two windows and at most an hour, got {self.seconds}"
+                f"seconds must cover two windows of {rate} and at most an hour:"
+                f" {2 * rate.period:g} to 3600, got {self.seconds:g}"
             )
         if not 0 <= self.demand <= 100:
             raise ConfigurationError(f"demand must be 0-100 times the total, got {self.demand}")
