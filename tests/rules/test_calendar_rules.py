@@ -88,3 +88,19 @@ def test_a_calendar_rule_on_redis_is_refused_when_the_engine_is_built() -> None:
             RuleEngine(rules, store)
     finally:
         store.close()
+
+
+def test_check_config_shows_the_calendar(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path  # noqa: PLC0415
+
+    assert isinstance(tmp_path, Path)
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules: [{name: m, rate: 5/month, calendar: {tz: Europe/Berlin}}]\n")
+    assert main(["check-config", str(path)]) == 0
+    assert "fixed_window calendar=Europe/Berlin" in capsys.readouterr().out
+    assert main(["check-config", str(path), "--json"]) == 0
+    shown = capsys.readouterr().out
+    assert '"calendar": {' in shown
+    assert '"tz": "Europe/Berlin"' in shown

@@ -136,6 +136,8 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
             # the engine's own, derived from them
             "rates": [str(s.file_rate) for s in rule.limits], "algorithm": rule.limits[0].algorithm,
             "burst": rule.rule.burst,
+            "calendar": None if rule.rule.calendar is None else {
+                "tz": rule.rule.calendar.tz, "week_start": rule.rule.calendar.week_start},
             "cost": rule.cost if rule.cost_attribute is None else f"@{rule.cost_attribute}",
             "action": _action(rule), "on_failure": rule.limits[0].on_failure,
         }
@@ -151,7 +153,8 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
     rows.extend([
         r["name"], r["group"] or "-", str(r["priority"]), str(r["rank"]), r["where"],
         ",".join(r["by"]) or "-", ", ".join(r["rates"]),
-        r["algorithm"] + (f" burst={r['burst']}" if r["burst"] else ""), str(r["cost"]),
+        r["algorithm"] + (f" burst={r['burst']}" if r["burst"] else "")
+        + (f" calendar={r['calendar']['tz']}" if r["calendar"] else ""), str(r["cost"]),
         r["action"], r["on_failure"],
     ] for r in rules)  # fmt: skip
     print(table(rows))
