@@ -50,6 +50,7 @@ def serving(*args: str, tmp: Path, ready: float = 30) -> Iterator[Served]:
             break
         if attempt == 2:
             pytest.fail("ratewarden serve found its ports taken three times")
+    assert served is not None  # the loop either breaks with one or fails the test
     process = served.process
     try:
         yield served

@@ -47,6 +47,7 @@ from ._override_stores import LocalOverrides as LocalOverrides
 from ._override_stores import RedisOverrides as RedisOverrides
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile
 from ._schema import dump as dump
+from ._tally import Tally
 from ._watcher import AsyncWatcher, Watcher
 from .overrides import AuditEntry, RuntimeOverride, UnknownRule
 from .source import MAX_BYTES as MAX_BYTES
@@ -98,6 +99,7 @@ __all__ = [
     "RuleSet",
     "RuntimeOverride",
     "ShadowLog",
+    "Tally",
     "UnknownRule",
     "Watcher",
     "load",
