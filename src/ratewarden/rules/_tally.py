@@ -17,9 +17,14 @@ from ..primitives import Decision
 from ._actions import Outcome
 from ._compile import RuleSet
 
-__all__ = ["NEAR", "Tally"]
+__all__ = ["LATENCY_BUCKETS", "NEAR", "Tally"]
 
 NEAR = 0.8  # "near the limit": 80% or more of it used
+
+# The bounds of the latency histograms (seconds), /metrics' and OpenTelemetry's alike:
+# a check on the memory store takes tens of microseconds, one on Redis a millisecond
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+                   2.5)  # fmt: skip
 
 
 class Tally:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..rules import Tally
+from ..rules import LATENCY_BUCKETS, Tally
 
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
 # Latency of a check inside the server (the store call included), in seconds.
-_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5)
+_BUCKETS = LATENCY_BUCKETS
 
 
 class _RuleCounters:
