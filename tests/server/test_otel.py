@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ratewarden.primitives import ConfigurationError
+from ratewarden.rules import LATENCY_BUCKETS
 from ratewarden.server._otel import STOP_TIMEOUT, check_environment
 from tests.redis_server import free_port
 from tests.server.process import serving
@@ -146,7 +147,11 @@ def test_serve_exports_the_counts_by_rule_to_an_otlp_receiver(
         durations = [point for attributes, point in receiver.points("ratewarden.request.duration")
                      if attributes == {"endpoint": "check"}]  # fmt: skip
         assert durations
-        assert durations[-1].count == 5
+        # the histogram /metrics keeps, its bounds and counts, no minimum or maximum
+        assert 'ratewarden_request_duration_seconds_count{endpoint="check"} 5.0' in scraped
+        assert durations[-1].count == sum(durations[-1].bucket_counts) == 5
+        assert tuple(durations[-1].explicit_bounds) == LATENCY_BUCKETS
+        assert not durations[-1].HasField("min")
         assert served.terminate() == 0
     assert set(receiver.paths) == {"/v1/metrics"}
     resource = receiver.requests[-1].resource_metrics[0].resource

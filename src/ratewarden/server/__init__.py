@@ -24,8 +24,8 @@ What each module holds:
 - the HTTP API: ``_app`` (a plain ASGI app), ``_http_input`` (strict JSON bodies),
   ``_shapes`` (the msgspec request and answer types), ``_openapi``, ``_admin_api``
   (load signals), ``_quotas`` and ``_quota_reader`` (``/v1/quotas``), ``_metrics``
-  (Prometheus), ``_otel`` (the same counts over OTLP, ``--otel``), ``_dashboard``
-  and ``_dashstats`` (the live dashboard);
+  (Prometheus), ``_otel`` and ``_otel_latency`` (the same counts over OTLP,
+  ``--otel``), ``_dashboard`` and ``_dashstats`` (the live dashboard);
 - our HTTP/1.1 server on httptools: ``_http_server`` (serving and draining),
   ``_http_listener`` (what a listener's connections share), ``_http`` (one
   connection), ``_http_cycle`` (one request's exchange with the app),

@@ -200,24 +200,18 @@ class Metrics:
         r.register(self.adaptive)
         self._timings = _Latency()
         r.register(self._timings)
-        # one call a request, none of ours around it
-        self.observe: Callable[[str, float], None] = self._timings.observe
+        self.observe = self._timings.observe  # one call a request, none of ours around it
         self.reloads = Counter(
             "ratewarden_config_reloads", "Rule reloads, by result", ["result"], registry=r
         )
         self.rules = Gauge("ratewarden_rules", "Rules in force", registry=r)
 
-    def observe_also(self, record: Callable[[str, float], None]) -> None:
-        """Have each request's time recorded by ``record`` too (OpenTelemetry's
-        histogram, `ratewarden.server._otel`). The front ends take `observe` when
-        they are made: this goes first, and until then costs a request nothing."""
-        ours = self._timings.observe
-
-        def both(endpoint: str, seconds: float) -> None:
-            ours(endpoint, seconds)
-            record(endpoint, seconds)
-
-        self.observe = both
+    def latency(self) -> list[tuple[str, list[int], float]]:
+        """Each endpoint's request times so far: the count in each bucket of
+        `LATENCY_BUCKETS` (the last: above them all) and their sum (for
+        OpenTelemetry's histogram, `ratewarden.server._otel_latency`)."""
+        figures = list(self._timings.by_endpoint.items())
+        return [(endpoint, list(counts), total[0]) for endpoint, (counts, total) in figures]
 
     @property
     def rule_counts(self) -> tuple[dict[str, int], ...]:

@@ -2,8 +2,9 @@
 served at ``/metrics``, configured the standard way, by the ``OTEL_*`` environment.
 
 The counters read the service's one `Tally` when the SDK's periodic reader collects
-(every ``OTEL_METRIC_EXPORT_INTERVAL`` ms, 60000 by default): nothing more on a
-check's path than ``/metrics`` costs, but the latency histogram's record. The
+(every ``OTEL_METRIC_EXPORT_INTERVAL`` ms, 60000 by default), and the latency
+histogram is the one ``/metrics`` keeps, added to each export
+(`ratewarden.server._otel_latency`): nothing more on a check's path. The
 fleet quotas' gauges read what a task on the event loop last read from Redis
 (once an interval): the reader's thread must not wait on Redis.
 
@@ -80,8 +81,7 @@ def _interval(environ: Mapping[str, str]) -> float:
 
 class OtelExport:
     """The service's counts on a meter provider of its own with a periodic
-    exporting reader, made from the environment; `start` before the front ends
-    take ``metrics.observe`` (the latency histogram joins it there)."""
+    exporting reader, made from the environment, from `start` on."""
 
     def __init__(self, service: Service, environ: Mapping[str, str] = os.environ) -> None:
         self.service = service
@@ -97,6 +97,7 @@ class OtelExport:
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource  # noqa: PLC0415
 
         from ..otel import observe  # noqa: PLC0415
+        from ._otel_latency import LatencyAdded  # noqa: PLC0415
 
         exporter: Any
         if self.exporter == "console":
@@ -109,16 +110,17 @@ class OtelExport:
             )
 
             exporter = OTLPMetricExporter()  # endpoint, headers, timeout: OTEL_EXPORTER_OTLP_*
+        service = self.service
+        exporter = LatencyAdded(exporter, service.metrics.latency)
         resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = Resource.create({SERVICE_NAME: "ratewarden"})
         self.provider = MeterProvider(
             metric_readers=[PeriodicExportingMetricReader(exporter)], resource=resource
         )
-        service = self.service
         quotas = None if service.quotas is None else self.last_quotas
-        instruments = observe(service.counters.tally, meter_provider=self.provider, quotas=quotas)
-        service.metrics.observe_also(instruments.record)
+        # the latency histogram is the exporter's (LatencyAdded): a check records nothing
+        observe(service.counters.tally, meter_provider=self.provider, quotas=quotas, latency=False)
         if service.quotas is not None:
             self._reading = asyncio.get_running_loop().create_task(self._read_quotas())
         log.info("OpenTelemetry: exporting the metrics (%s) every %gs", self.exporter,

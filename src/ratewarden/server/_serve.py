@@ -393,7 +393,7 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         watchers.append(service.envoy_watcher(options.envoy.reload_interval))
     servers = _Servers(options, http_socket)
     export = None
-    if options.otel:  # before the front ends are made: they take metrics.observe
+    if options.otel:
         from ._otel import OtelExport  # noqa: PLC0415 - the otel extra
 
         export = OtelExport(service)
