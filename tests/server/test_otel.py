@@ -18,18 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
 
+from ratewarden.fleet import Coordinator, QuotaConfig, set_quota
 from ratewarden.primitives import ConfigurationError
 from ratewarden.rules import LATENCY_BUCKETS
 from ratewarden.server._otel import STOP_TIMEOUT, check_environment
-from tests.redis_server import free_port
+from tests.redis_server import RedisServer, free_port
 from tests.server.process import serving
 
 KEY = "alice@example.com"  # the rule counts by it: it must never leave the process
+QUOTA_DB = 10  # the Redis database of the fleet quotas' test, emptied first
 
 RULES = """\
 rules:
@@ -214,3 +217,37 @@ def test_a_collector_that_does_not_answer_holds_the_stop_only_a_little(
         assert served.terminate() == 0
         # the exporter alone would retry for 10 s (OTEL_EXPORTER_OTLP_TIMEOUT)
         assert time.monotonic() - started < 8 > STOP_TIMEOUT + 2
+
+
+def value_of(point: Any) -> float:
+    return float(point.as_double if point.HasField("as_double") else point.as_int)
+
+
+def test_serve_exports_the_fleet_quotas_in_its_redis(
+    tmp_path: Path, receiver: Receiver, redis_single: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gauges read what a task on the event loop last read from Redis."""
+    with redis.Redis(port=redis_single.port, db=QUOTA_DB) as client:
+        client.flushdb()
+        set_quota(client, "push-api", QuotaConfig("2000/second", "equal", lease=30))
+        coordinator = Coordinator(client, "push-api")
+        coordinator.refresh("host-a", wants=1_200_000, has=0, used=0)
+        coordinator.refresh("host-b", wants=300_000, has=0, used=250_000)
+        coordinator.refresh("host-a", wants=1_200_000, has=1_000_000, used=990_000)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+    monkeypatch.delenv("OTEL_METRICS_EXPORTER", raising=False)
+    store = f"redis://127.0.0.1:{redis_single.port}/{QUOTA_DB}"
+    with serving("--config", str(rules), "--otel", "--grpc", "off", "--store", store,
+                 "--store-timeout", "2", tmp=tmp_path) as served:  # fmt: skip
+
+        def gauges(name: str) -> dict[str, float]:
+            return {a["resource"]: value_of(p) for a, p in receiver.points(name)}
+
+        until(lambda: gauges("ratewarden.quota.total") == {"push-api": 2000.0})
+        assert gauges("ratewarden.quota.members") == {"push-api": 2.0}
+        assert gauges("ratewarden.quota.granted") == {"push-api": 1000.0}
+        assert gauges("ratewarden.quota.wants") == {"push-api": 1500.0}
+        assert served.terminate() == 0
