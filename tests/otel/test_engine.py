@@ -167,8 +167,11 @@ def test_instrumenting_twice_is_refused_and_uninstrument_stops_the_counts(
     engine.check(orders())
     assert counted.tally.checks == {"orders": 1, "everyone": 1}
     assert "check" not in engine.__dict__  # the class's own method again
-    assert by_rule(collected(reader), "ratewarden.checks") == {}
+    # what was counted stays reported: a counter does not go back
+    assert by_rule(collected(reader), "ratewarden.checks") == {"orders": 1, "everyone": 1}
     instrument(engine, meter_provider=provider)  # and it may be instrumented anew
+    engine.check(orders())
+    assert by_rule(collected(reader), "ratewarden.checks") == {"orders": 2, "everyone": 2}
 
 
 def test_importing_ratewarden_or_serving_without_otel_imports_no_opentelemetry() -> None:
@@ -179,3 +182,19 @@ def test_importing_ratewarden_or_serving_without_otel_imports_no_opentelemetry()
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_without_latency_the_checks_are_counted_not_timed(
+    reader: InMemoryMetricReader, provider: MeterProvider
+) -> None:
+    engine = RuleEngine(loads(RULES), MemoryStore(clock=FakeClock()))
+    async_engine = AsyncRuleEngine(loads(RULES), AsyncMemoryStore(clock=FakeClock()))
+    instrument(engine, meter_provider=provider, latency=False)
+    instrument(async_engine, meter_provider=provider, latency=False)
+    for _ in range(4):
+        engine.check(orders())
+    asyncio.run(async_engine.acheck(orders()))
+    points = collected(reader)
+    assert "ratewarden.request.duration" not in points
+    assert by_rule(points, "ratewarden.checks") == {"orders": 5, "everyone": 5}
+    assert by_rule(points, "ratewarden.over_limit") == {"orders": 1}

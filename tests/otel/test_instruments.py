@@ -53,9 +53,23 @@ def test_the_counts_are_read_when_collected_not_when_counted() -> None:
     assert "ratewarden.quota.total" not in got  # no reader of quotas given
     tally.checks["login"] = 9
     assert points(reader)["ratewarden.checks"] == {"login": 9}
-    assert repr(instruments).startswith("<TallyInstruments open <Tally checks=9")
-    instruments.close()
-    assert "ratewarden.checks" not in points(reader)
+    assert (
+        repr(instruments) == "<TallyInstruments timed <Tally checks=9 over_limit=2 store_errors=1>>"
+    )
+
+
+def test_tallies_on_one_provider_are_reported_as_their_sums() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    first, second = Tally(), Tally()
+    observe(first, meter_provider=provider)
+    observe(second, meter_provider=provider, latency=False)
+    first.checks.update(login=2, search=1)
+    second.checks.update(login=3)
+    second.store_errors = 4
+    got = points(reader)
+    assert got["ratewarden.checks"] == {"login": 5, "search": 1}
+    assert got["ratewarden.store_errors"] == {"": 4}
 
 
 def test_the_fleet_quotas_are_gauges_by_resource() -> None:
