@@ -247,7 +247,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "aiohttp": ("aiohttp", AIOHTTP),
     "fleet": ("fleet", FLEET),
     "otel": ("otel", OTEL),
-    "server-otel": ("server,otel", SERVER_OTEL),
+    "server+otel": ("server,otel", SERVER_OTEL),
 }
 
 
