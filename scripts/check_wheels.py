@@ -244,6 +244,49 @@ import hiredis
 from ratewarden.fleet import FleetQuota, QuotaConfig
 """
 
+# An engine's checks read by the SDK's in-memory reader; the OTLP exporter over HTTP
+# is there, and no grpcio came with it.
+OTEL = """
+import importlib.util
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from ratewarden import MemoryStore
+from ratewarden.otel import instrument
+from ratewarden.rules import RuleEngine, loads
+assert importlib.util.find_spec("grpc") is None, "the otel extra installs grpcio"
+engine = RuleEngine(loads("rules: [{name: per-ip, rate: 1/minute, by: ip}]"), MemoryStore())
+reader = InMemoryMetricReader()
+instrument(engine, meter_provider=MeterProvider(metric_readers=[reader]))
+for _ in range(2):
+    engine.check({"ip": "10.0.0.1"})
+exported = reader.get_metrics_data().to_json()
+assert '"ratewarden.over_limit"' in exported and "10.0.0.1" not in exported, exported
+"""
+
+# serve --otel with the console exporter: the counts printed when it stops
+SERVER_OTEL = """
+import json, os, socket, subprocess, sys, urllib.request
+from pathlib import Path
+ratewarden_cli = Path(sys.executable).parent / "ratewarden"
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+serving = subprocess.Popen([ratewarden_cli, "serve", "--demo", "--http", f"127.0.0.1:{port}",
+                            "--grpc", "off", "--otel"], stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "OTEL_METRICS_EXPORTER": "console"})
+try:
+    assert "HTTP on" in serving.stdout.readline()
+    check = json.dumps({"attributes": {"path": "/api/login", "ip": "203.0.113.7"}}).encode()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/check", check, timeout=10) as a:
+        assert a.status == 200
+finally:
+    serving.terminate()
+    assert serving.wait(30) == 0
+printed = serving.stdout.read()
+assert '"ratewarden.checks"' in printed and "203.0.113.7" not in printed, printed
+"""
+
 # extra -> (what pip is asked for, the check); "core" is the bare wheel
 CHECKS: dict[str, tuple[str, str]] = {
     "core": ("", CORE),
@@ -257,6 +300,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     "httpx": ("httpx", HTTPX),
     "aiohttp": ("aiohttp", AIOHTTP),
     "fleet": ("fleet", FLEET),
+    "otel": ("otel", OTEL),
+    "server+otel": ("server,otel", SERVER_OTEL),
 }
 
 

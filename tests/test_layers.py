@@ -44,7 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("ratewarden.rules", "ratewarden.fleet"),
     ("ratewarden.envoy", "ratewarden.sim"),
-    ("ratewarden.integrations",),
+    ("ratewarden.integrations", "ratewarden.otel"),
     ("ratewarden.server",),
     ("ratewarden.cli",),
     ("ratewarden.testing",),

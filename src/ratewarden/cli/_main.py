@@ -320,7 +320,10 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, "missing", None):
         raise _missing(args.missing)
     if command == "serve":
-        from ..server import options_from, run  # noqa: PLC0415
+        from ..server import options_from, otel_available, run  # noqa: PLC0415
+
+        if args.otel and not otel_available():
+            raise _missing("otel", "serve --otel")
 
         return run(options_from(args))
     if command == "check":

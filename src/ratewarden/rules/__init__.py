@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 # re-exports them to type checkers), kept out of __all__. The ASGI middleware waits
 # out a delay with await_out; `ratewarden override` writes to RedisOverrides;
 # LocalOverrides is the other kind of an engine's overrides_source; the tests cap
-# rule files at MAX_BYTES and write them back as text with dump.
+# rule files at MAX_BYTES and write them back as text with dump; /metrics and
+# ratewarden.otel bound their latency histograms at LATENCY_BUCKETS.
 from ._actions import Outcome, ShadowLog
 from ._actions import await_out as await_out
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
@@ -49,6 +50,8 @@ from ._override_stores import LocalOverrides as LocalOverrides
 from ._override_stores import RedisOverrides as RedisOverrides
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile
 from ._schema import dump as dump
+from ._tally import LATENCY_BUCKETS as LATENCY_BUCKETS
+from ._tally import Tally
 from ._watcher import AsyncWatcher, Watcher
 from .overrides import AuditEntry, RuntimeOverride, UnknownRule
 from .source import MAX_BYTES as MAX_BYTES
@@ -100,6 +103,7 @@ __all__ = [
     "RuleSet",
     "RuntimeOverride",
     "ShadowLog",
+    "Tally",
     "UnknownRule",
     "Watcher",
     "load",

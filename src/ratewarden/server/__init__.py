@@ -24,7 +24,8 @@ What each module holds:
 - the HTTP API: ``_app`` (a plain ASGI app), ``_http_input`` (strict JSON bodies),
   ``_shapes`` (the msgspec request and answer types), ``_openapi``, ``_admin_api``
   (load signals), ``_quotas`` and ``_quota_reader`` (``/v1/quotas``), ``_metrics``
-  (Prometheus), ``_dashboard`` and ``_dashstats`` (the live dashboard);
+  (Prometheus), ``_otel`` and ``_otel_latency`` (the same counts over OTLP,
+  ``--otel``), ``_dashboard`` and ``_dashstats`` (the live dashboard);
 - our HTTP/1.1 server on httptools: ``_http_server`` (serving and draining),
   ``_http_listener`` (what a listener's connections share), ``_http`` (one
   connection), ``_http_cycle`` (one request's exchange with the app),
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._app import App, auth_attributes, openapi
     from ._check_json import outcome_result
+    from ._otel import available as otel_available
     from ._process import run
     from ._quotas import MAX_LISTED, summary
     from ._refusals import InvalidRequest
@@ -61,14 +63,16 @@ _WHERE = {
     "ServeOptions": "_serve", "add_arguments": "_serve", "options_from": "_serve",
     "run": "_process", "InvalidRequest": "_refusals", "Service": "_service",
     "MAX_LISTED": "_quotas", "summary": "_quotas", "outcome_result": "_check_json",
+    "otel_available": "_otel",
 }  # fmt: skip
+_NAMES = {"otel_available": "available"}  # a name here that differs from its module's
 
 
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), _NAMES.get(name, name))
 
 
 __all__ = [
@@ -86,6 +90,7 @@ __all__ = [
     "auth_attributes",
     "openapi",
     "options_from",
+    "otel_available",
     "outcome_result",
     "run",
     "summary",

@@ -191,7 +191,7 @@ class App:
         except InvalidRequest as exc:
             status, headers, body = exc.status, _JSON, _encode(Problem(str(exc)))
         except StoreError as exc:  # a limit whose failure policy is "raise"
-            self._prometheus.store_errors.inc()
+            self._prometheus.tally.store_errors += 1
             status, headers, body = 503, _JSON, _encode(Problem(f"store unavailable: {exc}"))
         # with a length, the server sends the body as it is (with the head) instead of chunking it
         headers = [*headers, (b"content-length", str(len(body)).encode())]

@@ -25,33 +25,14 @@ class Counters:
         self.envoy_stats = EnvoyStats(near_limit_ratio=near_limit_ratio)
         self.metrics = Metrics(quota_members=quota_members, envoy=self.envoy_stats)
         self.dashboard = DashboardStats.for_metrics(self.metrics)
+        # where every check is counted, once: /metrics and OpenTelemetry read it
+        self.tally = self.metrics.tally
 
     def rules(self, outcome: Outcome, ruleset: RuleSet) -> None:
         """A check the YAML rules of ``ruleset`` answered with ``outcome``."""
         if not outcome.limits:
             return
-        rules: list[str] = []
-        for applicable in outcome.limits:  # a loop: a generator costs a call a limit
-            name = applicable.rule.name
-            if name not in rules:
-                rules.append(name)
-        decision = outcome.decision
-        by_limit = ruleset.by_limit_name
-        closest = None
-        if decision is not None and decision.rule is not None:
-            rule = by_limit.get(decision.rule)
-            closest = None if rule is None else rule.name
-        denied = None
-        if not outcome.allowed:
-            denied = outcome.rule.name if outcome.rule is not None else closest
-        shadow = outcome.shadow
-        shadow_denied = None
-        if shadow is not None and not shadow.allowed and shadow.rule is not None:
-            rule = by_limit.get(shadow.rule)
-            shadow_denied = shadow.rule if rule is None else rule.name
-        self.metrics.count(rules, decision, denied, closest, shadow_denied)
-        if outcome.degrade and outcome.rule is not None:
-            self.metrics.degraded(outcome.rule.name)
+        denied, shadow_denied = self.tally.outcome(outcome, ruleset)
         dashboard = self.dashboard
         dashboard.requests += 1
         if denied is not None or shadow_denied is not None:
@@ -65,7 +46,7 @@ class Counters:
         closest = decision.rule if decision is not None else None
         shadow = answer.shadow
         shadow_denied = shadow.rule if shadow is not None and not shadow.allowed else None
-        self.metrics.count(rules, decision, denied, closest, shadow_denied)
+        self.tally.count(rules, decision, denied, closest, shadow_denied)
         if rules:
             self.dashboard.requests += 1
             if denied is not None or shadow_denied is not None:

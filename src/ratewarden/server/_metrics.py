@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..primitives import Decision
+from ..rules import LATENCY_BUCKETS, Tally
 
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus
@@ -26,34 +26,44 @@ if TYPE_CHECKING:
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
-NEAR = 0.8  # "near the limit": 80% or more of it used
-
 # Latency of a check inside the server (the store call included), in seconds.
-_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5)
+_BUCKETS = LATENCY_BUCKETS
 
 
 class _RuleCounters:
-    """The per-rule counters as plain ints, made into metric families only when
-    scraped: four prometheus-client ``inc()`` calls (a lock each) cost a fifth of
-    a check's time in the server; dict increments on the event loop's one thread
-    cost next to nothing."""
+    """The per-rule counters, plain ints in a `Tally`, made into metric families
+    only when scraped: four prometheus-client ``inc()`` calls (a lock each) cost
+    a fifth of a check's time in the server; dict increments on the event loop's
+    one thread cost next to nothing. The OpenTelemetry instruments read the same
+    tally (`ratewarden.otel`)."""
 
     _FAMILIES = (
-        ("ratewarden_checks", "Requests a rule applied to"),
-        ("ratewarden_over_limit", "Requests a rule denied"),
-        ("ratewarden_near_limit", "Requests admitted with 80% or more of the closest limit used"),
-        ("ratewarden_shadow_over_limit", "Requests a log_only (shadow) rule would have denied"),
-    )
+        ("ratewarden_checks", "Requests a rule applied to", "checks"),
+        ("ratewarden_over_limit", "Requests a rule denied", "over_limit"),
+        ("ratewarden_near_limit", "Requests admitted with 80% or more of the closest limit used",
+         "near_limit"),
+        ("ratewarden_shadow_over_limit", "Requests a log_only (shadow) rule would have denied",
+         "shadow_over_limit"),
+        ("ratewarden_degraded", "Requests a degrade rule let through with a level above 0",
+         "degraded"),
+    )  # fmt: skip
 
-    def __init__(self) -> None:
-        self.counts: tuple[dict[str, int], ...] = tuple({} for _ in self._FAMILIES)
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        for (name, text), counts in zip(self._FAMILIES, self.counts, strict=True):
+        tally = self.tally
+        for name, text, attribute in self._FAMILIES:
             family = CounterMetricFamily(name, text, labels=["rule"])
+            counts: dict[str, int] = getattr(tally, attribute)
             for rule, value in list(counts.items()):
                 family.add_metric([rule], value)
             yield family
+        yield CounterMetricFamily(
+            "ratewarden_store_errors",
+            "Checks the store could not decide (answered by the failure policy)",
+            value=tally.store_errors,
+        )
 
 
 class _Latency:
@@ -180,75 +190,39 @@ class Metrics:
             from ..envoy.shown import EnvoyCollector  # noqa: PLC0415 - imports rules
 
             r.register(EnvoyCollector(envoy))
-        self._rules = _RuleCounters()
-        r.register(self._rules)
+        # every check is counted here once; /metrics and OpenTelemetry read it
+        self.tally = Tally()
+        r.register(_RuleCounters(self.tally))
         self._quotas = _QuotaGauges(members=quota_members)
         r.register(self._quotas)
         # the service points these at its engine: `ratewarden_effective_limit`
         self.adaptive = _AdaptiveGauges()
         r.register(self.adaptive)
-        self._checks, self._over, self._near, self._shadow = self._rules.counts
         self._timings = _Latency()
         r.register(self._timings)
         self.observe = self._timings.observe  # one call a request, none of ours around it
-        self.store_errors = Counter(
-            "ratewarden_store_errors",
-            "Checks the store could not decide (answered by the failure policy)",
-            registry=r,
-        )
         self.reloads = Counter(
             "ratewarden_config_reloads", "Rule reloads, by result", ["result"], registry=r
         )
         self.rules = Gauge("ratewarden_rules", "Rules in force", registry=r)
-        # rule names label it, as they do the per-rule counters: bounded by the rule file
-        self._degraded = Counter(
-            "ratewarden_degraded",
-            "Requests a degrade rule let through with a level above 0",
-            ["rule"],
-            registry=r,
-        )
+
+    def latency(self) -> list[tuple[str, list[int], float]]:
+        """Each endpoint's request times so far: the count in each bucket of
+        `LATENCY_BUCKETS` (the last: above them all) and their sum (for
+        OpenTelemetry's histogram, `ratewarden.server._otel_latency`)."""
+        figures = list(self._timings.by_endpoint.items())
+        return [(endpoint, list(counts), total[0]) for endpoint, (counts, total) in figures]
 
     @property
     def rule_counts(self) -> tuple[dict[str, int], ...]:
         """The per-rule counters behind the rule families (checks, over limit, near
         limit, shadow denials), by rule name: live dicts, for the dashboard."""
-        return self._rules.counts
+        tally = self.tally
+        return tally.checks, tally.over_limit, tally.near_limit, tally.shadow_over_limit
 
     def store_error_count(self) -> float:
-        """Checks a failure policy answered so far (the counter's value)."""
-        for metric in self.store_errors.collect():
-            for sample in metric.samples:
-                if sample.name.endswith("_total"):
-                    return float(sample.value)
-        return 0.0
-
-    def count(
-        self,
-        rules: list[str],
-        decision: Decision | None,
-        denied_by: str | None,
-        closest: str | None,
-        shadow_denied_by: str | None,
-    ) -> None:
-        """One check: ``rules`` applied; ``decision`` is the enforced limits';
-        ``denied_by`` the rule that denied, ``closest`` the rule whose limit spoke
-        for the request, ``shadow_denied_by`` a log_only rule that would have denied."""
-        checks = self._checks
-        for rule in rules:
-            checks[rule] = checks.get(rule, 0) + 1
-        if decision is not None:
-            if decision.degraded:
-                self.store_errors.inc()
-            elif denied_by is not None:
-                self._over[denied_by] = self._over.get(denied_by, 0) + 1
-            elif closest is not None and decision.remaining <= decision.limit * (1 - NEAR):
-                self._near[closest] = self._near.get(closest, 0) + 1
-        if shadow_denied_by is not None:
-            self._shadow[shadow_denied_by] = self._shadow.get(shadow_denied_by, 0) + 1
-
-    def degraded(self, rule: str) -> None:
-        """A degrade rule had a request served at a lower quality."""
-        self._degraded.labels(rule).inc()
+        """Checks a failure policy answered so far."""
+        return float(self.tally.store_errors)
 
     def exposition(self, quotas: Sequence[QuotaStatus] = ()) -> bytes:
         """The text format; ``quotas``: the fleet quotas the scrape read."""

@@ -56,7 +56,7 @@ class RateLimitService:
         except InvalidRequest as exc:
             raise GrpcError(Status.INVALID_ARGUMENT, str(exc)) from None
         except StoreError as exc:  # a limit whose failure policy is "raise"
-            self._metrics.store_errors.inc()
+            self._metrics.tally.store_errors += 1
             raise GrpcError(Status.UNAVAILABLE, str(exc)) from None
         statuses = descriptor_statuses(verdict) or ()
         reply: bytes = response_bytes(allowed(verdict), statuses, answer_headers(verdict).items())

@@ -82,6 +82,7 @@ class ServeOptions:
     envoy: EnvoyOptions = field(default_factory=EnvoyOptions)
     reload_interval: float = 1.0  # seconds between looks at the rule file; 0: never
     grpc_missing: bool = False  # --grpc left to its default, off for want of the grpc extra
+    otel: bool = False  # export the metrics over OTLP too, as the OTEL_* environment says
 
 
 _LIMIT_FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(ConnectionLimits)}
@@ -184,6 +185,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quota-member-metrics", action="store_true",
         help="with a Redis store: the fleet quota gauges on /metrics per member too "
         "(a series per resource and member id)")  # fmt: skip
+    add("--otel", action="store_true",
+        help="export the metrics with OpenTelemetry too (OTLP over HTTP), configured by "
+        "the OTEL_* environment variables; /metrics stays (the otel extra)")  # fmt: skip
     envoy_arguments(parser)
 
 
@@ -229,6 +233,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         envoy=envoy_options(args),
         reload_interval=args.config_reload_interval,
         grpc_missing=args.grpc is None and not grpc_installed(),
+        otel=args.otel,
     )
 
 
@@ -331,6 +336,10 @@ def check_options(options: ServeOptions) -> None:
             parse_address(address, what)
     if options.http is not None and options.grpc is not None:
         _distinct(options.http, options.grpc)
+    if options.otel:
+        from ._otel import check_environment  # noqa: PLC0415 - only with --otel
+
+        check_environment()
 
 
 _WILDCARDS = ("", "0.0.0.0", "::", "[::]")
@@ -429,6 +438,12 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
     if options.envoy_config and options.envoy.reload_interval > 0:
         watchers.append(service.envoy_watcher(options.envoy.reload_interval))
     servers = _Servers(options, http_socket)
+    export = None
+    if options.otel:
+        from ._otel import OtelExport  # noqa: PLC0415 - the otel extra
+
+        export = OtelExport(service)
+        export.start()
     # The compiled rules and the imported modules live as long as the process:
     # moved out of the collector's reach, they do not lengthen every full
     # collection (a pause each request in flight then waits out)
@@ -456,6 +471,8 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         for task in watching:
             task.cancel()
         await servers.close()
+        if export is not None:  # what was counted since the last export goes out now
+            await export.aclose()
         await service.aclose()
 
 
