@@ -332,7 +332,7 @@ def build_wheel(directory: Path) -> Path:
 def check(extra: str, wheel: Path, pins: Path, directory: Path) -> str | None:
     """None when the extra installs and its check passes, else what went wrong."""
     wanted, code = CHECKS[extra]
-    venv = directory / extra
+    venv = directory / f"venv-{extra}"  # not the bare name: "grpc" would import from cwd
     uv = str(BIN / "uv")
     python = venv / "bin" / "python"
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)

@@ -180,9 +180,7 @@ def test_serve_otel_without_the_extra_says_which_to_install(tmp_path: Path) -> N
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path, check=False)  # fmt: skip
     assert done.returncode == 4
-    assert done.stderr == (
-        "ratewarden serve: ratewarden serve --otel needs: pip install 'ratewarden[otel]'\n"
-    )
+    assert done.stderr == ("ratewarden serve: --otel needs: pip install 'ratewarden[otel]'\n")
 
 
 @pytest.mark.parametrize(

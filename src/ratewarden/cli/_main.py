@@ -323,7 +323,7 @@ def _run(args: argparse.Namespace) -> int:
         from ..server import options_from, otel_available, run  # noqa: PLC0415
 
         if args.otel and not otel_available():
-            raise _missing("otel", "serve --otel")
+            raise CliError("--otel needs: pip install 'ratewarden[otel]'", MISSING)
 
         return run(options_from(args))
     if command == "check":
