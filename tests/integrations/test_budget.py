@@ -111,3 +111,28 @@ def test_the_local_limiter_stays_the_ceiling() -> None:
     p.permit(limiter, "api")
     with pytest.raises(RateLimitTimeout):
         p.permit(limiter, "api")
+
+
+def test_a_call_that_fails_on_the_wire_is_no_longer_in_flight() -> None:
+    """A transport error after the permit: the call is not left in flight, where
+    it would lower every later answer's budget for good."""
+    import httpx  # noqa: PLC0415
+
+    from ratewarden.integrations.httpx import RateLimitTransport  # noqa: PLC0415
+
+    def provider(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/down":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, headers={"x-ratelimit-remaining": "5",
+                                            "x-ratelimit-reset": "60"})  # fmt: skip
+
+    clock = FakeClock(NOW)
+    transport = RateLimitTransport(Limiter("1000/second", store=MemoryStore(clock=clock)),
+                                   httpx.MockTransport(provider), max_wait=0.0)  # fmt: skip
+    with httpx.Client(transport=transport) as client:
+        for _ in range(3):
+            with pytest.raises(httpx.ConnectError):
+                client.get("https://api.example/down")
+        assert client.get("https://api.example/up").status_code == 200
+    assert transport.pauses._in_flight["api.example"] == 0
+    assert transport.pauses._left["api.example"].remaining == 5

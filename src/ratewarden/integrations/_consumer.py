@@ -163,6 +163,13 @@ class Pauses:
             if left is not None:
                 left.remaining += 1
 
+    def unanswered(self, key: str) -> None:
+        """A call sent that got no answer (a transport error, a cancel): no longer
+        in flight. Its share of the budget stays spent: the provider may have
+        counted it."""
+        with self._lock:
+            self._in_flight[key] = max(0, self._in_flight.get(key, 0) - 1)
+
     def _waited(self, key: str, deadline: float, wait: float) -> None:
         """`RateLimitTimeout` when waiting ``wait`` more seconds passes ``deadline``."""
         now = self.clock.time_ns() / 1e9

@@ -54,7 +54,11 @@ class RateLimitMiddleware:
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         key = self.key(request)
         await self.pauses.apermit(self.limiter, key)
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except BaseException:
+            self.pauses.unanswered(key)
+            raise
         observe(self.limiter, response.status)
         self.pauses.after(key, response.status, response.headers.get)
         return response

@@ -82,7 +82,12 @@ class RateLimitTransport(_Transport[Limiter | Quota, httpx.BaseTransport], httpx
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
         self.pauses.permit(self.limiter, key)
-        return self._answered(key, self.transport.handle_request(request))
+        try:
+            response = self.transport.handle_request(request)
+        except BaseException:
+            self.pauses.unanswered(key)
+            raise
+        return self._answered(key, response)
 
     def close(self) -> None:
         self.transport.close()
@@ -99,7 +104,12 @@ class AsyncRateLimitTransport(
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
         await self.pauses.apermit(self.limiter, key)
-        return self._answered(key, await self.transport.handle_async_request(request))
+        try:
+            response = await self.transport.handle_async_request(request)
+        except BaseException:
+            self.pauses.unanswered(key)
+            raise
+        return self._answered(key, response)
 
     async def aclose(self) -> None:
         await self.transport.aclose()
