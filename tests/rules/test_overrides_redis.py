@@ -138,7 +138,8 @@ def test_the_follower_ends_with_its_engine(redis_single: RedisServer, namespace:
         engine = RuleEngine(RULES, store, overrides_namespace=namespace)
         del engine
         gc.collect()
-        within(3.0, lambda: followers() == before)  # it wakes at least every 2 s
+        # it wakes at least every 2 s; 10 for a busy machine (seen: past 3 in the Valkey pass)
+        within(10.0, lambda: followers() == before)
 
 
 def test_the_async_engine_follows_too(redis_single: RedisServer, namespace: str) -> None:
