@@ -10,6 +10,7 @@ algorithm with one comparison. Tests pass a `FakeClock` and never sleep.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -111,13 +112,17 @@ class TestSwitch:
         # what a reset empties: each memory store, each engine's local overrides
         # (held weakly: a test's own stores go when the test drops them)
         self.resets: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()  # an application thread may build a store meanwhile
 
     def track(self, owner: object, method: str) -> None:
         """``owner.method()`` empties ``owner`` at every `reset`."""
-        self.resets[owner] = method
+        with self._lock:
+            self.resets[owner] = method
 
     def reset(self) -> None:
-        for owner, method in list(self.resets.items()):
+        with self._lock:
+            owners = list(self.resets.items())
+        for owner, method in owners:
             getattr(owner, method)()
 
     def time_ns(self) -> int:

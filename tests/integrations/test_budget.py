@@ -33,6 +33,7 @@ def headers(**given: str) -> dict[str, str]:
         # a reset far away is held to a day
         ({"X_RateLimit_Remaining": "0", "X_RateLimit_Reset": "999999999"},
          Budget(0, 86400.0, None)),
+        ({"X_RateLimit_Remaining": "2", "X_RateLimit_Reset": "1.5"}, Budget(2, 1.5, None)),
         ({"X_RateLimit_Remaining": "lots"}, None),
         ({"X_RateLimit_Remaining": "-1"}, None),
         ({"RateLimit": "garbage;;;"}, None),
@@ -59,9 +60,11 @@ def test_a_spent_budget_holds_calls_back_until_its_reset_then_the_quota_goes() -
     assert clock.now_ns == NOW * 1e9  # two went at once: the two the provider said remain
     p.permit(limiter, "api")  # the third waits for the reset
     assert clock.now_ns / 1e9 - NOW == pytest.approx(10)
-    p.permit(limiter, "api")  # the new window: its quota, 3, until an answer says more
-    p.permit(limiter, "api")
-    assert clock.now_ns / 1e9 - NOW == pytest.approx(10)
+    # the new window: its quota, 3, less the 2 sent since the answer (a reset said
+    # in whole seconds may come after the window's edge: they may be in the new one)
+    p.max_wait = 1.0
+    with pytest.raises(RateLimitTimeout, match="longer than max_wait"):
+        p.permit(limiter, "api")  # and then the answers of the calls in flight decide
 
 
 def test_calls_in_flight_count_against_what_an_answer_says() -> None:
@@ -81,13 +84,35 @@ def test_an_older_answer_never_raises_the_budget() -> None:
     clock = FakeClock(NOW)
     limiter = Limiter("1000/second", store=MemoryStore(clock=clock))
     p = pauses(clock, max_wait=0.0)
-    p.permit(limiter, "api")
-    p.permit(limiter, "api")
+    first = p.permit(limiter, "api")
+    second = p.permit(limiter, "api")
     # the second call's answer overtakes the first's
-    p.after("api", 200, headers(X_RateLimit_Remaining="0", X_RateLimit_Reset="10").get)
-    p.after("api", 200, headers(X_RateLimit_Remaining="1", X_RateLimit_Reset="10").get)
+    p.after("api", 200, headers(X_RateLimit_Remaining="0", X_RateLimit_Reset="10").get, second)
+    p.after("api", 200, headers(X_RateLimit_Remaining="1", X_RateLimit_Reset="10").get, first)
     with pytest.raises(RateLimitTimeout):
         p.permit(limiter, "api")
+
+
+def test_a_later_answer_replaces_the_budget() -> None:
+    """Each answer to a later call is the provider's newest word: a budget that
+    only ever went down would hold calls back the provider still has room for."""
+    clock = FakeClock(NOW)
+    limiter = Limiter("1000/second", store=MemoryStore(clock=clock))
+    p = pauses(clock, max_wait=0.0)
+    for _ in range(20):  # the provider keeps saying 5 are left: none is ever held back
+        call = p.permit(limiter, "api")
+        p.after("api", 200, headers(X_RateLimit_Remaining="5", X_RateLimit_Reset="10").get, call)
+    assert clock.now_ns == NOW * 1e9
+
+
+def test_a_budget_without_a_reset_is_looked_at_again_after_default_pause() -> None:
+    clock = FakeClock(NOW)
+    limiter = Limiter("1000/second", store=MemoryStore(clock=clock))
+    p = pauses(clock)
+    call = p.permit(limiter, "api")
+    p.after("api", 200, headers(X_RateLimit_Remaining="0").get, call)
+    p.permit(limiter, "api")  # waits default_pause (1 s), not for good
+    assert clock.now_ns / 1e9 - NOW == pytest.approx(1.0)
 
 
 def test_a_call_that_gets_no_permit_gives_its_share_of_the_budget_back() -> None:
@@ -99,7 +124,7 @@ def test_a_call_that_gets_no_permit_gives_its_share_of_the_budget_back() -> None
     with pytest.raises(RateLimitTimeout):
         p.permit(limiter, "api")  # the local limit says no: nothing was sent
     assert p._left["api"].remaining == 5
-    assert p._in_flight["api"] == 0
+    assert p._in_flight.get("api", 0) == 0
 
 
 def test_the_local_limiter_stays_the_ceiling() -> None:
@@ -134,5 +159,5 @@ def test_a_call_that_fails_on_the_wire_is_no_longer_in_flight() -> None:
             with pytest.raises(httpx.ConnectError):
                 client.get("https://api.example/down")
         assert client.get("https://api.example/up").status_code == 200
-    assert transport.pauses._in_flight["api.example"] == 0
+    assert transport.pauses._in_flight.get("api.example", 0) == 0  # forgotten at none
     assert transport.pauses._left["api.example"].remaining == 5

@@ -104,3 +104,11 @@ def test_check_config_shows_the_calendar(
     shown = capsys.readouterr().out
     assert '"calendar": {' in shown
     assert '"tz": "Europe/Berlin"' in shown
+
+
+def test_a_calendar_under_a_two_tier_default_is_refused_when_the_file_loads() -> None:
+    with pytest.raises(RuleFileError, match="no adaptive, shards or two_tier"):
+        loads("""
+            defaults: {store: two_tier}
+            rules: [{name: m, rate: 5/month, calendar: {tz: UTC}}]
+        """)

@@ -102,7 +102,12 @@ def test_bad_server_limits_are_said_in_the_options_names(args: list[str], said: 
 
 @pytest.mark.parametrize(
     ("http", "grpc"),
-    [("27080", "27080"), ("0.0.0.0:27080", "127.0.0.1:27080"), (":27080", "[::1]:27080")],
+    [
+        ("27080", "27080"),
+        ("0.0.0.0:27080", "127.0.0.1:27080"),
+        ("[::]:27080", "127.0.0.1:27080"),
+        ("localhost:27080", "127.0.0.1:27080"),
+    ],
 )
 def test_both_listeners_on_one_port_is_said_to_be_our_own_clash(http: str, grpc: str) -> None:
     """Bound, the second would fail with the system's "address already in use",
@@ -115,6 +120,8 @@ def test_listeners_on_other_ports_or_hosts_are_no_clash() -> None:
     check_options(options("--http", "0", "--grpc", "0"))  # the system picks two ports
     check_options(options("--http", "127.0.0.1:27080", "--grpc", "127.0.0.2:27080"))
     check_options(options("--http", "27080", "--grpc", "27081"))
+    # IPv4's wildcard and an IPv6 address bind apart
+    check_options(options("--http", "0.0.0.0:27080", "--grpc", "[::1]:27080"))
 
 
 def test_grpc_left_to_its_default_is_off_without_the_grpc_extra(

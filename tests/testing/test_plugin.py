@@ -161,6 +161,43 @@ def test_the_next_has_the_files_limit(ratewarden):
     result.assert_outcomes(passed=2)
 
 
+def test_an_app_a_conftest_imports_follows_the_fixture(pytester: pytest.Pytester) -> None:
+    """pytest imports conftest.py before its configure hooks run: the switch is
+    in place by then, as the plugin installs it when pytest loads it."""
+    pytester.makeconftest("from app import AT_IMPORT as FROM_CONFTEST\n")
+    result = run(
+        pytester,
+        """
+from conftest import FROM_CONFTEST
+
+def test_a_window_passes(ratewarden):
+    assert [FROM_CONFTEST.hit("k").allowed for _ in range(3)] == [True, True, False]
+    ratewarden.advance(120)
+    assert FROM_CONFTEST.hit("k").allowed
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_the_marker_holds_beside_the_fixture(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+import pytest
+from app import AT_IMPORT
+
+@pytest.mark.ratewarden_off
+def test_off_with_fake_time(ratewarden):
+    assert not ratewarden.limiting
+    assert all(AT_IMPORT.hit("k").allowed for _ in range(50))
+
+def test_on_after(ratewarden):
+    assert [AT_IMPORT.hit("k").allowed for _ in range(3)] == [True, True, False]
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
 def test_without_the_fixture_time_is_the_systems() -> None:
     """This suite runs under the plugin too: a store built here reads the
     switch, which reads the system clock while no test asked for fake time."""

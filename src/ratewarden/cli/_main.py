@@ -287,7 +287,7 @@ class _NoTerminal:
 # extra brings the module names that one instead (`serve` gets PyYAML from server).
 _EXTRA_OF_MODULE = {
     "yaml": "rules", "redis": "redis", "hiredis": "redis", "matplotlib": "simulate",
-    "google": "grpc", "grpc_tools": "grpc", "hpack": "grpc",
+    "google": "grpc", "grpc_tools": "grpc", "grpc": "grpc", "hpack": "grpc",
     "httptools": "server", "uvloop": "server", "prometheus_client": "server",
 }  # fmt: skip
 _EXTRA_OF_COMMAND = {"serve": "server", "quota": "fleet", "simulate": "fleet"}

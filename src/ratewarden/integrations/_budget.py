@@ -51,6 +51,16 @@ def _whole(text: str | None) -> int | None:
     return int(text)
 
 
+def _seconds(text: str | None) -> float | None:
+    """Seconds as a provider writes them: whole (``30``) or with a fraction (``1.5``)."""
+    if text is None:
+        return None
+    whole, dot, fraction = text.strip().partition(".")
+    if _whole(whole) is None or (dot and _whole(fraction) is None):
+        return None
+    return float(text)
+
+
 def _params(item: str) -> dict[str, str]:
     """The ``;key=value`` parameters of one structured-field item."""
     match = _ITEM.match(item)
@@ -71,7 +81,7 @@ def _structured(header: Header) -> tuple[int, float, int | None] | None:  # (lef
     least: tuple[int, float] | None = None
     for item in value.split(","):
         params = _params(item)
-        remaining, reset = _whole(params.get("r")), _whole(params.get("t"))
+        remaining, reset = _whole(params.get("r")), _seconds(params.get("t"))
         if remaining is None:
             continue
         if least is None or remaining < least[0]:
@@ -93,8 +103,8 @@ def read_budget(header: Header, now: float) -> Budget | None:
         for prefix in ("ratelimit-", "x-ratelimit-"):
             remaining = _whole(header(prefix + "remaining"))
             if remaining is not None:
-                given = _whole(header(prefix + "reset"))
-                seconds = 0.0 if given is None else float(given)
+                given = _seconds(header(prefix + "reset"))
+                seconds = 0.0 if given is None else given
                 if seconds > UNIX_TIME:
                     seconds = max(0.0, seconds - now)
                 found = remaining, seconds, _whole(header(prefix + "limit"))

@@ -15,6 +15,7 @@ the request and send.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Awaitable, Collection
@@ -74,8 +75,10 @@ class _Left:
     """What a provider said remains on a key, less the calls sent since."""
 
     remaining: int
-    reset_at: int | None  # ns on the clock; None: not said
+    reset_at: int | None  # ns on the clock; None: a new window, its end not said yet
     limit: int | None  # a window's quota, for the window after reset_at
+    call: int = 0  # the call whose answer said it
+    since: int = 0  # calls in flight when it was said, and sent since
 
 
 # A provider's Retry-After is capped at a day: a bogus 99999999999 would pause a key
@@ -127,66 +130,93 @@ class Pauses:
         self._until: dict[str, int] = {}
         self._left: dict[str, _Left] = {}  # what each key's provider says remains
         self._in_flight: dict[str, int] = {}  # calls sent, not answered yet
+        self._calls = itertools.count(1)
         self._lock = threading.Lock()
 
-    def _wait(self, key: str) -> float:
+    def _wait(self, key: str) -> tuple[float, int]:
         """Seconds ``key`` must wait before a call may go, for a pause or for the
-        provider's budget; 0 when it may go now, the call then counted as sent."""
+        provider's budget; 0 when it may go now, with the call's number, the call
+        then counted as sent."""
         now = self.clock.time_ns()
         with self._lock:
             until = self._until.get(key)
             if until is not None:
                 if until > now:
-                    return (until - now) / 1e9
+                    return (until - now) / 1e9, 0
                 del self._until[key]
             left = self._left.get(key)
+            if left is not None and left.reset_at is not None and now >= left.reset_at:
+                if left.limit is None:  # a new window, of a size not said: not guessed
+                    del self._left[key]
+                    left = None
+                else:
+                    # a new window: the provider's quota, until its next answer, less
+                    # every call since the last answer and those it found in flight:
+                    # a reset rounded up to whole seconds comes after the window's
+                    # real edge, and they may have landed in the new window already
+                    left.remaining = max(0, left.limit - left.since)
+                    left.reset_at = None
+            in_flight = self._in_flight.get(key, 0)
+            if left is not None and left.remaining <= 0:
+                if left.reset_at is not None:
+                    return (left.reset_at - now) / 1e9, 0
+                if in_flight:  # their answers will say
+                    return POLL, 0
+                del self._left[key]  # nothing will say: unknown again, the limiter decides
+                left = None
             if left is not None:
-                if left.reset_at is not None and now >= left.reset_at:
-                    if left.limit is None:  # a new window, of a size not said: not guessed
-                        del self._left[key]
-                        left = None
-                    else:  # a new window: the provider's quota, until its next answer
-                        left.remaining, left.reset_at = left.limit, None
-                if left is not None:
-                    if left.remaining <= 0:
-                        # the answers of the calls in flight say when, if no reset did
-                        return POLL if left.reset_at is None else (left.reset_at - now) / 1e9
-                    left.remaining -= 1
-            self._in_flight[key] = self._in_flight.get(key, 0) + 1
-            return 0.0
+                left.remaining -= 1
+                left.since += 1
+            self._in_flight[key] = in_flight + 1
+            return 0.0, next(self._calls)
 
     def _unsent(self, key: str) -> None:
         """A call counted as sent that did not go (no permit in time)."""
         with self._lock:
-            self._in_flight[key] = max(0, self._in_flight.get(key, 0) - 1)
+            self._landed(key)
             left = self._left.get(key)
             if left is not None:
                 left.remaining += 1
+                left.since -= 1
 
     def unanswered(self, key: str) -> None:
         """A call sent that got no answer (a transport error, a cancel): no longer
         in flight. Its share of the budget stays spent: the provider may have
         counted it."""
         with self._lock:
-            self._in_flight[key] = max(0, self._in_flight.get(key, 0) - 1)
+            self._landed(key)
+
+    def _landed(self, key: str) -> int:
+        """One call of ``key`` no longer in flight; how many still are. Held under
+        the lock; a key with none is forgotten, so keys come and go."""
+        left = self._in_flight.get(key, 0) - 1
+        if left > 0:
+            self._in_flight[key] = left
+            return left
+        self._in_flight.pop(key, None)
+        return 0
 
     def _waited(self, key: str, deadline: float, wait: float) -> None:
         """`RateLimitTimeout` when waiting ``wait`` more seconds passes ``deadline``."""
         now = self.clock.time_ns() / 1e9
         if now + wait > deadline:
             raise RateLimitTimeout(
-                f"{key!r}: the provider asked for a pause of {wait:.6g}s (a Retry-After, or"
-                f" its budget spent until a reset), more than max_wait={self.max_wait}s",
+                f"{key!r}: the provider asked for a pause of {wait:.6g}s more (a Retry-After,"
+                f" or its budget spent until a reset), longer than max_wait={self.max_wait}s"
+                " allows",
                 key=key,
                 retry_after=wait,
             )
 
-    def permit(self, limiter: Limiter | Quota, key: str) -> None:
+    def permit(self, limiter: Limiter | Quota, key: str) -> int:
         """Sit out a pause on ``key`` and wait for the provider's budget, then
         take a permit: all within ``max_wait``. A fleet quota has one permit pool
-        for every key."""
+        for every key. The call's number, for `after`."""
         deadline = self.clock.time_ns() / 1e9 + self.max_wait
-        while wait := self._wait(key):
+        while True:
+            wait, call = self._wait(key)
+            if not wait:
+                break
             self._waited(key, deadline, wait)
             self.clock.sleep(wait)
         left = max(0.0, deadline - self.clock.time_ns() / 1e9)
@@ -198,11 +228,15 @@ class Pauses:
         except BaseException:
             self._unsent(key)
             raise
+        return call
 
-    async def apermit(self, limiter: AsyncLimiter | AsyncQuota, key: str) -> None:
+    async def apermit(self, limiter: AsyncLimiter | AsyncQuota, key: str) -> int:
         """`permit` without blocking the event loop."""
         deadline = self.clock.time_ns() / 1e9 + self.max_wait
-        while wait := self._wait(key):
+        while True:
+            wait, call = self._wait(key)
+            if not wait:
+                break
             self._waited(key, deadline, wait)
             await self.clock.asleep(wait)
         left = max(0.0, deadline - self.clock.time_ns() / 1e9)
@@ -214,28 +248,34 @@ class Pauses:
         except BaseException:
             self._unsent(key)
             raise
+        return call
 
-    def after(self, key: str, status: int, header: Header) -> float | None:
-        """Note a response, whose headers ``header`` reads by lower-case name:
-        the provider's budget for ``key``, and the pause it starts, in seconds,
-        if any."""
+    def after(self, key: str, status: int, header: Header, call: int = 0) -> float | None:
+        """Note the answer to ``call`` (the number `permit` gave), whose headers
+        ``header`` reads by lower-case name: the provider's budget for ``key``,
+        and the pause it starts, in seconds, if any."""
         now = self.clock.time_ns()
         budget = read_budget(header, now / 1e9)
         with self._lock:
-            in_flight = self._in_flight[key] = max(0, self._in_flight.get(key, 0) - 1)
+            in_flight = self._landed(key)
             if budget is not None:
                 # the calls still in flight may not be in the provider's count yet
                 remaining = max(0, budget.remaining - in_flight)
                 known = self._left.get(key)
-                if known is not None and (known.reset_at is None or known.reset_at > now):
-                    # answers overtake one another: each says a floor of what is
-                    # left in this window, and the lowest is the latest
-                    remaining = min(remaining, known.remaining)
-                self._left[key] = _Left(
-                    remaining,
-                    now + round(budget.reset * 1e9) if budget.reset > 0 else None,
-                    budget.limit,
-                )
+                if (
+                    known is not None
+                    and known.call > call
+                    and (known.reset_at is None or known.reset_at > now)
+                ):
+                    # an answer overtaken by a later call's, in the same window:
+                    # it can only say less is left
+                    known.remaining = min(known.remaining, remaining)
+                else:
+                    # no reset said: look again after default_pause, the limiter
+                    # deciding alone from then until an answer says more
+                    reset = budget.reset if budget.reset > 0 else self.default_pause
+                    self._left[key] = _Left(remaining, now + round(reset * 1e9),
+                                            budget.limit, call, in_flight)  # fmt: skip
         if status not in self.pause_on:
             return None
         seconds = retry_after_seconds(header("retry-after"), now)

@@ -53,12 +53,18 @@ class RateLimitMiddleware:
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         key = self.key(request)
-        await self.pauses.apermit(self.limiter, key)
+        call = await self.pauses.apermit(self.limiter, key)
         try:
             response = await handler(request)
         except BaseException:
             self.pauses.unanswered(key)
             raise
         observe(self.limiter, response.status)
-        self.pauses.after(key, response.status, response.headers.get)
+        # every line of a header that comes more than once (RateLimit: one per limit)
+        headers = response.headers
+
+        def header(name: str) -> str | None:
+            return ", ".join(headers.getall(name, ())) or None
+
+        self.pauses.after(key, response.status, header, call)
         return response

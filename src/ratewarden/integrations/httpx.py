@@ -66,10 +66,13 @@ class _Transport(Generic[Q, T]):
             clock_of(limiter), max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
         )
 
-    def _answered(self, key: str, response: httpx.Response) -> httpx.Response:
+    def _answered(self, key: str, response: httpx.Response, call: int) -> httpx.Response:
         """Tell a fleet quota the status, and pause ``key`` if the provider asks."""
         observe(self.limiter, response.status_code)
-        self.pauses.after(key, response.status_code, response.headers.get)
+        # every line of a header that comes more than once (RateLimit: one per limit)
+        headers = response.headers
+        self.pauses.after(key, response.status_code,
+                          lambda name: ", ".join(headers.get_list(name)) or None, call)  # fmt: skip
         return response
 
 
@@ -81,13 +84,13 @@ class RateLimitTransport(_Transport[Limiter | Quota, httpx.BaseTransport], httpx
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
-        self.pauses.permit(self.limiter, key)
+        call = self.pauses.permit(self.limiter, key)
         try:
             response = self.transport.handle_request(request)
         except BaseException:
             self.pauses.unanswered(key)
             raise
-        return self._answered(key, response)
+        return self._answered(key, response, call)
 
     def close(self) -> None:
         self.transport.close()
@@ -103,13 +106,13 @@ class AsyncRateLimitTransport(
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
-        await self.pauses.apermit(self.limiter, key)
+        call = await self.pauses.apermit(self.limiter, key)
         try:
             response = await self.transport.handle_async_request(request)
         except BaseException:
             self.pauses.unanswered(key)
             raise
-        return self._answered(key, response)
+        return self._answered(key, response, call)
 
     async def aclose(self) -> None:
         await self.transport.aclose()

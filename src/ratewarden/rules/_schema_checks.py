@@ -226,7 +226,8 @@ def _check_calendar(
     if algorithm != "fixed_window":
         bad("calendar", f"a calendar counts in fixed windows (its periods), not {algorithm!r}")
         return
-    if rule.adaptive is not None or rule.shards not in (None, 1) or rule.store == "two_tier":
+    two_tier = (rule.store or defaults.store) == "two_tier"
+    if rule.adaptive is not None or rule.shards not in (None, 1) or two_tier:
         bad("calendar", "a calendar limit is a plain fixed window: no adaptive, shards or two_tier")
     for rate in as_list(rule.rate):
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import logging
 import math
 import os
@@ -247,15 +248,22 @@ def _grpc_address(given: str | None) -> str | None:
         return DEFAULT_GRPC if grpc_installed() else None
     address = listen_address(given, "--grpc")
     if address is not None:
-        from . import _grpc_server  # noqa: F401, PLC0415 - the grpc extra, named if missing
+        # the grpc extra, named by the command line if a part is missing
+        from grpc_tools import protoc  # noqa: F401, PLC0415
+
+        from . import _grpc_server  # noqa: F401, PLC0415
     return address
 
 
 def grpc_installed() -> bool:
-    try:
-        from . import _grpc_server  # noqa: F401, PLC0415 - the grpc extra, if installed
-    except ModuleNotFoundError:
-        return False
+    """Whether every package the grpc extra brings is here (protobuf alone may
+    come with another extra: otel's)."""
+    for module in ("grpc_tools", "google.protobuf", "hpack"):
+        try:
+            if importlib.util.find_spec(module) is None:
+                return False
+        except ModuleNotFoundError:  # "google" itself is missing
+            return False
     return True
 
 
@@ -342,9 +350,6 @@ def check_options(options: ServeOptions) -> None:
         check_environment()
 
 
-_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
-
-
 def _distinct(http: str, grpc: str) -> None:
     """The two listeners on one port would fail with the system's "address
     already in use", as if another program held it: say that it is our own."""
@@ -352,10 +357,23 @@ def _distinct(http: str, grpc: str) -> None:
     grpc_host, grpc_port = parse_address(grpc, "--grpc")
     if http_port != grpc_port or http_port == 0:
         return
-    if http_host == grpc_host or http_host in _WILDCARDS or grpc_host in _WILDCARDS:
+    if _overlap(http_host, grpc_host):
         raise ConfigurationError(
             f"--http {http} and --grpc {grpc} ask for the same port: each listener needs its own"
         )
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether two listening hosts share addresses: the same one; IPv4's
+    wildcard and any IPv4 address; IPv6's wildcard (dual-stack) and any."""
+    a, b = (_LOCALHOST.get(host, host) for host in (a, b))
+    if a == b or "::" in (a, b):
+        return True
+    v6 = ":" in a, ":" in b
+    return "0.0.0.0" in (a, b) and v6 == (False, False)
+
+
+_LOCALHOST = {"localhost": "127.0.0.1"}
 
 
 class _Servers:

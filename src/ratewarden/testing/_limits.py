@@ -31,15 +31,13 @@ class RateLimits:
         """The fake clock in force and the memory stores emptied."""
         switch = install_test_switch()
         limits = cls(switch, FakeClock() if clock is None else clock)
-        switch.clock = limits.clock
-        switch.off = False
+        switch.clock = limits.clock  # limiting on or off stays as a marker or fixture set it
         limits.reset()
         return limits
 
     def stop(self) -> None:
-        """The system clock back, limiting on, the memory stores emptied."""
+        """The system clock back, the memory stores emptied."""
         self._switch.clock = SystemClock()
-        self._switch.off = False
         self.reset()
 
     def advance(self, seconds: float) -> None:

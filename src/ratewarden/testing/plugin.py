@@ -1,7 +1,8 @@
 """ratewarden's pytest plugin: fixtures for code that is rate limited.
 
-pytest loads it through the ``pytest11`` entry point. Loading installs the
-switch that stores built without a clock read time through (`TestSwitch`); it
+pytest loads it through the ``pytest11`` entry point, before any conftest.py.
+Loading installs the switch that stores built without a clock read time
+through (`TestSwitch`); it
 reads the system clock until a test asks for the ``ratewarden`` fixture, so a
 test that uses none of this sees what it would without the plugin. ``-p
 no:ratewarden`` leaves the plugin out.
@@ -20,12 +21,15 @@ __all__ = ["ratewarden", "ratewarden_off"]
 
 OFF = "ratewarden_off"
 
+# As pytest loads the plugin, before any conftest.py is imported: an application
+# a conftest.py imports builds its stores on the switch too.
+install_test_switch()
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{OFF}: every ratewarden limit admits every request in this test"
     )
-    install_test_switch()
 
 
 @pytest.fixture
