@@ -15,10 +15,11 @@ the request and send.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import threading
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Collection, Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Protocol
@@ -178,6 +179,15 @@ class Pauses:
             if left is not None:
                 left.remaining += 1
                 left.since -= 1
+
+    @contextlib.contextmanager
+    def sending(self, key: str) -> Iterator[None]:
+        """Around a call's sending: one that raises got no answer (`unanswered`)."""
+        try:
+            yield
+        except BaseException:
+            self.unanswered(key)
+            raise
 
     def unanswered(self, key: str) -> None:
         """A call sent that got no answer (a transport error, a cancel): no longer

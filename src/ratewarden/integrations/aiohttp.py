@@ -54,11 +54,8 @@ class RateLimitMiddleware:
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         key = self.key(request)
         call = await self.pauses.apermit(self.limiter, key)
-        try:
+        with self.pauses.sending(key):
             response = await handler(request)
-        except BaseException:
-            self.pauses.unanswered(key)
-            raise
         observe(self.limiter, response.status)
         # every line of a header that comes more than once (RateLimit: one per limit)
         headers = response.headers

@@ -85,11 +85,8 @@ class RateLimitTransport(_Transport[Limiter | Quota, httpx.BaseTransport], httpx
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
         call = self.pauses.permit(self.limiter, key)
-        try:
+        with self.pauses.sending(key):
             response = self.transport.handle_request(request)
-        except BaseException:
-            self.pauses.unanswered(key)
-            raise
         return self._answered(key, response, call)
 
     def close(self) -> None:
@@ -107,11 +104,8 @@ class AsyncRateLimitTransport(
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
         call = await self.pauses.apermit(self.limiter, key)
-        try:
+        with self.pauses.sending(key):
             response = await self.transport.handle_async_request(request)
-        except BaseException:
-            self.pauses.unanswered(key)
-            raise
         return self._answered(key, response, call)
 
     async def aclose(self) -> None:
