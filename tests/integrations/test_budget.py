@@ -161,3 +161,21 @@ def test_a_call_that_fails_on_the_wire_is_no_longer_in_flight() -> None:
         assert client.get("https://api.example/up").status_code == 200
     assert transport.pauses._in_flight.get("api.example", 0) == 0  # forgotten at none
     assert transport.pauses._left["api.example"].remaining == 5
+
+
+def test_the_keys_kept_are_bounded_whatever_keys_the_calls_bring(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ratewarden.integrations import _consumer  # noqa: PLC0415
+
+    monkeypatch.setattr(_consumer, "MAX_KEYS", 50)
+    clock = FakeClock(NOW)
+    limiter = Limiter("1000000/second", store=MemoryStore(clock=clock))
+    p = pauses(clock)
+    answer = headers(X_RateLimit_Remaining="5", X_RateLimit_Reset="60", Retry_After="60")
+    for i in range(500):  # a key per tenant, say
+        call = p.permit(limiter, f"tenant-{i}")
+        p.after(f"tenant-{i}", 429, answer.get, call)
+    assert len(p._left) <= 50
+    assert len(p._until) <= 50
+    assert len(p._in_flight) == 0

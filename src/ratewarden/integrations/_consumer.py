@@ -69,6 +69,9 @@ def clock_of(limiter: Limiter | AsyncLimiter | Quota | AsyncQuota) -> Clock:
 # Seconds between looks at a key whose budget is spent, while the answers of its
 # calls in flight have not said when it comes back.
 POLL = 0.05
+# Keys whose budget or pause is kept at most: past it, the ones whose reset or
+# pause has passed are dropped (they say nothing any more), then the oldest.
+MAX_KEYS = 10_000
 
 
 @dataclass(slots=True)
@@ -286,6 +289,8 @@ class Pauses:
                     reset = budget.reset if budget.reset > 0 else self.default_pause
                     self._left[key] = _Left(remaining, now + round(reset * 1e9),
                                             budget.limit, call, in_flight)  # fmt: skip
+                    if len(self._left) > MAX_KEYS:
+                        self._bound(now)
         if status not in self.pause_on:
             return None
         seconds = retry_after_seconds(header("retry-after"), now)
@@ -298,7 +303,21 @@ class Pauses:
         with self._lock:
             until = now + round(seconds * 1e9)
             self._until[key] = max(until, self._until.get(key, 0))
+            if len(self._until) > MAX_KEYS:
+                self._bound(now)
         return seconds
+
+    def _bound(self, now: int) -> None:
+        """Hold the keys kept to `MAX_KEYS`, whatever keys the calls bring: what
+        has ended goes first, then the oldest kept. Held under the lock."""
+        for key in [k for k, until in self._until.items() if until <= now]:
+            del self._until[key]
+        for key in [k for k, left in self._left.items()
+                    if left.reset_at is not None and left.reset_at <= now]:  # fmt: skip
+            del self._left[key]
+        for kept in (self._until, self._left):
+            while len(kept) > MAX_KEYS:  # dicts keep their order: the oldest first
+                del kept[next(iter(kept))]
 
     def __len__(self) -> int:
         return len(self._until)
