@@ -16,7 +16,6 @@ the request and send.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import threading
 from collections.abc import Awaitable, Collection, Iterator
@@ -81,7 +80,6 @@ class _Left:
     remaining: int
     reset_at: int | None  # ns on the clock; None: a new window, its end not said yet
     limit: int | None  # a window's quota, for the window after reset_at
-    call: int = 0  # the call whose answer said it
     since: int = 0  # calls in flight when it was said, and sent since
 
 
@@ -134,19 +132,17 @@ class Pauses:
         self._until: dict[str, int] = {}
         self._left: dict[str, _Left] = {}  # what each key's provider says remains
         self._in_flight: dict[str, int] = {}  # calls sent, not answered yet
-        self._calls = itertools.count(1)
         self._lock = threading.Lock()
 
-    def _wait(self, key: str) -> tuple[float, int]:
+    def _wait(self, key: str) -> float:
         """Seconds ``key`` must wait before a call may go, for a pause or for the
-        provider's budget; 0 when it may go now, with the call's number, the call
-        then counted as sent."""
+        provider's budget; 0 when it may go now, the call then counted as sent."""
         now = self.clock.time_ns()
         with self._lock:
             until = self._until.get(key)
             if until is not None:
                 if until > now:
-                    return (until - now) / 1e9, 0
+                    return (until - now) / 1e9
                 del self._until[key]
             left = self._left.get(key)
             if left is not None and left.reset_at is not None and now >= left.reset_at:
@@ -163,16 +159,16 @@ class Pauses:
             in_flight = self._in_flight.get(key, 0)
             if left is not None and left.remaining <= 0:
                 if left.reset_at is not None:
-                    return (left.reset_at - now) / 1e9, 0
+                    return (left.reset_at - now) / 1e9
                 if in_flight:  # their answers will say
-                    return POLL, 0
+                    return POLL
                 del self._left[key]  # nothing will say: unknown again, the limiter decides
                 left = None
             if left is not None:
                 left.remaining -= 1
                 left.since += 1
             self._in_flight[key] = in_flight + 1
-            return 0.0, next(self._calls)
+            return 0.0
 
     def _unsent(self, key: str) -> None:
         """A call counted as sent that did not go (no permit in time)."""
@@ -221,15 +217,12 @@ class Pauses:
                 retry_after=wait,
             )
 
-    def permit(self, limiter: Limiter | Quota, key: str) -> int:
+    def permit(self, limiter: Limiter | Quota, key: str) -> None:
         """Sit out a pause on ``key`` and wait for the provider's budget, then
         take a permit: all within ``max_wait``. A fleet quota has one permit pool
-        for every key. The call's number, for `after`."""
+        for every key."""
         deadline = self.clock.time_ns() / 1e9 + self.max_wait
-        while True:
-            wait, call = self._wait(key)
-            if not wait:
-                break
+        while wait := self._wait(key):
             self._waited(key, deadline, wait)
             self.clock.sleep(wait)
         left = max(0.0, deadline - self.clock.time_ns() / 1e9)
@@ -241,15 +234,11 @@ class Pauses:
         except BaseException:
             self._unsent(key)
             raise
-        return call
 
-    async def apermit(self, limiter: AsyncLimiter | AsyncQuota, key: str) -> int:
+    async def apermit(self, limiter: AsyncLimiter | AsyncQuota, key: str) -> None:
         """`permit` without blocking the event loop."""
         deadline = self.clock.time_ns() / 1e9 + self.max_wait
-        while True:
-            wait, call = self._wait(key)
-            if not wait:
-                break
+        while wait := self._wait(key):
             self._waited(key, deadline, wait)
             await self.clock.asleep(wait)
         left = max(0.0, deadline - self.clock.time_ns() / 1e9)
@@ -261,12 +250,10 @@ class Pauses:
         except BaseException:
             self._unsent(key)
             raise
-        return call
 
-    def after(self, key: str, status: int, header: Header, call: int = 0) -> float | None:
-        """Note the answer to ``call`` (the number `permit` gave), whose headers
-        ``header`` reads by lower-case name: the provider's budget for ``key``,
-        and the pause it starts, in seconds, if any."""
+    def after(self, key: str, status: int, header: Header) -> float | None:
+        """Note an answer, whose headers ``header`` reads by lower-case name: the
+        provider's budget for ``key``, and the pause it starts, in seconds, if any."""
         now = self.clock.time_ns()
         budget = read_budget(header, now / 1e9)
         with self._lock:
@@ -275,20 +262,18 @@ class Pauses:
                 # the calls still in flight may not be in the provider's count yet
                 remaining = max(0, budget.remaining - in_flight)
                 known = self._left.get(key)
-                if (
-                    known is not None
-                    and known.call > call
-                    and (known.reset_at is None or known.reset_at > now)
-                ):
-                    # an answer overtaken by a later call's, in the same window:
-                    # it can only say less is left
+                if known is not None and (known.reset_at is None or known.reset_at > now):
+                    # in one window an answer can only say less is left: calls from
+                    # several threads reach the provider in another order than they
+                    # were sent, and an answer counted before a call already
+                    # answered (so no longer in flight) says one too many
                     known.remaining = min(known.remaining, remaining)
                 else:
                     # no reset said: look again after default_pause, the limiter
                     # deciding alone from then until an answer says more
                     reset = budget.reset if budget.reset > 0 else self.default_pause
                     self._left[key] = _Left(remaining, now + round(reset * 1e9),
-                                            budget.limit, call, in_flight)  # fmt: skip
+                                            budget.limit, in_flight)  # fmt: skip
                     if len(self._left) > MAX_KEYS:
                         self._bound(now)
         if status not in self.pause_on:

@@ -53,7 +53,7 @@ class RateLimitMiddleware:
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         key = self.key(request)
-        call = await self.pauses.apermit(self.limiter, key)
+        await self.pauses.apermit(self.limiter, key)
         with self.pauses.sending(key):
             response = await handler(request)
         observe(self.limiter, response.status)
@@ -63,5 +63,5 @@ class RateLimitMiddleware:
         def header(name: str) -> str | None:
             return ", ".join(headers.getall(name, ())) or None
 
-        self.pauses.after(key, response.status, header, call)
+        self.pauses.after(key, response.status, header)
         return response

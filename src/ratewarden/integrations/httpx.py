@@ -66,13 +66,13 @@ class _Transport(Generic[Q, T]):
             clock_of(limiter), max_wait=max_wait, pause_on=pause_on, default_pause=default_pause
         )
 
-    def _answered(self, key: str, response: httpx.Response, call: int) -> httpx.Response:
+    def _answered(self, key: str, response: httpx.Response) -> httpx.Response:
         """Tell a fleet quota the status, and pause ``key`` if the provider asks."""
         observe(self.limiter, response.status_code)
         # every line of a header that comes more than once (RateLimit: one per limit)
         headers = response.headers
         self.pauses.after(key, response.status_code,
-                          lambda name: ", ".join(headers.get_list(name)) or None, call)  # fmt: skip
+                          lambda name: ", ".join(headers.get_list(name)) or None)  # fmt: skip
         return response
 
 
@@ -84,10 +84,10 @@ class RateLimitTransport(_Transport[Limiter | Quota, httpx.BaseTransport], httpx
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
-        call = self.pauses.permit(self.limiter, key)
+        self.pauses.permit(self.limiter, key)
         with self.pauses.sending(key):
             response = self.transport.handle_request(request)
-        return self._answered(key, response, call)
+        return self._answered(key, response)
 
     def close(self) -> None:
         self.transport.close()
@@ -103,10 +103,10 @@ class AsyncRateLimitTransport(
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         key = self.key(request)
-        call = await self.pauses.apermit(self.limiter, key)
+        await self.pauses.apermit(self.limiter, key)
         with self.pauses.sending(key):
             response = await self.transport.handle_async_request(request)
-        return self._answered(key, response, call)
+        return self._answered(key, response)
 
     async def aclose(self) -> None:
         await self.transport.aclose()
