@@ -111,14 +111,11 @@ def outcome_result(outcome: Outcome) -> CheckResult:
             reset = decision.reset_after
     retry = outcome.retry_after
     # the rule that denied, or, allowed, the one whose limit the numbers and the
-    # headers describe (the closest to its limit), as RateLimit-Policy names it
+    # headers describe (the closest to its limit). A rule of several rates names
+    # each of its limits "name@rate", and a rule's own name has no "@" (_schema_checks)
     rule = outcome.rule.name if outcome.rule is not None else None
-    if rule is None and decision is not None:
-        rule = decision.rule
-        for applicable in outcome.limits:  # a rule of several rates names each "name@rate"
-            if applicable.limit.name == rule:
-                rule = applicable.rule.name
-                break
+    if rule is None and decision is not None and decision.rule is not None:
+        rule = decision.rule.partition("@")[0]
     response = outcome.response
     body = response.body if outcome.action == "shadow_ban" and response is not None else None
     shadow = outcome.shadow

@@ -209,12 +209,13 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
             raise ConfigurationError(f"{args.token_file} holds no token")
     if args.demo and args.config is not None:
         raise ConfigurationError("--demo serves the example rules: give it or --config, not both")
+    grpc = _grpc_address(args.grpc)
     return ServeOptions(
         config=demo_rules() if args.demo else args.config,
         demo=args.demo,
         store=args.store,
         http=listen_address(args.http, "--http"),
-        grpc=_grpc_address(args.grpc),
+        grpc=grpc,
         envoy_config=tuple(args.envoy_config),
         domain=args.domain,
         token=token,
@@ -233,7 +234,7 @@ def options_from(args: argparse.Namespace) -> ServeOptions:
         quota_member_metrics=args.quota_member_metrics,
         envoy=envoy_options(args),
         reload_interval=args.config_reload_interval,
-        grpc_missing=args.grpc is None and not grpc_installed(),
+        grpc_missing=args.grpc is None and grpc is None,  # left to a default that is off
         otel=args.otel,
     )
 
