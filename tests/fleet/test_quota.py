@@ -371,7 +371,11 @@ def test_blocking_threads_are_served_alike_by_a_real_coordinator(
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     start = time.time() + 5.0  # both processes up and joined by then
-    times = (start, start + 3.0, start + 6.0)  # settle 3 s (a few refreshes), count 3 s
+    # settle 3 s (a few refreshes), then count 6 s: over 3 s, the permits lost at the
+    # window's two edges (a thread served just after it ends, a spawned process's
+    # first wake-ups) came to 1.2% of the total (533 of 540 wanted, once)
+    counted = 6.0
+    times = (start, start + 3.0, start + 3.0 + counted)
     processes = [
         context.Process(target=blocking_member,
                         args=((redis_single.url, name), f"m{i}", threads, times, out))
@@ -386,7 +390,7 @@ def test_blocking_threads_are_served_alike_by_a_real_coordinator(
             process.join(10)
             if process.is_alive():
                 process.kill()
-    assert served["m0"] + served["m1"] >= 0.9 * 200 * 3.0, served
+    assert served["m0"] + served["m1"] >= 0.9 * 200 * counted, served
     assert served["m0"] == pytest.approx(served["m1"], rel=0.25), served
 
 
