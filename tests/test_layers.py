@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "ratewarden",  # the face: what `import ratewarden` gives
     ),
     ("ratewarden.rules", "ratewarden.fleet"),
-    ("ratewarden.envoy", "ratewarden.sim"),
+    ("ratewarden.envoy", "ratewarden.sim", "ratewarden.rlqs"),
     ("ratewarden.integrations", "ratewarden.otel"),
     ("ratewarden.server",),
     ("ratewarden.cli",),

@@ -14,6 +14,7 @@ from ._coordinator_calls import (
     channel,
     keys,
     parse_refresh,
+    parse_show,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "channel",
     "keys",
     "parse_refresh",
+    "parse_show",
 ]

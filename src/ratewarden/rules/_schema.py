@@ -27,6 +27,7 @@ __all__ = [
     "PriorityFrom",
     "Refill",
     "Response",
+    "RlqsBucket",
     "Rule",
     "RuleFile",
     "as_list",
@@ -155,14 +156,32 @@ class Defaults(_Base, frozen=True):
     store: Counting = "exact"
 
 
+class RlqsBucket(_Base, frozen=True):
+    """Envoy's Rate Limit Quota Service buckets that share a total across the
+    proxies (``ratewarden.rlqs``): those of ``domain`` whose bucket id holds
+    ``bucket``'s entries (``*``: any value); each distinct id gets ``rate``,
+    split by ``algorithm``; ``lease``: seconds a proxy's share outlives its
+    last report; ``abandon_after``: seconds without a request before a proxy
+    is told to forget the bucket."""
+
+    name: str
+    domain: str
+    rate: str
+    bucket: dict[str, str] = {}
+    algorithm: str = "fair_share"
+    lease: float = 12.0  # Envoy 1.40 reports every 5 s: a lease outlives two reports
+    abandon_after: float = 300.0
+
+
 class RuleFile(_Base, frozen=True):
-    rules: list[Rule]
+    rules: list[Rule] = []
     version: Literal[1] = 1
     defaults: Defaults = msgspec.field(default_factory=Defaults)
     client_ip: ClientIP = msgspec.field(default_factory=ClientIP)
     # attributes the application gives beyond the front ends' own: rules may read
     # them without a warning
     attributes: list[str] = []
+    rlqs: list[RlqsBucket] = []
 
 
 # What the front ends put in a request's attributes, and so what a rule can read

@@ -99,10 +99,13 @@ def _check(rule_file: RuleFile, document: Document, shape: Shape | None) -> list
 
     _check_file_level(rule_file, problem)
     # a list of rules that is missing or of the wrong shape is reported already
-    if not rule_file.rules and (
-        shape is None or not (shape.rules_given or "rules" in shape.file_dropped)
+    if (
+        not rule_file.rules
+        and not rule_file.rlqs
+        and (shape is None or not (shape.rules_given or "rules" in shape.file_dropped))
     ):
-        problem("$.rules", None, "rules", "no rules: a rule file needs at least one")
+        none = "no rules: a rule file needs at least one (or an rlqs section)"
+        problem("$.rules", None, "rules", none)
 
     first_line: dict[str, int | None] = {}
     for i, rule in enumerate(rule_file.rules):
@@ -173,6 +176,50 @@ def _check_file_level(rule_file: RuleFile, problem: _Problem) -> None:
         elif declared in seen:
             problem(f"$.attributes[{i}]", None, "attributes", f"{declared!r} is declared twice")
         seen.add(declared)
+    _check_rlqs(rule_file, problem)
+
+
+# what a fleet quota's allocation may be for Envoy's buckets (fleet.alloc's
+# ALLOCATORS less ``static``, which needs a per-member cap no proxy states)
+RLQS_ALGORITHMS = ("equal", "proportional_share", "fair_share")
+
+
+def _check_rlqs(rule_file: RuleFile, problem: _Problem) -> None:
+    """The ``rlqs`` entries: each named once, a domain, a bucket pattern of
+    non-empty text, a rate, and a lease that outlives the reports it stands for."""
+    names: set[str] = set()
+    for i, entry in enumerate(rule_file.rlqs):
+        at, name = f"$.rlqs[{i}]", entry.name
+
+        def bad(field: str, reason: str, at: str = at, name: str = name) -> None:
+            problem(f"{at}.{field}", f"rlqs {name}", field, reason)
+
+        if not name.strip():
+            bad("name", "an rlqs entry needs a name (it labels its metrics)")
+        elif name in names:
+            bad("name", f"the name {name!r} is used twice")
+        names.add(name)
+        if not entry.domain:
+            bad("domain", "no domain: the one the proxies' filter reports under (its 'domain:')")
+        for key, value in entry.bucket.items():
+            if not key or not value:
+                bad("bucket", f"bucket entries are non-empty text, got {key!r}: {value!r}")
+        try:
+            rate = parse_rate(entry.rate)
+        except ConfigurationError as exc:
+            bad("rate", str(exc))
+        else:
+            if rate.period_ns < 10_000_000 or rate.period_ns % 1_000_000:
+                bad("rate", f"the window is a whole number of milliseconds, at least 10: {rate}")
+        if entry.algorithm not in RLQS_ALGORITHMS:
+            guess = nearest(entry.algorithm, RLQS_ALGORITHMS)
+            bad("algorithm", f"one of {', '.join(RLQS_ALGORITHMS)}, got {entry.algorithm!r}"
+                + (f" (did you mean {guess!r}?)" if guess else ""))  # fmt: skip
+        if not math.isfinite(entry.lease) or entry.lease < 2:
+            bad("lease", f"at least 2 seconds (two of the proxies' reports), got {entry.lease!r}")
+        elif not math.isfinite(entry.abandon_after) or entry.abandon_after < entry.lease:
+            reason = f"at least the lease ({entry.lease} s), got {entry.abandon_after!r}"
+            bad("abandon_after", reason)
 
 
 def _check_rates(rule: Rule, bad: _Bad, at: str) -> None:

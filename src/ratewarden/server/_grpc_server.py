@@ -1,4 +1,5 @@
-"""gRPC on our own HTTP/2 server (`h2`): the rate limit service (`_rls`), and
+"""gRPC on our own HTTP/2 server (`h2`): the rate limit service (`_rls`), the
+rate limit quota service (`_rlqs`), and
 gRPC's standard health and reflection services beside it, on one listener.
 grpcio's own server is not used: see `h2` for why.
 """
@@ -18,6 +19,7 @@ from ..stores import AsyncMemoryStore
 from ._addresses import parse_address
 from ._connection_limits import ConnectionLimits, ServerLimits
 from ._protos import messages, protos
+from ._rlqs import RLQS_METHOD, RLQS_SERVICE, QuotaStreams
 from ._rls import METHOD, SERVICE_NAME, RateLimitService
 from ._service import Service
 from .h2 import Call, GrpcError, H2Server, Metadata, Method, Status
@@ -174,10 +176,12 @@ class GrpcServer:
         rls = RateLimitService(service.checker, service.metrics)
         memory = type(service.store) is AsyncMemoryStore
         # v1 is answered too, but not listed: its descriptors would be v1alpha's
-        reflection = _Reflection([SERVICE_NAME, HEALTH, REFLECTION])
+        reflection = _Reflection([SERVICE_NAME, RLQS_SERVICE, HEALTH, REFLECTION])
+        quotas = QuotaStreams(service.rules.quotas)
         methods = {
             # on the memory store a check never waits: no task for it (h2._eager)
             METHOD: Method("unary", rls.should_rate_limit, eager=memory),
+            RLQS_METHOD: Method("streaming", quotas.stream),
             f"/{HEALTH}/Check": Method("unary", self.health.check, public=True),
             f"/{HEALTH}/Watch": Method("streaming", self.health.watch, public=True),
             f"/{REFLECTION}/ServerReflectionInfo": Method("streaming", reflection.info),

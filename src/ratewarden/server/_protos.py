@@ -21,7 +21,7 @@ from ..primitives import ConfigurationError
 __all__ = ["messages", "protos"]
 
 _PROTOS = ("envoy_core.proto", "envoy_ratelimit_common.proto", "rls.proto", "health.proto",
-           "reflection.proto")  # fmt: skip
+           "reflection.proto", "envoy_type_strategy.proto", "rlqs.proto")  # fmt: skip
 _NAMES = {
     "RateLimitRequest": "envoy.service.ratelimit.v3.RateLimitRequest",
     "RateLimitResponse": "envoy.service.ratelimit.v3.RateLimitResponse",
@@ -31,6 +31,8 @@ _NAMES = {
     "HealthCheckResponse": "grpc.health.v1.HealthCheckResponse",
     "ServerReflectionRequest": "grpc.reflection.v1alpha.ServerReflectionRequest",
     "ServerReflectionResponse": "grpc.reflection.v1alpha.ServerReflectionResponse",
+    "RateLimitQuotaUsageReports": "envoy.service.rate_limit_quota.v3.RateLimitQuotaUsageReports",
+    "RateLimitQuotaResponse": "envoy.service.rate_limit_quota.v3.RateLimitQuotaResponse",
 }
 
 

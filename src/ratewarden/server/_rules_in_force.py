@@ -1,8 +1,8 @@
 """The rules the service answers by, and the ways they change while it serves.
 
 `RulesInForce` holds the YAML rules' engine on the store, the envoy files'
-configuration and the rules' own domain. It reloads the rule file and the
-envoy files (``POST /v1/reload``, SIGHUP), the rule file alone (the
+configuration, the rules' own domain and their Envoy quota buckets (``rlqs``).
+It reloads the rule file and the envoy files (``POST /v1/reload``, SIGHUP), the rule file alone (the
 ``--config`` watcher) or the envoy files alone (the ``--envoy-config``
 watcher): a bad file raises `ConfigurationError` and leaves everything in force
 as it was, and one reload runs at a time, so that an older, slower load never
@@ -21,6 +21,7 @@ from typing import Any
 
 from ..envoy import AsyncEnvoyConfig, EnvoyOptions, envoy_files
 from ..primitives import ConfigurationError
+from ..rlqs import LocalCoordinators, QuotaService, RedisCoordinators, bucket_rules
 from ..rules import AsyncRuleEngine, RuleSet, UnknownRule, load
 from ..stores import AsyncStore
 from ._counters import Counters
@@ -48,6 +49,11 @@ class RulesInForce:
     ) -> None:
         self.store = store
         self.engine = AsyncRuleEngine(rules, store)
+        # Envoy's quota buckets: coordinated in the store's Redis when there is
+        # one (instances share them), else in this process
+        client = getattr(store, "client", None)
+        coordinators = LocalCoordinators() if client is None else RedisCoordinators(client)
+        self.quotas = QuotaService(bucket_rules(self.engine.ruleset.file.rlqs), coordinators)
         self.envoy_files = tuple(Path(p) for p in envoy_files)
         self.envoy_options = EnvoyOptions() if envoy_options is None else envoy_options
         self._counters = counters
@@ -108,6 +114,7 @@ class RulesInForce:
             # compiling 10,000 rules takes seconds: not on the event loop. Both files
             # load before either goes in force: a bad envoy file keeps the old rules.
             ruleset = None if path is None else await asyncio.to_thread(load, path)
+            buckets = None if ruleset is None else bucket_rules(ruleset.file.rlqs)
             envoy_config = await asyncio.to_thread(self._load_envoy) if envoy else None
         except ConfigurationError as exc:
             engine.last_error = exc
@@ -117,6 +124,8 @@ class RulesInForce:
         if ruleset is not None:
             engine.use(ruleset)
             engine.last_error = None
+            if buckets is not None:
+                await self.quotas.use(buckets)
             for warning in ruleset.warnings:
                 log.warning("%s", warning)
             loaded.append("rules")

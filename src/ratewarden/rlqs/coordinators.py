@@ -1,0 +1,113 @@
+"""Where the buckets' quotas are coordinated: in this process (one ratewarden
+serving every proxy), or in Redis through the fleet's coordinator (several
+ratewardens serving one fleet of proxies, any proxy on any of them).
+
+Both answer a member's refresh with the fleet coordinator's `Reply`, creating a
+bucket's resource from its configuration the first time it is reported.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Protocol
+
+from ..fleet import AsyncCoordinator, QuotaConfig, QuotaStatus, Report
+from ..fleet.coordinator import Reply, parse_refresh, parse_show
+from ..fleet.model import Model
+from ..primitives import Clock, SystemClock
+
+__all__ = ["Coordinators", "LocalCoordinators", "RedisCoordinators"]
+
+
+class Coordinators(Protocol):
+    async def refresh(
+        self, resource: str, config: QuotaConfig, member: str, report: Report
+    ) -> Reply: ...
+
+    async def set(self, resource: str, config: QuotaConfig) -> None: ...
+
+    async def show(self, resource: str) -> QuotaStatus | None: ...
+
+    def forget(self, resource: str) -> None:
+        """The bucket is no longer tracked here: drop what is kept for it."""
+        ...
+
+
+def _created(reply: Reply | None, resource: str) -> Reply:
+    if reply is None:  # a refresh carrying its configuration always finds or makes one
+        raise RuntimeError(f"the coordinator did not create {resource}")
+    return reply
+
+
+class LocalCoordinators:
+    """The coordinator's model (`fleet.model.Model`) per bucket, in memory: the
+    same allocation and invariant as in Redis, for one ratewarden."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or SystemClock()
+        self._models: OrderedDict[str, Model] = OrderedDict()
+
+    def _now(self) -> int:
+        return self.clock.time_ns() // 1_000_000
+
+    async def refresh(
+        self, resource: str, config: QuotaConfig, member: str, report: Report
+    ) -> Reply:
+        model = self._models.get(resource)
+        if model is None:
+            model = self._models[resource] = Model()
+        restore = report.restore if report.restore is not None else config.fields()
+        raw = model.refresh(self._now(), member, _with_restore(report, restore))
+        model.published.clear()  # nobody listens for nudges here: the proxies report anyway
+        return _created(parse_refresh(raw), resource)
+
+    async def set(self, resource: str, config: QuotaConfig) -> None:
+        model = self._models.get(resource)
+        if model is not None:
+            model.set(self._now(), config.fields())
+            model.published.clear()
+
+    async def show(self, resource: str) -> QuotaStatus | None:
+        model = self._models.get(resource)
+        return None if model is None else parse_show(resource, model.show(self._now()))
+
+    def forget(self, resource: str) -> None:
+        self._models.pop(resource, None)
+
+
+class RedisCoordinators:
+    """``fleet.lua`` in Redis, one resource a bucket, through ``client`` (a
+    ``redis.asyncio`` client: the service's store's)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._coordinators: dict[str, AsyncCoordinator] = {}
+
+    def _of(self, resource: str) -> AsyncCoordinator:
+        found = self._coordinators.get(resource)
+        if found is None:
+            found = self._coordinators[resource] = AsyncCoordinator(self.client, resource)
+        return found
+
+    async def refresh(
+        self, resource: str, config: QuotaConfig, member: str, report: Report
+    ) -> Reply:
+        restore = report.restore if report.restore is not None else config.fields()
+        reply = await self._of(resource).report(member, _with_restore(report, restore))
+        return _created(reply, resource)
+
+    async def set(self, resource: str, config: QuotaConfig) -> None:
+        await self._of(resource).set(config)
+
+    async def show(self, resource: str) -> QuotaStatus | None:
+        return await self._of(resource).show()
+
+    def forget(self, resource: str) -> None:
+        self._coordinators.pop(resource, None)
+
+
+def _with_restore(report: Report, restore: dict[str, str]) -> Report:
+    return Report(
+        report.wants, report.has, report.used, report.throttled, report.pieces, restore,
+        report.paced,
+    )  # fmt: skip
