@@ -44,14 +44,47 @@ Neighbours import this package's names and its public modules (``alloc``,
 Install with ``pip install ratewarden[redis]``.
 """
 
-from ._admin import alist_quotas, ashow_quota, list_quotas, set_quota, show_quota
-from ._aquota import AsyncFleetQuota, AsyncQuotaSlot
-from ._quota import FleetQuota, QuotaSlot
-from ._regionio import RegionalLimiter, RegionRebalancer
-from ._regions import RegionSplit
-from .alloc import ALLOCATORS, allocate
-from .config import QuotaConfig
-from .coordinator import AsyncCoordinator, Coordinator, MemberStatus, QuotaStatus, Report
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._admin import alist_quotas, ashow_quota, list_quotas, set_quota, show_quota
+    from ._aquota import AsyncFleetQuota, AsyncQuotaSlot
+    from ._quota import FleetQuota, QuotaSlot
+    from ._regionio import RegionalLimiter, RegionRebalancer
+    from ._regions import RegionSplit
+    from .alloc import ALLOCATORS, allocate
+    from .config import QuotaConfig
+    from .coordinator import AsyncCoordinator, Coordinator, MemberStatus, QuotaStatus, Report
+
+# Each name is loaded from its module on first use: the pure modules (``alloc``,
+# ``config``, ``model``, ``member``) come without a Redis client, so that the
+# quota service of ``ratewarden serve`` on the memory store (``ratewarden.rlqs``)
+# runs the coordinator's model with no redis installed.
+_WHERE = {
+    "alist_quotas": "_admin", "ashow_quota": "_admin", "list_quotas": "_admin",
+    "set_quota": "_admin", "show_quota": "_admin",
+    "AsyncFleetQuota": "_aquota", "AsyncQuotaSlot": "_aquota",
+    "FleetQuota": "_quota", "QuotaSlot": "_quota",
+    "RegionalLimiter": "_regionio", "RegionRebalancer": "_regionio",
+    "RegionSplit": "_regions",
+    "ALLOCATORS": "alloc", "allocate": "alloc",
+    "QuotaConfig": "config",
+    "AsyncCoordinator": "coordinator", "Coordinator": "coordinator",
+    "MemberStatus": "coordinator", "QuotaStatus": "coordinator", "Report": "coordinator",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ALLOCATORS",

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..fleet import QuotaConfig
+from ..fleet.config import QuotaConfig
 from ..primitives import ConfigurationError
 
 __all__ = ["BucketKey", "BucketRule", "bucket_key", "bucket_rules", "match", "resource_name"]

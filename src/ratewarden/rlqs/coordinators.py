@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Protocol
 
-from ..fleet import AsyncCoordinator, QuotaConfig, QuotaStatus, Report
-from ..fleet.coordinator import Reply, parse_refresh, parse_show
+from ..fleet.config import QuotaConfig
+from ..fleet.coordinator import QuotaStatus, Reply, Report, parse_refresh, parse_show
 from ..fleet.model import Model
 from ..primitives import Clock, SystemClock
 
@@ -80,13 +80,16 @@ class RedisCoordinators:
     ``redis.asyncio`` client: the service's store's)."""
 
     def __init__(self, client: Any) -> None:
-        self.client = client
-        self._coordinators: dict[str, AsyncCoordinator] = {}
+        from ..fleet.coordinator import AsyncCoordinator  # noqa: PLC0415 - the redis extra
 
-    def _of(self, resource: str) -> AsyncCoordinator:
+        self.client = client
+        self._make = AsyncCoordinator
+        self._coordinators: dict[str, Any] = {}
+
+    def _of(self, resource: str) -> Any:
         found = self._coordinators.get(resource)
         if found is None:
-            found = self._coordinators[resource] = AsyncCoordinator(self.client, resource)
+            found = self._coordinators[resource] = self._make(self.client, resource)
         return found
 
     async def refresh(
@@ -100,7 +103,8 @@ class RedisCoordinators:
         await self._of(resource).set(config)
 
     async def show(self, resource: str) -> QuotaStatus | None:
-        return await self._of(resource).show()
+        status: QuotaStatus | None = await self._of(resource).show()
+        return status
 
     def forget(self, resource: str) -> None:
         self._coordinators.pop(resource, None)

@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..fleet import Report
 from ..fleet.alloc import MILLI, Piece
+from ..fleet.coordinator import QuotaStatus, Report
 from ..primitives import Clock, ConfigurationError, StoreError, SystemClock
 from .assignment import Assignment, assign, steady
 from .config import BucketKey, BucketRule, bucket_key, match, resource_name
@@ -216,12 +216,10 @@ class QuotaService:
         if not bucket.holders:
             self._drop(bucket)
 
-    async def status(self) -> list[tuple[BucketRule, str, BucketKey, object]]:
-        """Each bucket tracked, with its coordinator's view (`QuotaStatus`)."""
-        buckets = list(self._buckets.values())
-        return [
-            (b.rule, b.resource, b.key, await self.coordinators.show(b.resource)) for b in buckets
-        ]
+    async def statuses(self) -> list[QuotaStatus]:
+        """Each bucket tracked here, as its coordinator sees it."""
+        found = [await self.coordinators.show(b.resource) for b in list(self._buckets.values())]
+        return [status for status in found if status is not None]
 
 
 class QuotaStream:

@@ -65,6 +65,7 @@ from ._service import Service
 from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
 
 if TYPE_CHECKING:
+    from ._local_quotas import LocalQuotas
     from ._quota_reader import QuotaReader
 
 __all__ = ["AUTH_METHODS", "App", "auth_attributes", "openapi"]
@@ -108,7 +109,7 @@ class App:
         self._engine = service.rules.engine
         self._prometheus = service.metrics
         self._store_health = service.health
-        self._quota_source = service.quotas
+        self._quota_source = service.quota_source
         self._token = None if token is None else token.encode()
         self.open_checks = open_checks
         self.max_body = max_body
@@ -307,8 +308,8 @@ class App:
         count = await self._rules_in_force.reset(key, rule)
         return 200, _JSON, _encode({"key": key, "limits_reset": count})
 
-    def _quota_reader(self) -> QuotaReader:
-        reader = self._quota_source
+    def _quota_reader(self) -> QuotaReader | LocalQuotas:
+        reader = self._quota_source()
         if reader is None:
             raise HTTPError(404, "no fleet quotas: they live in Redis, and this service's "
                              "store is memory (ratewarden serve --store redis://...)")  # fmt: skip
@@ -370,7 +371,7 @@ class App:
         return 200, _JSON, b'{"status":"ready"}'
 
     async def _metrics(self, scope: Scope, receive: Receive) -> _Answer:
-        reader = self._quota_source
+        reader = self._quota_source()
         quotas = () if reader is None else await reader.gauges()
         body = self._prometheus.exposition(quotas)
         return 200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], body

@@ -22,6 +22,7 @@ from ..rules import LATENCY_BUCKETS, Tally
 
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus
+    from ..rlqs import Stats
     from ..rules import EnvoyStats
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
@@ -179,6 +180,49 @@ class _AdaptiveGauges:
             yield family
 
 
+class _QuotaStreamCounters:
+    """Envoy's quota streams (``ratewarden.rlqs``), read when scraped: streams
+    and buckets now, buckets pushed out or abandoned, reports of buckets no
+    entry limits, and the requests the proxies reported, by ``rlqs`` entry
+    name (never by bucket id or proxy). Each bucket's total and grants are the
+    quota gauges, by resource."""
+
+    def __init__(self) -> None:
+        self.stats: Callable[[], Stats | None] = lambda: None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stats = self.stats()
+        if stats is None:
+            return
+        yield GaugeMetricFamily("ratewarden_rlqs_streams", "Envoy quota streams open",
+                                value=stats.streams)  # fmt: skip
+        yield GaugeMetricFamily("ratewarden_rlqs_buckets", "Envoy quota buckets tracked here",
+                                value=stats.buckets)  # fmt: skip
+        yield CounterMetricFamily(
+            "ratewarden_rlqs_buckets_evicted",
+            "Buckets pushed out by newer ones past the bound (their proxies abandon them)",
+            value=stats.evicted,
+        )
+        yield CounterMetricFamily(
+            "ratewarden_rlqs_buckets_abandoned",
+            "Buckets a proxy was told to forget after no request for abandon_after",
+            value=stats.abandoned,
+        )
+        yield CounterMetricFamily(
+            "ratewarden_rlqs_unmatched",
+            "Bucket reports no rlqs entry limits (answered with allow-all)",
+            value=stats.unmatched,
+        )
+        family = CounterMetricFamily(
+            "ratewarden_rlqs_requests", "Requests the proxies reported, by rlqs entry and outcome",
+            labels=["rule", "outcome"],
+        )  # fmt: skip
+        for outcome, counts in (("allowed", stats.allowed), ("denied", stats.denied)):
+            for rule, value in list(counts.items()):
+                family.add_metric([rule, outcome], value)
+        yield family
+
+
 class Metrics:
     """``quota_members``: the fleet quotas' gauges per member too; ``envoy``:
     the envoy domains' per-descriptor statistics (`ratewarden.envoy.shown`)."""
@@ -198,6 +242,9 @@ class Metrics:
         # the service points these at its engine: `ratewarden_effective_limit`
         self.adaptive = _AdaptiveGauges()
         r.register(self.adaptive)
+        # the service points this at its quota streams' figures
+        self.quota_streams = _QuotaStreamCounters()
+        r.register(self.quota_streams)
         self._timings = _Latency()
         r.register(self._timings)
         self.observe = self._timings.observe  # one call a request, none of ours around it

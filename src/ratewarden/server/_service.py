@@ -34,7 +34,9 @@ from ._rules_in_force import RulesInForce
 
 if TYPE_CHECKING:
     from ..envoy import EnvoyWatcher
+    from ..rlqs import Stats
     from ..rules import Outcome
+    from ._local_quotas import LocalQuotas
     from ._quota_reader import QuotaReader
     from ._shapes import CheckRequest, CheckResult
 
@@ -79,6 +81,7 @@ class Service:
         engine = self.rules.engine
         self.counters.metrics.adaptive.limits = engine.effective_limits
         self.counters.metrics.adaptive.signals = engine.signals.values
+        self.counters.metrics.quota_streams.stats = self._quota_stream_stats
         self.quotas: QuotaReader | None = None
         client = getattr(store, "client", None)  # a Redis store's (the memory store has none)
         if client is not None:
@@ -87,6 +90,24 @@ class Service:
             self.quotas = QuotaReader(client)
         # logs the store not answering at start, and each change after (see `start`)
         self.health = StoreHealth(store, store_url or repr(store), self._policies)
+
+    def _quota_stream_stats(self) -> Stats | None:
+        """The quota streams' figures while the rules have an ``rlqs`` section
+        or a stream is open; else none, and no series for them."""
+        quotas = self.rules.quotas
+        return quotas.stats if quotas.rules or quotas.stats.streams else None
+
+    def quota_source(self) -> QuotaReader | LocalQuotas | None:
+        """Where ``/v1/quotas`` and the quota gauges read: the fleet quotas in
+        Redis; on the memory store, the Envoy quota buckets coordinated here
+        while the rules have an ``rlqs`` section; else none."""
+        if self.quotas is not None:
+            return self.quotas
+        if self.rules.quotas.rules:
+            from ._local_quotas import LocalQuotas  # noqa: PLC0415 - with rlqs entries only
+
+            return LocalQuotas(self.rules.quotas)
+        return None
 
     # -- the parts' figures, by the names callers know ------------------------------
 
