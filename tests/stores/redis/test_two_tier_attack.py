@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from ratewarden import AsyncLimiter, ConfigurationError, Limiter, hit_many
+from ratewarden import AsyncLimiter, ConfigurationError, Limiter, StoreUnavailable, hit_many
 from ratewarden._clock import FakeClock
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore, TwoTierSettings
 from ratewarden.stores.redis._twotier import Entry
@@ -311,10 +311,12 @@ def test_aclose_during_a_sync_in_flight_loses_nothing(redis_single: RedisServer)
         assert s._local.task is not None
         assert s._local.task.done()
         await asyncio.sleep(0.35)  # the pause is over
-        return admitted, used(redis_single.url, clock, name, "100000/hour", "k", "fixed_window")
+        held = e.leased  # counted in Redis when leased, never handed out
+        counted = used(redis_single.url, clock, name, "100000/hour", "k", "fixed_window")
+        return admitted + held, counted
 
-    admitted, counted = asyncio.run(main())
-    assert counted == admitted
+    owed, counted = asyncio.run(main())
+    assert counted == owed, "Redis's count is not what passed plus the lease held"
 
 
 def test_async_sync_task_runs_after_a_peek_first(redis_single: RedisServer) -> None:
@@ -338,12 +340,104 @@ def test_async_sync_task_runs_after_a_peek_first(redis_single: RedisServer) -> N
             clock.advance(0.01)
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)  # a few intervals with no hits: all synced by now
+        assert s._local is not None
+        # A check that went to Redis may have leased units beyond its cost (a sync
+        # slow to answer, on a busy machine, leaves the allowance spent): Redis counts
+        # them when leased, this process admits them later, or never.
+        held = s._local.limits[0].entries["k"].leased
         counted = used(redis_single.url, clock, name, "100000/hour", "k", "fixed_window")
         await s.aclose()
-        return admitted, counted
+        return admitted + held, counted
 
-    admitted, counted = asyncio.run(main())
-    assert counted == admitted
+    owed, counted = asyncio.run(main())
+    assert counted == owed, "Redis's count is not what passed plus the lease held"
+
+
+def test_async_redis_counts_a_lease_when_it_is_leased(redis_single: RedisServer) -> None:
+    """The count above, made to happen: syncs held back until the allowance is spent,
+    a check goes to Redis and leases; Redis holds what passed plus what is still
+    leased, not what passed alone."""
+    clock = FakeClock(START)
+
+    async def main() -> tuple[int, int, int]:
+        s = AsyncRedisStore(redis_single.url, clock=clock, two_tier=FAST, timeout=LIVE)
+        name = fresh()
+        limiter = AsyncLimiter("100000/hour", store=s, name=name, algorithm="fixed_window",
+                               two_tier=True)  # fmt: skip
+        await limiter.peek("k")
+        engine = s._local
+        assert engine is not None
+        assert engine.task is not None
+        assert engine.wake is not None
+        engine.closed = True  # the task stops: the test syncs
+        engine.wake.set()
+        await engine.task
+        admitted = 0
+        for _ in range(10):  # rates measured
+            for _ in range(100):
+                admitted += (await limiter.hit("k")).allowed
+            clock.advance(0.05)
+            await engine.sync()
+        e = engine.limits[0].entries["k"]
+        for _ in range(1000):  # no sync: the allowance runs out, a check leases
+            admitted += (await limiter.hit("k")).allowed
+            if e.leased:
+                break
+        held = e.leased
+        await engine.sync()
+        counted = used(redis_single.url, clock, name, "100000/hour", "k", "fixed_window")
+        await s.aclose()
+        return admitted, held, counted
+
+    admitted, held, counted = asyncio.run(main())
+    assert held, "no check leased"
+    assert counted == admitted + held, f"{counted} counted, {admitted} passed, {held} leased"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a sync whose reply is lost after Redis applied it (a timeout) gives its hits back,"
+    " and the next sync counts them again: the calls carry nothing that makes a resend"
+    " idempotent",
+)
+def test_a_sync_that_landed_but_timed_out_is_not_counted_twice(redis_single: RedisServer) -> None:
+    """The reply lost after the command ran, as the 50 ms timeout makes it: the wire
+    drops the connection with the call in flight (a proxy that delays each way by
+    40 ms shows the same, end to end)."""
+    clock = FakeClock(START)
+
+    async def main() -> tuple[int, int, int]:
+        s = AsyncRedisStore(redis_single.url, clock=clock, two_tier=FAST, timeout=LIVE)
+        name = fresh()
+        limiter = AsyncLimiter("100000/hour", store=s, name=name, algorithm="fixed_window",
+                               two_tier=True)  # fmt: skip
+        await limiter.peek("k")
+        engine = s._local
+        assert engine is not None
+        assert engine.task is not None
+        assert engine.wake is not None
+        engine.closed = True  # the task stops: the test syncs
+        engine.wake.set()
+        await engine.task
+        admitted = sum([(await limiter.hit("k")).allowed for _ in range(50)])
+        real = engine.call
+
+        async def landed_then_lost(*args: Any) -> Any:
+            await real(*args)
+            raise StoreUnavailable("redis: no answer within the timeout (0.05s)")
+
+        engine.call = landed_then_lost
+        await engine.sync()
+        after_loss = used(redis_single.url, clock, name, "100000/hour", "k", "fixed_window")
+        engine.call = real
+        await engine.sync()
+        counted = used(redis_single.url, clock, name, "100000/hour", "k", "fixed_window")
+        await s.aclose()
+        return admitted, after_loss, counted
+
+    admitted, after_loss, counted = asyncio.run(main())
+    assert after_loss == admitted, "the lost reply's call did not reach Redis"
+    assert counted == admitted, f"{counted} counted for {admitted} passed"
 
 
 def test_two_tier_true_on_the_store_is_a_clear_error(redis_single: RedisServer) -> None:
