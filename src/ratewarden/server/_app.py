@@ -117,7 +117,9 @@ class App:
             openapi(secured=token is not None, open_checks=open_checks)
         ).encode()
         self._observe = service.metrics.observe
-        self.dashboard = Dashboard(service.dashboard, service.rules, service.health, service.quotas)
+        self.dashboard = Dashboard(
+            service.dashboard, service.rules, service.health, service.quota_source
+        )
         # (method, path) -> (handler, endpoint name for metrics, who may call it)
         self._routes: dict[tuple[str, str], tuple[_Handler, str, str]] = {
             ("POST", "/v1/check"): (self._check, "check", "check"),

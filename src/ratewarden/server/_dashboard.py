@@ -43,6 +43,7 @@ from ._readiness import store_problem
 
 if TYPE_CHECKING:
     from ._dashstats import DashboardStats, Point
+    from ._local_quotas import LocalQuotas
     from ._quota_reader import QuotaReader
     from ._readiness import StoreHealth
     from ._rules_in_force import RulesInForce
@@ -104,14 +105,17 @@ class Dashboard:
 
     def __init__(
         self, stats: DashboardStats, rules: RulesInForce, health: StoreHealth,
-        quotas: QuotaReader | None, *, max_streams: int = MAX_STREAMS,
+        quotas: QuotaReader | LocalQuotas | Callable[[], QuotaReader | LocalQuotas | None] | None,
+        *, max_streams: int = MAX_STREAMS,
     ) -> None:  # fmt: skip
         if type(max_streams) is not int or max_streams < 1:
             raise ValueError(f"max_streams must be an integer >= 1, got {max_streams!r}")
         self.stats = stats
         self.rules = rules
         self.health = health
-        self.quotas = quotas
+        # where the quotas are read, asked at each snapshot (the rules' rlqs
+        # section may come and go with a reload on the memory store)
+        self.quotas = quotas if callable(quotas) or quotas is None else (lambda: quotas)
         self.max_streams = max_streams
         self.streams = 0
         self._assets = _read_assets()
@@ -279,9 +283,9 @@ class Dashboard:
         self._rules = (made_from, _encode(part))
 
     async def _quotas(self) -> dict[str, Any] | None:
-        reader = self.quotas
+        reader = None if self.quotas is None else self.quotas()
         if reader is None:
-            return None  # the memory store: no fleet quotas
+            return None  # the memory store without rlqs buckets: no quotas
         statuses, truncated = await reader.read(MAX_QUOTAS)
         shown = []
         for status in statuses:
