@@ -186,6 +186,32 @@ def test_a_proxy_that_is_gone_keeps_its_share_until_its_lease_then_the_others_ge
     run(go())
 
 
+def test_a_stream_that_ends_gives_its_share_to_the_others_when_its_last_assignment_ends() -> None:
+    """Its proxy spends its share until its assignment's ttl (1 s for a 2 s
+    lease): then it leaves, and the others here are sent more, within the lease."""
+    svc, clock = service()
+    flat = {"name": "flat"}
+
+    async def main() -> tuple[float, list[float]]:
+        a, b = svc.open(), svc.open()
+        pushed: list[float] = []
+        b.on_push = lambda actions: pushed.append(rate_of(actions, flat))
+        await rounds([a, b], clock, [100, 100], 3, flat)
+        before = rate_of(await b.report("envoy", [Usage(flat, 45, 55)]), flat)
+        await asyncio.sleep(0.1)  # the rebalance of the two joining is done
+        pushed.clear()
+        a.close()
+        await asyncio.sleep(0.2)
+        assert pushed == []  # a's proxy still spends until its ttl ends
+        await asyncio.sleep(1.5)  # its ttl (1 s of the fake clock, waited in real time) + 0.5 s
+        return before, pushed
+
+    before, pushed = run(main())
+    assert before == pytest.approx(45, abs=0.5)
+    assert pushed == [pytest.approx(90, abs=0.5)]
+    assert svc.stats.buckets == 1
+
+
 def test_a_ttl_ends_before_the_lease() -> None:
     svc, _ = service()
 

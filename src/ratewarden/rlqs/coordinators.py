@@ -28,6 +28,8 @@ class Coordinators(Protocol):
 
     async def show(self, resource: str) -> QuotaStatus | None: ...
 
+    async def leave(self, resource: str, member: str) -> None: ...
+
     def forget(self, resource: str) -> None:
         """The bucket is no longer tracked here: drop what is kept for it."""
         ...
@@ -67,6 +69,11 @@ class LocalCoordinators:
             model.set(self._now(), config.fields())
             model.published.clear()
 
+    async def leave(self, resource: str, member: str) -> None:
+        model = self._models.get(resource)
+        if model is not None:
+            model.leave(self._now(), member)
+
     async def show(self, resource: str) -> QuotaStatus | None:
         model = self._models.get(resource)
         return None if model is None else parse_show(resource, model.show(self._now()))
@@ -101,6 +108,9 @@ class RedisCoordinators:
 
     async def set(self, resource: str, config: QuotaConfig) -> None:
         await self._of(resource).set(config)
+
+    async def leave(self, resource: str, member: str) -> None:
+        await self._of(resource).leave(member)
 
     async def show(self, resource: str) -> QuotaStatus | None:
         status: QuotaStatus | None = await self._of(resource).show()

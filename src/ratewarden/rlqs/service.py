@@ -14,9 +14,12 @@ its grant goes back as the assignment Envoy enforces (`assignment`).
   Its first report of a bucket asks for the whole total: its demand is not yet
   known, and the allocation gives it at most its share; the next one measures
   it.
-- A stream that ends keeps its shares until their lease runs out: the proxy
-  enforces its last assignment until that assignment's time to live (shorter
-  than the lease) ends, and the others get the share only then.
+- A stream that ends keeps its shares until its proxy's last assignments end
+  (their time to live, shorter than the lease): the proxy spends them until
+  then. Its member then leaves, and the other holders here are rebalanced, so
+  that its share moves within the lease; a bucket no stream holds stays tracked
+  until its leaves are done (first to go past the bound). An instance that
+  dies leaves its members to their leases.
 - A bucket a proxy reports without a request for ``abandon_after`` is
   abandoned: the proxy forgets it and the share lapses with the lease.
 """
@@ -48,6 +51,7 @@ __all__ = [
 ]  # fmt: skip
 
 MAX_BUCKETS = 10_000  # buckets one instance tracks
+LEAVE_MARGIN = 0.5  # seconds past a gone proxy's last assignment before its share moves
 REBALANCE_AFTER = 0.05  # seconds: joins within it are taken together
 REBALANCE_EVERY = 1.0  # seconds: the least time between two rebalances of a bucket
 ALLOW_TTL = 60  # seconds: a bucket no entry limits, told again at every report
@@ -100,6 +104,7 @@ class _Bucket:
     rule: BucketRule
     holders: set[QuotaStream] = field(default_factory=set)
     rebalancing: asyncio.Task[None] | None = None
+    leaving: int = 0  # members of streams that ended, waiting for their last ttl
     next_rebalance: float = 0.0  # time.monotonic()
 
 
@@ -115,6 +120,7 @@ class _Held:
     pieces: tuple[Piece, ...] = ()
     assignment: Assignment | None = None
     used: int = 0
+    told_ms: int = 0  # when its proxy was last sent an assignment
     short: bool = False  # its grant is under half its share: the others hold the rest
     reported: bool = False
     measured: bool = False  # its wants come from a measured demand
@@ -140,6 +146,7 @@ class QuotaService:
         self.instance = instance or os.urandom(6).hex()
         self.stats = Stats()
         self._buckets: OrderedDict[tuple[str, BucketKey], _Bucket] = OrderedDict()
+        self._unheld: OrderedDict[tuple[str, BucketKey], _Bucket] = OrderedDict()
         self._streams = itertools.count(1)
 
     def now_ms(self) -> int:
@@ -166,9 +173,15 @@ class QuotaService:
         found = self._buckets.get(index)
         if found is not None:
             self._buckets.move_to_end(index)
+            self._unheld.pop(index, None)
             return found
         while len(self._buckets) >= self.max_buckets:
-            _, oldest = self._buckets.popitem(last=False)
+            # first a bucket no stream holds (its proxies gone, their leaves
+            # pending), then the one reported least recently
+            if self._unheld:
+                _, oldest = self._unheld.popitem(last=False)
+            else:
+                _, oldest = self._buckets.popitem(last=False)
             self.stats.evicted += 1
             self._drop(oldest)
         found = self._buckets[index] = _Bucket(key, domain, resource_name(domain, key), rule)
@@ -178,6 +191,7 @@ class QuotaService:
     def _drop(self, bucket: _Bucket) -> None:
         """Stop tracking ``bucket``: its holders abandon it at their next report."""
         self._buckets.pop((bucket.domain, bucket.key), None)
+        self._unheld.pop((bucket.domain, bucket.key), None)
         self.stats.buckets = len(self._buckets)
         if bucket.rebalancing is not None:
             bucket.rebalancing.cancel()
@@ -211,10 +225,40 @@ class QuotaService:
         except StoreError as exc:
             log.warning("rlqs: a rebalance of %s failed: %s", bucket.resource, exc)
 
-    def _release(self, bucket: _Bucket, stream: QuotaStream) -> None:
+    def _release(self, bucket: _Bucket, stream: QuotaStream, *, told_until: int | None) -> None:
+        """``stream`` no longer holds ``bucket``. ``told_until``: when its
+        proxy's last assignment ends (ms, the service's clock): its member
+        leaves the coordinator then, and the others here are rebalanced, so
+        that its share moves when the proxy stops spending it, within the
+        lease; None: the proxy forgot the bucket (abandoned), nothing to wait
+        for."""
         bucket.holders.discard(stream)
-        if not bucket.holders:
+        if told_until is not None:
+            delay = max(0.0, (told_until - self.now_ms()) / 1000) + LEAVE_MARGIN
+            bucket.leaving += 1
+            loop = asyncio.get_running_loop()
+            loop.call_later(delay, lambda: loop.create_task(self._leave(bucket, stream.member)))
+        self._settle(bucket)
+
+    def _settle(self, bucket: _Bucket) -> None:
+        if bucket.holders or (bucket.domain, bucket.key) not in self._buckets:
+            return
+        if bucket.leaving:
+            self._unheld[(bucket.domain, bucket.key)] = bucket
+        else:
             self._drop(bucket)
+
+    async def _leave(self, bucket: _Bucket, member: str) -> None:
+        bucket.leaving -= 1
+        if (bucket.domain, bucket.key) not in self._buckets:
+            return  # dropped meanwhile: its state is gone with it
+        try:
+            await self.coordinators.leave(bucket.resource, member)
+        except StoreError as exc:  # its lease ends it all the same
+            log.warning("rlqs: %s could not leave %s: %s", member, bucket.resource, exc)
+        if bucket.holders:
+            self._rebalance(bucket)
+        self._settle(bucket)
 
     async def statuses(self) -> list[QuotaStatus]:
         """Each bucket tracked here, as its coordinator sees it."""
@@ -245,7 +289,8 @@ class QuotaStream:
         service = self.service
         service.stats.streams -= 1
         for held in self._held.values():
-            service._release(held.bucket, self)
+            told = held.told_ms + held.bucket.rule.ttl * 1000 if held.reported else None
+            service._release(held.bucket, self, told_until=told)
         self._held.clear()
 
     async def report(self, domain: str, usages: Sequence[Usage]) -> list[Action]:
@@ -304,7 +349,7 @@ class QuotaStream:
         elif now - held.active_ms >= rule.abandon_after * 1000:
             stats.abandoned += 1
             del self._held[key]
-            service._release(bucket, self)
+            service._release(bucket, self, told_until=None)
             return Action(key, "abandon")
         window = rule.quota.rate.period
         total = rule.quota.rate.limit * MILLI
@@ -340,6 +385,7 @@ class QuotaStream:
             await coordinators.set(bucket.resource, rule.quota)
             reply = await coordinators.refresh(bucket.resource, rule.quota, self.member, report)
         held.has, held.pieces = reply.grant, reply.pieces
+        held.told_ms = self.service.now_ms()
         new = assign(reply.grant / MILLI / rule.quota.rate.period)
         held.assignment = steady(held.assignment, new)
         held.short = reply.target is not None and reply.grant * 2 < reply.target
