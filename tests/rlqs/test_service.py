@@ -203,7 +203,7 @@ def test_a_stream_that_ends_gives_its_share_to_the_others_when_its_last_assignme
         a.close()
         await asyncio.sleep(0.2)
         assert pushed == []  # a's proxy still spends until its ttl ends
-        await asyncio.sleep(1.5)  # its ttl (1 s of the fake clock, waited in real time) + 0.5 s
+        await asyncio.sleep(2.0)  # its ttl (1 s of the fake clock, waited in real time) + 0.5 s
         return before, pushed
 
     before, pushed = run(main())
