@@ -83,7 +83,10 @@ class AsyncConcurrencyLimiter(_Core):
 
     async def in_flight(self, key: str) -> int:
         """Holds of ``key`` the store counts now, of every process sharing it."""
-        return (await self._leases.call("count", self._store_key(key), "", self.limit, 0)).held
+        outcome = await self._leases.call("count", self._store_key(key), "", self.limit, 0)
+        if outcome.reclaimed:
+            self._count("reclaimed", outcome.reclaimed)
+        return outcome.held
 
     async def release(self, key: str, lease_id: str) -> None:
         """Release a lease by its id: `LeaseNotHeld` says why when it is not held."""

@@ -260,7 +260,10 @@ class ConcurrencyLimiter(_Core):
 
     def in_flight(self, key: str) -> int:
         """Holds of ``key`` the store counts now, of every process sharing it."""
-        return self._leases.call("count", self._store_key(key), "", self.limit, 0).held
+        outcome = self._leases.call("count", self._store_key(key), "", self.limit, 0)
+        if outcome.reclaimed:
+            self._count("reclaimed", outcome.reclaimed)
+        return outcome.held
 
     def release(self, key: str, lease_id: str) -> None:
         """Release a lease by its id (a hold's ``lease_id``), from anywhere that

@@ -48,6 +48,7 @@ __all__ = [
 ]
 
 OK, BUSY, UNKNOWN, EXPIRED, DUPLICATE = 1, 0, 0, 2, -1
+SWEEP_FLOOR = 1024
 Op: TypeAlias = Literal["take", "renew", "release", "count"]
 
 
@@ -89,13 +90,14 @@ class AsyncLeaseStore(Protocol):
 class LeaseTable:
     """The lease tables of many keys, time passed in, no lock (see the module's
     docstring). Memory stays bounded by the leases held: a key whose last lease
-    goes is dropped, and every so often (once the table has grown by as many
-    operations as it has keys) every key's ended leases are swept, so that the
-    leases of dead holders on keys nobody touches again do not stay."""
+    goes is dropped, and whenever the number of keys has doubled since the last
+    sweep (at least 1024 keys), every key's ended leases are swept (amortised
+    O(1) a new key), so that the leases of dead holders on keys nobody touches
+    again do not pile up: at most twice the keys with live leases, or 1024."""
 
     def __init__(self) -> None:
         self.keys: dict[str, dict[str, int]] = {}  # key -> lease id -> expiry (us)
-        self._ops = 0
+        self._sweep_at = SWEEP_FLOOR
 
     def call(
         self, op: Op, key: str, lease_id: str, limit: int, lease_us: int, *, now: int
@@ -103,8 +105,7 @@ class LeaseTable:
         leases = self.keys.get(key)
         if leases is None:
             if op == "take":
-                self._ops += 1
-                if self._ops > 1024 and self._ops > len(self.keys):
+                if len(self.keys) >= self._sweep_at:
                     self.sweep(now)
                 self.keys[key] = {lease_id: now + lease_us}
                 return Outcome(OK, 1, 0, 0)
@@ -142,7 +143,6 @@ class LeaseTable:
 
     def sweep(self, now: int) -> int:
         """Drop every ended lease, and the keys left empty; how many leases went."""
-        self._ops = 0
         dropped = 0
         for key in list(self.keys):
             leases = self.keys[key]
@@ -151,6 +151,7 @@ class LeaseTable:
                 dropped += 1
             if not leases:
                 del self.keys[key]
+        self._sweep_at = max(SWEEP_FLOOR, 2 * len(self.keys))
         return dropped
 
 

@@ -24,10 +24,11 @@ if op == "renew" or op == "release" then
 end
 local reclaimed = redis.call("ZREMRANGEBYSCORE", key, "-inf", int(now))
 local held = redis.call("ZCARD", key)
--- the set outlives its last lease by a millisecond, no longer
+-- the set outlives its last lease by a millisecond, no longer (counted from
+-- this call's now, so that a test's clock keeps its keys as the server's would)
 local function expire()
   local last = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
-  redis.call("PEXPIREAT", key, int(math.floor(tonumber(last[2]) / 1000) + 1))
+  redis.call("PEXPIRE", key, int(math.floor((tonumber(last[2]) - now) / 1000) + 1))
 end
 if op == "take" then
   if held < tonumber(ARGV[3]) then
