@@ -3,7 +3,8 @@
 from ._aconcurrency import AsyncConcurrencyLimiter, AsyncHold
 from ._adaptive import Adaptive
 from ._clock import Clock, FakeClock, SystemClock
-from ._concurrency import ConcurrencyLimiter, ConcurrencyStats, Hold
+from ._concurrency import ConcurrencyLimiter, Hold
+from ._concurrency_core import ConcurrencyStats
 from ._decision import Decision
 from ._errors import (
     ConfigurationError,

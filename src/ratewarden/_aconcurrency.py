@@ -1,20 +1,26 @@
-"""`AsyncConcurrencyLimiter`: `ConcurrencyLimiter` for asyncio (see ``_concurrency``).
+"""`AsyncConcurrencyLimiter`: at most ``limit`` holds of a key at once, each a
+lease (see ``_concurrency_core`` for what leases and waiting mean).
 
-Its holds are renewed by one task per limiter, running while it has holds. A
-hold gives its slot back when its task is cancelled: inside the block, the
-release runs shielded, so a second cancellation does not cut it short; while
-it waits for a slot or takes one, a lease the store may have granted is
-released in the background. A limiter serves one event loop at a time.
+This module is written by hand; its sync twin `ConcurrencyLimiter`
+(``_concurrency``) is written from it by scripts/unasync.py: a thread renews
+the sync holds, a task the async ones. An async hold gives its slot back when
+its task is cancelled: inside the block, the release runs shielded, so a second
+cancellation does not cut it short; while it waits for a slot or takes one, a
+lease the store may have granted is released in the background. An async
+limiter serves one event loop at a time.
 """
+
+# unasync: twin _concurrency.py
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from types import TracebackType
 
-from ._concurrency import FIRST_POLL, HELD, LOST, POLL, RELEASED, _Core, _HoldBase
+from ._concurrency_core import FIRST_POLL, HELD, LOST, POLL, RELEASED, Core, HoldBase
 from ._errors import StoreError
 from ._waiting import check_max_wait
 from .stores import AsyncMemoryStore
@@ -25,8 +31,10 @@ __all__ = ["AsyncConcurrencyLimiter", "AsyncHold"]
 log = logging.getLogger("ratewarden.concurrency")
 
 
-class AsyncHold(_HoldBase):
-    """One hold of a slot: ``async with limiter.hold(key) as hold``."""
+class AsyncHold(HoldBase):
+    """One hold of a slot: ``async with limiter.hold(key) as hold``;
+    ``hold.lease_id`` names its lease. Leaving the block releases the slot;
+    `release` does it earlier, once."""
 
     __slots__ = ("_limiter",)
 
@@ -56,8 +64,14 @@ class AsyncHold(_HoldBase):
         await self._limiter._give(self, quiet=False)
 
 
-class AsyncConcurrencyLimiter(_Core):
-    """`ConcurrencyLimiter` for asyncio: the same options, on an asyncio store."""
+class AsyncConcurrencyLimiter(Core):
+    """At most ``limit`` holds of each key at once, across every process that
+    shares the ``store`` (a memory store: this process; the Redis store: all).
+
+    ``lease``: seconds a holder that died keeps its slot; a live one renews its
+    lease in the background. ``name``: limiters with one name share their slots
+    (by default, limiters of one limit do). A store error raises `StoreError`:
+    a concurrency limit does not fail open."""
 
     def __init__(
         self,
@@ -70,14 +84,21 @@ class AsyncConcurrencyLimiter(_Core):
         super().__init__(limit, lease, name)
         self.store: AsyncLeaseStore = AsyncMemoryStore() if store is None else store
         self._leases = self.store.leases()
+        self._lock = threading.Lock()  # guards _live and _renewer (a thread's)
+        self._released = 0  # releases so far: a waiter's cue to look again
+        # unasync: async
         self._renewer: asyncio.Task[None] | None = None
         self._wakers: set[asyncio.Future[None]] = set()
         self._background: set[asyncio.Task[None]] = set()  # releases of abandoned takes
-        self._released = 0  # releases so far: a waiter's cue to look again
+        # unasync: sync
+        # self._renewer: threading.Thread | None = None
+        # self._closed = threading.Event()
+        # self._wake = threading.Condition()
+        # unasync: end
 
     def hold(self, key: str, max_wait: float = 0.0) -> AsyncHold:
-        """A hold of a slot of ``key``, taken on entering its ``async with`` block: it
-        waits up to ``max_wait`` seconds, then raises `RateLimitTimeout`."""
+        """A hold of a slot of ``key``, taken on entering its block: it waits up to
+        ``max_wait`` seconds, then raises `RateLimitTimeout`."""
         check_max_wait(max_wait)
         return AsyncHold(self, key, max_wait)
 
@@ -89,7 +110,8 @@ class AsyncConcurrencyLimiter(_Core):
         return outcome.held
 
     async def release(self, key: str, lease_id: str) -> None:
-        """Release a lease by its id: `LeaseNotHeld` says why when it is not held."""
+        """Release a lease by its id (a hold's ``lease_id``), from anywhere that
+        shares the store: `LeaseNotHeld` says why when it is not held."""
         outcome = await self._leases.call("release", self._store_key(key), lease_id, self.limit, 0)
         if outcome.reclaimed:
             self._count("reclaimed", outcome.reclaimed)
@@ -97,8 +119,12 @@ class AsyncConcurrencyLimiter(_Core):
             raise self._not_held(key, lease_id, outcome.status, "release")
         self._wake_waiters()
 
+    async def _call(self, op: Op, hold: AsyncHold) -> Outcome:
+        return await self._leases.call(op, hold.store_key, hold.lease_id, self.limit, self.lease_us)
+
     async def _take(self, hold: AsyncHold) -> None:
         self._first_entry(hold)
+        # unasync: async
         try:
             outcome = self._checked(hold, await self._call("take", hold))
             if outcome.status != OK:
@@ -106,52 +132,82 @@ class AsyncConcurrencyLimiter(_Core):
         except asyncio.CancelledError:
             self._abandon(hold)  # the store may have granted it as the task was cancelled
             raise
-        hold.state = HELD
-        self._live[hold] = time.monotonic()
-        if self._renewer is None or self._renewer.done():
-            self._renewer = asyncio.get_running_loop().create_task(self._renew())
+        # unasync: sync
+        # outcome = self._checked(hold, self._call("take", hold))
+        # if outcome.status != OK:
+        #     self._wait(hold, outcome)
+        # unasync: end
+        with self._lock:
+            hold.state = HELD
+            self._live[hold] = time.monotonic()
+            # unasync: async
+            if self._renewer is None or self._renewer.done():
+                self._renewer = asyncio.get_running_loop().create_task(self._renew())
+            # unasync: sync
+            # if self._renewer is None:
+            #     self._renewer = threading.Thread(
+            #         target=self._renew, name=f"ratewarden-leases-{self.name}", daemon=True
+            #     )
+            #     self._renewer.start()
+            # unasync: end
         self._count("taken")
-
-    async def _call(self, op: Op, hold: AsyncHold) -> Outcome:
-        return await self._leases.call(op, hold.store_key, hold.lease_id, self.limit, self.lease_us)
 
     async def _wait(self, hold: AsyncHold, outcome: Outcome) -> None:
         if hold.max_wait <= 0:
             raise self._timeout(hold.key, hold.max_wait, outcome)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + hold.max_wait
+        deadline = time.monotonic() + hold.max_wait
         pause = FIRST_POLL
-        self.stats.waiting += 1
+        with self._lock:
+            self.stats.waiting += 1
         try:
             while True:
                 released = self._released
                 outcome = self._checked(hold, await self._call("take", hold))
                 if outcome.status == OK:
                     return
-                left = deadline - loop.time()
+                left = deadline - time.monotonic()
                 if left <= 0:
                     raise self._timeout(hold.key, hold.max_wait, outcome)
-                if self._released != released:
-                    continue  # a slot came back while the take was on its way
                 nap = min(left, pause, max(outcome.wait_us / 1e6, FIRST_POLL))
-                waker = loop.create_future()
-                self._wakers.add(waker)
-                timer = loop.call_later(nap, _wake, waker)
-                try:
-                    await waker
-                finally:
-                    timer.cancel()
-                    self._wakers.discard(waker)
+                await self._nap(released, nap)
                 pause = min(pause * 2, POLL)
         finally:
-            self.stats.waiting -= 1
+            with self._lock:
+                self.stats.waiting -= 1
+
+    async def _nap(self, released: int, nap: float) -> None:
+        """Sleep ``nap`` seconds, or until a release, unless one came after the
+        count ``released`` was read (a slot came back while the take was on its way)."""
+        # unasync: async
+        if self._released != released:
+            return
+        loop = asyncio.get_running_loop()
+        waker = loop.create_future()
+        self._wakers.add(waker)
+        timer = loop.call_later(nap, _wake, waker)
+        try:
+            await waker
+        finally:
+            timer.cancel()
+            self._wakers.discard(waker)
+        # unasync: sync
+        # with self._wake:
+        #     if self._released == released:
+        #         self._wake.wait(nap)
+        # unasync: end
 
     async def _give(self, hold: AsyncHold, *, quiet: bool) -> None:
-        self._live.pop(hold, None)
-        hold.state = RELEASED
+        """Release ``hold``'s slot; raise `LeaseNotHeld` if its lease had ended,
+        unless ``quiet`` (an exception is on its way out of the block already)."""
+        with self._lock:
+            self._live.pop(hold, None)
+            hold.state = RELEASED
+        # unasync: async
         # shielded: a cancellation while the release is on its way leaves it to finish
-        outcome = await asyncio.shield(self._call("release", hold))
-        self._checked(hold, outcome)
+        outcome = self._checked(hold, await asyncio.shield(self._call("release", hold)))
+        # unasync: sync
+        # outcome = self._checked(hold, self._call("release", hold))
+        # unasync: end
         self._wake_waiters()
         if outcome.status != OK:
             self._count("lost")
@@ -160,6 +216,7 @@ class AsyncConcurrencyLimiter(_Core):
                 raise error
             log.warning("%s", error)
 
+    # unasync: async
     def _abandon(self, hold: AsyncHold) -> None:
         async def release() -> None:
             try:
@@ -172,40 +229,62 @@ class AsyncConcurrencyLimiter(_Core):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    # unasync: end
+
     def _wake_waiters(self) -> None:
+        if not self.stats.waiting:
+            return
+        # unasync: async
         self._released += 1
         for waker in self._wakers:
             _wake(waker)
+        # unasync: sync
+        # with self._wake:
+        #     self._released += 1
+        #     self._wake.notify_all()
+        # unasync: end
 
     async def _renew(self) -> None:
-        """The renewing task: renews each hold as it falls due; ends when the
-        limiter holds nothing (the next hold starts another)."""
+        """The renewer: renews each hold as it falls due; ends when the limiter
+        holds nothing (the next hold starts another)."""
         while True:
-            hold, wait = self._renewal_due()
-            if hold is None:
-                if wait < 0:
+            with self._lock:
+                hold, wait = self._renewal_due()
+                if hold is None and wait < 0:
+                    self._renewer = None
                     return
+            if hold is None:
+                # unasync: async
                 await asyncio.sleep(wait)
+                # unasync: sync
+                # if self._closed.wait(wait):
+                #     return
+                # unasync: end
                 continue
             assert isinstance(hold, AsyncHold)
             try:
                 outcome = self._checked(hold, await self._call("renew", hold))
-            except StoreError as exc:  # try again a third of a lease on; two more tries
+            except StoreError as exc:  # tried again a third of a lease on, twice more
                 log.warning("renewing lease %s of %r: %s", hold.lease_id, hold.key, exc)
                 outcome = Outcome(OK, 0, 0, 0)
-            if hold.state != HELD:
-                continue  # released meanwhile
-            if outcome.status == OK:
-                self._live[hold] = time.monotonic()
-                continue
-            hold.state = LOST
+            with self._lock:
+                if hold.state != HELD:
+                    continue  # released meanwhile
+                if outcome.status == OK:
+                    self._live[hold] = time.monotonic()
+                    continue
+                hold.state = LOST
             self._count("lost")
             log.warning("%s", self._not_held(hold.key, hold.lease_id, outcome.status, "renewal"))
 
     async def aclose(self) -> None:
         """Stop renewing (holds still held keep their slots until their leases end)."""
+        # unasync: async
         if self._renewer is not None:
             self._renewer.cancel()
+        # unasync: sync
+        # self._closed.set()
+        # unasync: end
 
     async def __aenter__(self) -> AsyncConcurrencyLimiter:
         return self
@@ -214,6 +293,10 @@ class AsyncConcurrencyLimiter(_Core):
         await self.aclose()
 
 
+# unasync: async
 def _wake(waker: asyncio.Future[None]) -> None:
     if not waker.done():
         waker.set_result(None)
+
+
+# unasync: end

@@ -371,7 +371,7 @@ class AsyncMemoryStore:
         return self.sync.hit_tiers(checks, shadow)
 
     def leases(self) -> AsyncMemoryLeases:
-        """The lease table of `ratewarden.AsyncConcurrencyLimiter` on this store."""
+        """The sync store's lease table, awaited (for `ratewarden.AsyncConcurrencyLimiter`)."""
         return self._leases
 
     async def sweep(self) -> int:
