@@ -39,7 +39,7 @@ class AsyncHold(HoldBase):
     __slots__ = ("_limiter",)
 
     def __init__(self, limiter: AsyncConcurrencyLimiter, key: str, max_wait: float) -> None:
-        super().__init__(key, limiter._store_key(key), limiter._new_id(), max_wait)
+        super().__init__(limiter, key, max_wait)
         self._limiter = limiter
 
     async def __aenter__(self) -> AsyncHold:
@@ -99,7 +99,8 @@ class AsyncConcurrencyLimiter(Core):
     def hold(self, key: str, max_wait: float = 0.0) -> AsyncHold:
         """A hold of a slot of ``key``, taken on entering its block: it waits up to
         ``max_wait`` seconds, then raises `RateLimitTimeout`."""
-        check_max_wait(max_wait)
+        if max_wait or type(max_wait) is not float:  # the default needs no check
+            check_max_wait(max_wait)
         return AsyncHold(self, key, max_wait)
 
     async def in_flight(self, key: str) -> int:
@@ -150,7 +151,7 @@ class AsyncConcurrencyLimiter(Core):
             #     )
             #     self._renewer.start()
             # unasync: end
-        self._count("taken")
+            self.stats.taken += 1
 
     async def _wait(self, hold: AsyncHold, outcome: Outcome) -> None:
         if hold.max_wait <= 0:

@@ -38,7 +38,7 @@ class Hold(HoldBase):
     __slots__ = ("_limiter",)
 
     def __init__(self, limiter: ConcurrencyLimiter, key: str, max_wait: float) -> None:
-        super().__init__(key, limiter._store_key(key), limiter._new_id(), max_wait)
+        super().__init__(limiter, key, max_wait)
         self._limiter = limiter
 
     def __enter__(self) -> Hold:
@@ -92,7 +92,8 @@ class ConcurrencyLimiter(Core):
     def hold(self, key: str, max_wait: float = 0.0) -> Hold:
         """A hold of a slot of ``key``, taken on entering its block: it waits up to
         ``max_wait`` seconds, then raises `RateLimitTimeout`."""
-        check_max_wait(max_wait)
+        if max_wait or type(max_wait) is not float:  # the default needs no check
+            check_max_wait(max_wait)
         return Hold(self, key, max_wait)
 
     def in_flight(self, key: str) -> int:
@@ -128,7 +129,7 @@ class ConcurrencyLimiter(Core):
                     target=self._renew, name=f"ratewarden-leases-{self.name}", daemon=True
                 )
                 self._renewer.start()
-        self._count("taken")
+            self.stats.taken += 1
 
     def _wait(self, hold: Hold, outcome: Outcome) -> None:
         if hold.max_wait <= 0:

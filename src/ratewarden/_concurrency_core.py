@@ -174,10 +174,10 @@ class Core:
 class HoldBase:
     __slots__ = ("key", "lease_id", "max_wait", "state", "store_key")
 
-    def __init__(self, key: str, store_key: str, lease_id: str, max_wait: float) -> None:
+    def __init__(self, core: Core, key: str, max_wait: float) -> None:
         self.key = key
-        self.store_key = store_key
-        self.lease_id = lease_id
+        self.store_key = core._store_key(key)
+        self.lease_id = core._new_id()
         self.max_wait = max_wait
         self.state = NEW
 

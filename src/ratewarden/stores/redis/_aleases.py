@@ -32,7 +32,5 @@ class AsyncRedisLeases:
 
     async def call(self, op: Op, key: str, lease_id: str, limit: int, lease_us: int) -> Outcome:
         now: int | str = "" if self._clock is None else self._clock.time_ns() // 1000
-        status, held, reclaimed, wait_us = await self._call(
-            LEASES, 1, [key, op, lease_id, limit, lease_us, now]
-        )
-        return Outcome(int(status), int(held), int(reclaimed), int(wait_us))
+        # the script's integers, as the client reads them
+        return Outcome._make(await self._call(LEASES, 1, [key, op, lease_id, limit, lease_us, now]))

@@ -25,17 +25,23 @@ end
 local reclaimed = redis.call("ZREMRANGEBYSCORE", key, "-inf", int(now))
 local held = redis.call("ZCARD", key)
 -- the set outlives its last lease by a millisecond, no longer (counted from
--- this call's now, so that a test's clock keeps its keys as the server's would)
-local function expire()
-  local last = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
-  redis.call("PEXPIRE", key, int(math.floor((tonumber(last[2]) - now) / 1000) + 1))
+-- this call's now, so that a test's clock keeps its keys as the server's would):
+-- GT never shortens the life a longer lease of another limiter of the name gave
+-- it; a set that was empty has no expiry yet, which GT would keep
+local function expire(was_empty)
+  local ms = int(math.floor(tonumber(ARGV[4]) / 1000) + 1)
+  if was_empty then
+    redis.call("PEXPIRE", key, ms)
+  else
+    redis.call("PEXPIRE", key, ms, "GT")
+  end
 end
 if op == "take" then
   if held < tonumber(ARGV[3]) then
     if redis.call("ZADD", key, "NX", int(now + tonumber(ARGV[4])), id) == 0 then
       return {-1, held, reclaimed, 0}
     end
-    expire()
+    expire(held == 0)
     return {1, held + 1, reclaimed, 0}
   end
   local first = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
@@ -52,7 +58,7 @@ if tonumber(own) <= now then
 end
 if op == "renew" then
   redis.call("ZADD", key, "XX", int(now + tonumber(ARGV[4])), id)
-  expire()
+  expire(false)
   return {1, held, reclaimed, 0}
 end
 redis.call("ZREM", key, id)
