@@ -234,3 +234,11 @@ async def _async_memory(fake: FakeClock) -> None:
 def test_async_memory_on_a_fake_clock(fake: FakeClock) -> None:
     with pytest.raises(LeaseNotHeld):  # the outer hold's lease ended inside
         asyncio.run(_async_memory(fake))
+
+
+def test_clearing_the_store_frees_every_slot(fake: FakeClock) -> None:
+    store = MemoryStore(clock=fake)
+    limiter = ConcurrencyLimiter(1, store=store, lease=60.0)
+    limiter.hold("k").__enter__()
+    store.clear()
+    assert limiter.in_flight("k") == 0

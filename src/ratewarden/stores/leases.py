@@ -169,6 +169,11 @@ class MemoryLeases:
         with self._lock:
             return self.table.call(op, key, lease_id, limit, lease_us, now=now)
 
+    def clear(self) -> None:
+        """Forget every lease (the store's `clear`: all its slots free)."""
+        with self._lock:
+            self.table.keys.clear()
+
 
 class AsyncMemoryLeases:
     """`MemoryLeases` awaited; it never blocks the loop (the lock guards a dict

@@ -327,6 +327,7 @@ class MemoryStore:
             for data in self._tables.values():
                 data.clear()
             self._size = 0
+        self._leases.clear()
 
     def close(self) -> None:
         """Nothing to let go of: no connection, no thread. The store stays usable."""
