@@ -26,10 +26,11 @@ from ratewarden import (
     LeaseNotHeld,
     MemoryStore,
     RateLimitTimeout,
+    StoreError,
 )
 from ratewarden.stores.leases import LeaseStore
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,7 +144,9 @@ def test_every_slot_is_back_within_a_lease_after_its_holder_is_killed(
             assert len(taken) == 4, back
             # the last renewal was at most a third of a lease before the kill
             assert lease * 0.5 < back[0], back
-            assert back[-1] <= lease + 0.05, back
+            # within a lease of the kill; the margin is this loop's own lateness on
+            # a loaded machine (2 ms polls), not the store's
+            assert back[-1] <= lease + 0.2, back
             assert limiter.stats.reclaimed == 4
             for hold in taken:
                 hold.release()
@@ -247,3 +250,12 @@ async def _async_overlap(url: str, limit: int) -> int:
 
 def test_async_never_more_than_the_limit(redis_single: RedisServer) -> None:
     assert asyncio.run(_async_overlap(redis_single.url, 3)) == 3
+
+
+def test_a_store_that_cannot_answer_raises() -> None:
+    """No fail-open: a hold on an unreachable Redis is a StoreError, not a slot."""
+    with RedisStore(f"redis://127.0.0.1:{free_port()}/0") as store:
+        limiter = ConcurrencyLimiter(1, store=store, name="down")
+        with pytest.raises(StoreError), limiter.hold("k"):
+            pytest.fail("held a slot of a store that is down")
+        assert limiter.stats.taken == 0
