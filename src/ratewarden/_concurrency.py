@@ -20,7 +20,7 @@ import time
 from types import TracebackType
 
 from ._concurrency_core import FIRST_POLL, HELD, LOST, POLL, RELEASED, Core, HoldBase
-from ._errors import StoreError
+from ._errors import ConfigurationError, StoreError
 from ._waiting import check_max_wait
 from .stores import MemoryStore
 from .stores.leases import EXPIRED, OK, LeaseStore, Op, Outcome
@@ -82,6 +82,11 @@ class ConcurrencyLimiter(Core):
     ) -> None:
         super().__init__(limit, lease, name)
         self.store: LeaseStore = MemoryStore() if store is None else store
+        if not callable(getattr(self.store, "leases", None)):
+            raise ConfigurationError(
+                f"{type(self.store).__name__} keeps no lease tables: a concurrency limit needs a"
+                " store with leases(), such as the memory or the Redis store"
+            )
         self._leases = self.store.leases()
         self._lock = threading.Lock()  # guards _live and _renewer (a thread's)
         self._released = 0  # releases so far: a waiter's cue to look again

@@ -242,3 +242,10 @@ def test_clearing_the_store_frees_every_slot(fake: FakeClock) -> None:
     limiter.hold("k").__enter__()
     store.clear()
     assert limiter.in_flight("k") == 0
+
+
+def test_a_store_without_lease_tables_is_refused() -> None:
+    from tests.stores.test_custom_store import DictStore  # noqa: PLC0415
+
+    with pytest.raises(ConfigurationError, match="DictStore keeps no lease tables"):
+        ConcurrencyLimiter(1, store=DictStore(FakeClock()))  # type: ignore[arg-type]
