@@ -1,10 +1,14 @@
 """ratewarden: exact, fast rate limiting for Python, on one process or a fleet."""
 
+from ._aconcurrency import AsyncConcurrencyLimiter, AsyncHold
 from ._adaptive import Adaptive
 from ._clock import Clock, FakeClock, SystemClock
+from ._concurrency import ConcurrencyLimiter, Hold
+from ._concurrency_core import ConcurrencyStats
 from ._decision import Decision
 from ._errors import (
     ConfigurationError,
+    LeaseNotHeld,
     RateLimitTimeout,
     RatewardenError,
     StoreError,
@@ -20,14 +24,20 @@ from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 __all__ = [
     "ALGORITHMS",
     "Adaptive",
+    "AsyncConcurrencyLimiter",
+    "AsyncHold",
     "AsyncLimiter",
     "AsyncMemoryStore",
     "AsyncPacedQueue",
     "AsyncStore",
     "Clock",
+    "ConcurrencyLimiter",
+    "ConcurrencyStats",
     "ConfigurationError",
     "Decision",
     "FakeClock",
+    "Hold",
+    "LeaseNotHeld",
     "Limiter",
     "MemoryStore",
     "PacedQueue",

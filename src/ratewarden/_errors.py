@@ -3,6 +3,7 @@
     RatewardenError
     ├── ConfigurationError (also ValueError)   bad rate, algorithm, cost or option
     ├── RateLimitTimeout                       acquire() got no permit by its deadline
+    ├── LeaseNotHeld (also LookupError)        a released hold's lease was not held
     └── StoreError                             a backend failed (wrapped with ``raise ... from``)
         └── StoreUnavailable                   ...and the limit's policy is to raise
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigurationError",
+    "LeaseNotHeld",
     "RateLimitTimeout",
     "RatewardenError",
     "StoreError",
@@ -40,6 +42,17 @@ class RateLimitTimeout(RatewardenError):
         super().__init__(message)
         self.key = key
         self.retry_after = retry_after
+
+
+class LeaseNotHeld(RatewardenError, LookupError):
+    """A concurrency limit's hold was released, or renewed, while its lease was not
+    held: released already, never taken, or ended (its holder missed the renewals)
+    and its slot reclaimed. The message says which; ``key`` and ``lease_id`` name it."""
+
+    def __init__(self, message: str, *, key: str, lease_id: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.lease_id = lease_id
 
 
 class StoreError(RatewardenError):

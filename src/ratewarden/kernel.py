@@ -1,10 +1,11 @@
 """The limiter kernel, for the packages built on it (rules, fleet, envoy, the
 integrations, the service): limiters and their options, one request checked
 against several limits in one store call, the lines of waiting callers, the
-rate-limit headers, and adaptive limits. The modules that define them are the
+rate-limit headers, adaptive limits, and concurrency limits. The modules that define them are the
 root's own; the packages above import them from here.
 """
 
+from ._aconcurrency import AsyncConcurrencyLimiter
 from ._adaptive import UNITS, Adaptive, Load, LoadSignals, parse_floor
 from ._headers import Policy, policy_item, rate_limit_fields, rate_limit_headers
 from ._hitmany import ahit_many, ahit_tiers, hit_many, hit_tiers
@@ -14,6 +15,7 @@ from ._waiting import AsyncTurns, Turns, check_max_wait, check_priority
 __all__ = [
     "UNITS",
     "Adaptive",
+    "AsyncConcurrencyLimiter",
     "AsyncLimiter",
     "AsyncTurns",
     "Limiter",

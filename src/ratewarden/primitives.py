@@ -17,6 +17,7 @@ from ._clock import (
 from ._decision import Decision
 from ._errors import (
     ConfigurationError,
+    LeaseNotHeld,
     RateLimitTimeout,
     RatewardenError,
     StoreError,
@@ -33,6 +34,7 @@ __all__ = [
     "Decision",
     "FakeClock",
     "Flow",
+    "LeaseNotHeld",
     "Rate",
     "RateLimitTimeout",
     "RatewardenError",

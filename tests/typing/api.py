@@ -9,10 +9,14 @@ from collections.abc import Awaitable
 from typing import assert_type
 
 from ratewarden import (
+    AsyncConcurrencyLimiter,
+    AsyncHold,
     AsyncLimiter,
     AsyncMemoryStore,
+    ConcurrencyLimiter,
     Decision,
     FakeClock,
+    Hold,
     Limiter,
     MemoryStore,
     ahit_many,
@@ -82,3 +86,23 @@ def a_limiter_and_a_store_of_the_other_kind() -> None:
     Limiter("10/second", store=AsyncDictStore(FakeClock()))  # type: ignore[arg-type]
     AsyncLimiter("10/second", store=DictStore(FakeClock()))  # type: ignore[arg-type]
     RuleEngine("rules.yaml", AsyncDictStore(FakeClock()))  # type: ignore[arg-type]
+
+
+def concurrency_api() -> None:
+    limiter = ConcurrencyLimiter(4, store=RedisStore("redis://localhost:6379/0"), lease=10.0)
+    ConcurrencyLimiter(4, store=MemoryStore())
+    with limiter.hold("k", max_wait=1.0) as hold:
+        assert_type(hold, Hold)
+        assert_type(hold.lease_id, str)
+    assert_type(limiter.in_flight("k"), int)
+    ConcurrencyLimiter(4, store=AsyncRedisStore("redis://x"))  # type: ignore[arg-type]
+    ConcurrencyLimiter(4, store=AsyncMemoryStore())  # type: ignore[arg-type]
+
+
+async def async_concurrency_api() -> None:
+    limiter = AsyncConcurrencyLimiter(4, store=AsyncRedisStore("redis://localhost:6379/0"))
+    AsyncConcurrencyLimiter(4, store=AsyncMemoryStore())
+    async with limiter.hold("k") as hold:
+        assert_type(hold, AsyncHold)
+    assert_type(await limiter.in_flight("k"), int)
+    AsyncConcurrencyLimiter(4, store=MemoryStore())  # type: ignore[arg-type]

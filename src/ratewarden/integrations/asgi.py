@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..kernel import AsyncLimiter, Limiter, Policy
+from ..kernel import AsyncConcurrencyLimiter, AsyncLimiter, Limiter, Policy, check_max_wait
+from ..primitives import LeaseNotHeld, RateLimitTimeout
 from ..stores import MemoryStore
 from ._request import (
     DEGRADE,
@@ -240,6 +243,14 @@ class RateLimitMiddleware:
     degrade the response (0.0 to 1.0; Starlette and FastAPI:
     ``request.state.ratewarden_degrade``), with the rule's header if it names one.
 
+    ``concurrency``: an `AsyncConcurrencyLimiter` that also bounds the requests
+    in flight: a request the rate limits pass holds one of its slots (its key
+    ``concurrency_key(scope)``, the client address by default) for its whole
+    duration, from before the app is called until the app returns, so until a
+    streaming response's last chunk is sent (and Starlette's background tasks
+    have run). No slot within ``concurrency_wait`` seconds: 429 with
+    Retry-After (the time until the earliest lease ends, at least 1 s).
+
     A store that cannot decide is the rule's ``on_failure`` policy's business
     (the engine answers for it); anything else the limiter raises is logged to
     ``ratewarden.integrations`` and the request let through: the limiter never
@@ -255,9 +266,15 @@ class RateLimitMiddleware:
         headers: HeaderMode = "all",
         legacy: bool = True,
         ietf: bool = True,
+        concurrency: AsyncConcurrencyLimiter | None = None,
+        concurrency_key: Callable[[Scope], str] | None = None,
+        concurrency_wait: float = 0.0,
     ) -> None:
         self.app = app
         self.engine = engine
+        self._held: Held | None = None
+        if concurrency is not None:
+            self._held = Held(concurrency, concurrency_key or _client, concurrency_wait)
         # a plain limiter or a rule engine, told apart once here rather than per request
         self._decide: Callable[[Mapping[str, object], bool], Awaitable[Outcome | LimitOutcome]]
         if isinstance(engine, AsyncLimiter | Limiter):
@@ -278,10 +295,12 @@ class RateLimitMiddleware:
             if outcome is not None:
                 tell_degrade(scope, outcome.degrade)
             extra = [] if outcome is None else self.responder.passed(outcome)
-            if not extra:
+            if extra:
+                send = _adding(scope, send, extra)
+            if self._held is None:
                 await self.app(scope, receive, send)
-                return
-            await self.app(scope, receive, _adding(scope, send, extra))
+            else:
+                await self._held.run(self.app, scope, receive, send)
             return
         await send_reply(send, self.responder.refused(outcome))
 
@@ -297,6 +316,60 @@ class RateLimitMiddleware:
 
     def __repr__(self) -> str:
         return f"<RateLimitMiddleware {self.engine!r} headers={self.responder.mode!r}>"
+
+
+class Held:
+    """The ``concurrency`` option: a request holds a slot while the app runs."""
+
+    __slots__ = ("key", "limiter", "max_wait")
+
+    def __init__(
+        self, limiter: AsyncConcurrencyLimiter, key: Callable[[Scope], str], max_wait: float
+    ) -> None:
+        if not isinstance(limiter, AsyncConcurrencyLimiter):
+            raise TypeError(
+                f"concurrency must be an AsyncConcurrencyLimiter, got {type(limiter).__name__}"
+            )
+        check_max_wait(max_wait)  # now, not on the first request
+        self.limiter, self.key, self.max_wait = limiter, key, max_wait
+
+    async def run(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            hold = await self.limiter.hold(self.key(scope), self.max_wait).__aenter__()
+        except RateLimitTimeout as exc:
+            await send_reply(send, _busy(exc))
+            return
+        except Exception:
+            log.exception("concurrency limiter failed; the request goes through unheld")
+            await app(scope, receive, send)
+            return
+        failed: BaseException | None = None
+        try:
+            await app(scope, receive, send)
+        except BaseException as exc:  # cancelled too: the slot comes back either way
+            failed = exc
+            raise
+        finally:
+            try:
+                await hold.__aexit__(type(failed) if failed else None, failed, None)
+            except LeaseNotHeld as exc:  # the response is sent: tell the log, not the client
+                log.warning("%s", exc)
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def _busy(exc: RateLimitTimeout) -> Reply:
+    wait = max(1, math.ceil(exc.retry_after))
+    body = json.dumps(
+        {"type": "about:blank", "title": "Too Many Requests", "status": 429,
+         "detail": "too many requests in flight; retry later"}
+    ).encode()  # fmt: skip
+    return Reply(
+        429, [("Content-Type", "application/problem+json"), ("Retry-After", str(wait))], body
+    )
 
 
 def _adding(scope: Scope, send: Send, extra: list[tuple[str, str]]) -> Send:

@@ -45,6 +45,7 @@ from typing import Unpack
 from ..algorithms import Algorithm, Params, State, Step, peek
 from ..primitives import Clock, ConfigurationError, Decision, Rate, default_clock, test_switch
 from .base import AsyncBound, BindOptions, Bound, Check, check_cost, pick
+from .leases import AsyncMemoryLeases, MemoryLeases
 
 __all__ = [
     "AsyncMemoryStore",
@@ -129,6 +130,7 @@ class MemoryStore:
         self._churn = 0  # keys evicted since the last sweep
         self._grow_at = self._next_grow_at()
         self.evicted = 0  # live keys dropped by the max_keys bound, for metrics
+        self._leases = MemoryLeases(self.clock)
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> Bound:
         params = Params.build(
@@ -308,6 +310,10 @@ class MemoryStore:
         self._swept_size, self._churn = self._size, 0
         return dropped
 
+    def leases(self) -> MemoryLeases:
+        """The lease table of `ratewarden.ConcurrencyLimiter` on this store."""
+        return self._leases
+
     def sweep(self) -> int:
         """Drop every key whose state is full again; return how many went."""
         now = self.clock.time_ns()
@@ -321,6 +327,7 @@ class MemoryStore:
             for data in self._tables.values():
                 data.clear()
             self._size = 0
+        self._leases.clear()
 
     def close(self) -> None:
         """Nothing to let go of: no connection, no thread. The store stays usable."""
@@ -340,6 +347,7 @@ class AsyncMemoryStore:
     def __init__(self, *, max_keys: int | None = None, clock: Clock | None = None) -> None:
         self.sync = MemoryStore(max_keys=max_keys, clock=clock)
         self.clock = self.sync.clock
+        self._leases = AsyncMemoryLeases(self.sync.leases())
 
     def bind(self, algorithm: Algorithm, rate: Rate, **options: Unpack[BindOptions]) -> AsyncBound:
         sync_hit, sync_peek, sync_reset, tier = self.sync.bind(algorithm, rate, **options)
@@ -362,6 +370,10 @@ class AsyncMemoryStore:
         self, checks: Sequence[Check], shadow: Sequence[Check]
     ) -> tuple[Decision | None, Decision | None]:
         return self.sync.hit_tiers(checks, shadow)
+
+    def leases(self) -> AsyncMemoryLeases:
+        """The sync store's lease table, awaited (for `ratewarden.AsyncConcurrencyLimiter`)."""
+        return self._leases
 
     async def sweep(self) -> int:
         return self.sync.sweep()

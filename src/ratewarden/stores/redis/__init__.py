@@ -6,8 +6,10 @@ Its neighbours may import `connection` (a Redis URL turned into a client) and
 `scripts` (the Lua scripts loaded by SHA); the rest of this package is its own.
 """
 
+from ._aleases import AsyncRedisLeases
 from ._astore import AsyncRedisStore
+from ._leases import RedisLeases
 from ._store import RedisStore
 from ._twotier import TwoTierSettings
 
-__all__ = ["AsyncRedisStore", "RedisStore", "TwoTierSettings"]
+__all__ = ["AsyncRedisLeases", "AsyncRedisStore", "RedisLeases", "RedisStore", "TwoTierSettings"]

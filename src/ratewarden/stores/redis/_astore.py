@@ -15,6 +15,7 @@ hand, the sync one (`_store`) written from it by scripts/unasync.py.
 # unasync: rename asynchronous=True -> asynchronous=False
 # unasync: rename ._async_wire -> ._sync_wire
 # unasync: rename ._atwotier_io -> ._twotier_io
+# unasync: rename ._aleases -> ._leases
 # unasync: rename self._batcher.submit -> self.scripts.call
 # unasync: rename self._batcher.wire -> self.scripts.wire
 
@@ -37,6 +38,7 @@ from ...primitives import (
 )
 from ..base import AsyncBound, BindOptions, Check
 from ..failure import Breaker, Instances, LocalFallback
+from ._aleases import AsyncRedisLeases
 from ._async_wire import AsyncWire, usable
 from ._atwotier_io import AsyncTwoTier
 from ._batcher import Batcher
@@ -206,6 +208,10 @@ class AsyncRedisStore:
             return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
             return many.failed(exc)
+
+    def leases(self) -> AsyncRedisLeases:
+        """The lease table of `ratewarden.AsyncConcurrencyLimiter` on this store."""
+        return AsyncRedisLeases(self._batcher.submit, self._test_clock)
 
     async def _delete(self, key: str) -> None:
         """DEL through the client (a reset is rare: no script, no pipeline)."""

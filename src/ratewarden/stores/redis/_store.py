@@ -30,6 +30,7 @@ from ...primitives import (
 )
 from ..base import BindOptions, Bound, Check
 from ..failure import Breaker, Instances, LocalFallback
+from ._leases import RedisLeases
 from ._script_calls import Answers, Limit, Many, script_calls
 from ._sync_wire import Wire, usable
 from ._twotier import LocalLimit, TwoTierSettings, two_tier_settings
@@ -175,6 +176,10 @@ class RedisStore:
             return done.value  # type: ignore[no-any-return]
         except StoreError as exc:
             return many.failed(exc)
+
+    def leases(self) -> RedisLeases:
+        """The lease table of `ratewarden.ConcurrencyLimiter` on this store."""
+        return RedisLeases(self.scripts.call, self._test_clock)
 
     def _delete(self, key: str) -> None:
         """DEL through the client (a reset is rare: no script, no pipeline)."""

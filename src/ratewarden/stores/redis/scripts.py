@@ -22,8 +22,8 @@ from ._sync_wire import Wire
 from .connection import FAILURES
 
 __all__ = [
-    "BATCH", "EXACT", "MANY", "REFUND", "STEP_IDS", "SYNC", "Scripts", "pack", "redis_params",
-    "script_args",
+    "BATCH", "EXACT", "LEASES", "MANY", "REFUND", "STEP_IDS", "SYNC", "Scripts", "pack",
+    "redis_params", "script_args",
 ]  # fmt: skip
 
 # The step functions by the number _many.lua dispatches on.
@@ -36,12 +36,14 @@ STEP_IDS = {
     )
 }  # fmt: skip
 MANY, REFUND, BATCH, SYNC = "_many", "_refund", "_batch", "_sync"
+LEASES = "_leases"  # a concurrency limit's lease table, on its own (see stores/leases.py)
 log = logging.getLogger("ratewarden.stores")
 
 
 def _source(name: str) -> str:
     """A script's text: the shared head, then one algorithm and _one.lua (``name``
-    is the algorithm's step), every algorithm and _many.lua, or _refund.lua."""
+    is the algorithm's step), every algorithm and _many.lua, or _refund.lua;
+    _leases.lua (`LEASES`) stands alone."""
     lua = resources.files("ratewarden.stores.redis") / "lua"
 
     def read(part: str) -> str:
@@ -50,6 +52,8 @@ def _source(name: str) -> str:
     if name in (MANY, BATCH, SYNC):
         steps = [f"{read(step)}STEPS[{number}] = step\n" for step, number in STEP_IDS.items()]
         return "\n".join([read("_common"), *steps, read(name)])
+    if name == LEASES:
+        return read(LEASES)
     if name == REFUND:
         return "\n".join([read("_common"), read(REFUND)])
     return "\n".join([read("_common"), read(name), read("_one")])
@@ -57,7 +61,7 @@ def _source(name: str) -> str:
 
 class Scripts:
     """The scripts of one client, by name (an algorithm's step name, `MANY`,
-    `REFUND`): called by SHA, computed here rather than asked of the server. On
+    `REFUND`, `LEASES`): called by SHA, computed here rather than asked of the server. On
     NOSCRIPT (first use, or after a server restart or SCRIPT FLUSH) `call` runs
     the script's source, which loads it as it runs; the async store sends SCRIPT
     LOAD ahead of the retried calls in one round trip. ``wire``: the sync store's

@@ -1,0 +1,34 @@
+# Generated from src/ratewarden/stores/redis/_aleases.py by scripts/unasync.py:
+# edit that file, then run the script.
+"""`RedisLeases`: a concurrency limit's lease table in Redis, ``_leases.lua``.
+
+One script call per operation, on one key (a cluster keeps it on one node),
+timed by the server's clock unless a test passes a `Clock`. The asyncio table
+sends its calls through the store's pipelines (see ``_batcher``); the sync one
+(``_leases``) is written from this module by scripts/unasync.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...primitives import Clock
+from ..leases import Op, Outcome
+from .scripts import LEASES
+
+__all__ = ["RedisLeases"]
+
+
+class RedisLeases:
+    """The Redis store's lease table: ``call`` is the store's script call (name,
+    number of keys, keys then arguments)."""
+
+    def __init__(self, call: Callable[[str, int, list[Any]], Any], clock: Clock | None) -> None:
+        self._call = call
+        self._clock = clock
+
+    def call(self, op: Op, key: str, lease_id: str, limit: int, lease_us: int) -> Outcome:
+        now: int | str = "" if self._clock is None else self._clock.time_ns() // 1000
+        # the script's integers, as the client reads them
+        return Outcome._make(self._call(LEASES, 1, [key, op, lease_id, limit, lease_us, now]))
