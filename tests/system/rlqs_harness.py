@@ -278,6 +278,7 @@ class Comparison:
     upstream: dict[int, int]  # requests per wall-clock second that reached the upstream
     first: int  # the first second of the load
     duration: int
+    load_cpu: float  # CPU seconds the load generator spent (this process)
 
 
 _RLS_RULES = """\
@@ -307,12 +308,15 @@ def rls_comparison(tmp: Path, *, weights: Sequence[float] = (10, 1, 1), limit: i
         # one request through each opens its gRPC connection before the count
         for gw in gws:
             urllib.request.urlopen(f"{gw.url}/warm-up", timeout=10).read()
+        cpu = time.process_time()
         tallies = run_load([gw.port for gw in gws], rates, duration, path="/api/hello")
+        cpu = time.process_time() - cpu
         time.sleep(0.5)
         counts = upstream.counts()
         served.terminate()
     first = min(s for t in tallies for s in t.seconds)
-    return Comparison(rates=rates, tallies=tallies, upstream=counts, first=first, duration=duration)
+    return Comparison(rates=rates, tallies=tallies, upstream=counts, first=first,
+                      duration=duration, load_cpu=cpu)  # fmt: skip
 
 
 def summary(result: Comparison) -> str:
@@ -321,7 +325,8 @@ def summary(result: Comparison) -> str:
     median = sorted(per_second)[len(per_second) // 2]
     lines = [f"upstream per second: {per_second}",
              f"upstream min/median/max: {min(per_second)}/{median}/{max(per_second)}, "
-             f"total {sum(per_second)}"]  # fmt: skip
+             f"total {sum(per_second)}",
+             f"load generator: {result.load_cpu:.1f} s of CPU in {result.duration} s"]  # fmt: skip
     for i, (rate, t) in enumerate(zip(result.rates, result.tallies, strict=True)):
         lines.append(f"envoy {i}: offered {rate:.0f}/s, sent {t.sent}, allowed {t.allowed}, "
                      f"denied {t.denied} ({t.denied_share:.1%}), other {dict(t.other)}, "

@@ -15,7 +15,15 @@ import pytest
 
 from tests.system.conftest import free_port
 from tests.system.fake_rlqs import Action, FakeRlqs, deny_all, token_bucket
-from tests.system.rlqs_harness import RLQS_CONFIG, Tally, Upstream, envoys, run_load
+from tests.system.rlqs_harness import (
+    RLQS_CONFIG,
+    Tally,
+    Upstream,
+    envoys,
+    rls_comparison,
+    run_load,
+    summary,
+)
 
 
 def per_second_allowed(tallies: list[Tally]) -> dict[int, int]:
@@ -137,3 +145,15 @@ def test_a_token_bucket_lets_its_rate_and_burst_through(tmp_path: Path) -> None:
         assert abs(reached.get(second, 0) - n) <= 2, (reached, seconds)
     later = [seconds[s] for s in sorted(seconds)[1:]]
     assert all(18 <= n <= 22 for n in later), seconds  # the refill, once the burst is spent
+
+
+def test_the_rls_comparison_holds_the_total_each_second(tmp_path: Path) -> None:
+    """The classic filter asking ``ratewarden serve`` per request: 300 a second
+    offered 10:1:1, 200 a second reach the upstream, each Envoy denied alike."""
+    result = rls_comparison(tmp_path, duration=3)
+    per_second = [result.upstream.get(result.first + i, 0) for i in range(3)]
+    assert per_second == [200, 200, 200], summary(result)
+    assert [t.sent for t in result.tallies] == [750, 75, 75]
+    assert all(t.errors == 0 and not t.other for t in result.tallies), summary(result)
+    assert sum(t.allowed for t in result.tallies) == 600
+    assert all(0.2 < t.denied_share < 0.45 for t in result.tallies), summary(result)
