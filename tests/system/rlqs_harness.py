@@ -9,6 +9,7 @@ connections and tallies per Envoy what was allowed (2xx) and denied (429).
 Limit Quota Service (RLQS, examples/rlqs/envoy.yaml) is compared with.
 
     python -m tests.system.rlqs_harness rls [--duration 30]   # prints the comparison
+    python -m tests.system.rlqs_harness rlqs --grpc 8081      # the same through RLQS
     python -m tests.system.rlqs_harness upstream PORT         # the counting upstream alone
 """
 
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,7 +45,7 @@ from tests.system.conftest import (
 )
 
 __all__ = ["LISTEN", "RLQS_CONFIG", "RLS_CONFIG", "Comparison", "Tally", "Upstream", "envoys",
-           "rls_comparison", "run_load", "summary"]  # fmt: skip
+           "rlqs_run", "rls_comparison", "run_load", "skewed_load", "summary"]  # fmt: skip
 
 ROOT = Path(__file__).parent.parent.parent
 RLQS_CONFIG = ROOT / "examples" / "rlqs" / "envoy.yaml"
@@ -268,7 +270,7 @@ def run_load(ports: Sequence[int], rates: Sequence[float], duration: float, *, p
     return asyncio.run(_load(ports, rates, duration, path, chosen))
 
 
-# -- the RLS comparison --------------------------------------------------------
+# -- skewed load through N Envoys ----------------------------------------------
 
 
 @dataclass
@@ -276,9 +278,47 @@ class Comparison:
     rates: list[float]
     tallies: list[Tally]
     upstream: dict[int, int]  # requests per wall-clock second that reached the upstream
-    first: int  # the first second of the load
-    duration: int
+    first: int  # the first counted second (after the settling ones)
+    duration: int  # counted seconds
     load_cpu: float  # CPU seconds the load generator spent (this process)
+
+    def window(self, tally: Tally) -> tuple[int, int]:
+        """A tally's allowed and denied requests within the counted seconds."""
+        counted = [
+            tally.seconds.get(s, [0, 0]) for s in range(self.first, self.first + self.duration)
+        ]
+        return sum(c[0] for c in counted), sum(c[1] for c in counted)
+
+
+def skewed_load(tmp: Path, config: Path, *, grpc: int, weights: Sequence[float], limit: int,
+                load: float, duration: int, settle: int = 0, path: str = "/",
+                headers: Mapping[str, str] | None = None) -> Comparison:  # fmt: skip
+    """``len(weights)`` Envoys from ``config`` asking the gRPC service on
+    ``grpc``, offered ``load`` times ``limit`` requests a second between them,
+    split by ``weights``; the first ``settle`` seconds are load but not counted
+    (a quota service needs a few reports to learn the demand)."""
+    rates = [limit * load * w / sum(weights) for w in weights]
+    with (
+        Upstream(tmp) as upstream,
+        envoys(len(weights), config, upstream=upstream.port, grpc=grpc, tmp=tmp) as gws,
+    ):
+        # one request through each opens its gRPC stream before the count
+        for gw in gws:
+            warm_up = urllib.request.Request(f"{gw.url}/warm-up", headers=dict(headers or {}))
+            try:
+                with urllib.request.urlopen(warm_up, timeout=10) as answer:
+                    answer.read()
+            except urllib.error.HTTPError as exc:  # a 429 opened it all the same
+                exc.close()
+        cpu = time.process_time()
+        tallies = run_load([gw.port for gw in gws], rates, settle + duration, path=path,
+                           headers=[headers or {}] * len(gws))  # fmt: skip
+        cpu = time.process_time() - cpu
+        time.sleep(0.5)
+        counts = upstream.counts()
+    first = min(s for t in tallies for s in t.seconds) + settle
+    return Comparison(rates=rates, tallies=tallies, upstream=counts, first=first,
+                      duration=duration, load_cpu=cpu)  # fmt: skip
 
 
 _RLS_RULES = """\
@@ -293,30 +333,26 @@ rules:
 
 def rls_comparison(tmp: Path, *, weights: Sequence[float] = (10, 1, 1), limit: int = 200,
                    load: float = 1.5, duration: int = 30) -> Comparison:  # fmt: skip
-    """``len(weights)`` Envoys with the classic ratelimit filter asking one
-    ``ratewarden serve`` that allows ``limit`` requests a second to all of
-    them together (one fixed-window counter); the Envoys offered ``load`` times
-    the limit between them, split by ``weights``."""
+    """The classic ratelimit filter (examples/gateways/envoy) asking one
+    ``ratewarden serve`` per request, which allows ``limit`` requests a second
+    to all the Envoys together (one fixed-window counter)."""
     rules = tmp / "rls-rules.yaml"
     rules.write_text(_RLS_RULES.format(limit=limit))
-    rates = [limit * load * w / sum(weights) for w in weights]
-    with (
-        serving("--config", str(rules), tmp=tmp) as served,
-        Upstream(tmp) as upstream,
-        envoys(len(weights), RLS_CONFIG, upstream=upstream.port, grpc=served.grpc, tmp=tmp) as gws,
-    ):
-        # one request through each opens its gRPC connection before the count
-        for gw in gws:
-            urllib.request.urlopen(f"{gw.url}/warm-up", timeout=10).read()
-        cpu = time.process_time()
-        tallies = run_load([gw.port for gw in gws], rates, duration, path="/api/hello")
-        cpu = time.process_time() - cpu
-        time.sleep(0.5)
-        counts = upstream.counts()
+    with serving("--config", str(rules), tmp=tmp) as served:
+        result = skewed_load(tmp, RLS_CONFIG, grpc=served.grpc, weights=weights, limit=limit,
+                             load=load, duration=duration, path="/api/hello")  # fmt: skip
         served.terminate()
-    first = min(s for t in tallies for s in t.seconds)
-    return Comparison(rates=rates, tallies=tallies, upstream=counts, first=first,
-                      duration=duration, load_cpu=cpu)  # fmt: skip
+    return result
+
+
+def rlqs_run(tmp: Path, grpc: int, *, weights: Sequence[float] = (10, 1, 1), limit: int = 200,
+             load: float = 1.5, duration: int = 30, settle: int = 10,
+             tenant: str = "acme") -> Comparison:  # fmt: skip
+    """The same load through examples/rlqs/envoy.yaml, every request in tenant
+    ``tenant``'s bucket, against the quota service on ``grpc`` (``ratewarden
+    serve`` with a rule of ``limit`` a second for that bucket, or a fake)."""
+    return skewed_load(tmp, RLQS_CONFIG, grpc=grpc, weights=weights, limit=limit, load=load,
+                       duration=duration, settle=settle, headers={"x-tenant": tenant})  # fmt: skip
 
 
 def summary(result: Comparison) -> str:
@@ -325,11 +361,13 @@ def summary(result: Comparison) -> str:
     median = sorted(per_second)[len(per_second) // 2]
     lines = [f"upstream per second: {per_second}",
              f"upstream min/median/max: {min(per_second)}/{median}/{max(per_second)}, "
-             f"total {sum(per_second)}",
-             f"load generator: {result.load_cpu:.1f} s of CPU in {result.duration} s"]  # fmt: skip
+             f"total {sum(per_second)} in {result.duration} s",
+             f"load generator: {result.load_cpu:.1f} s of CPU"]  # fmt: skip
     for i, (rate, t) in enumerate(zip(result.rates, result.tallies, strict=True)):
-        lines.append(f"envoy {i}: offered {rate:.0f}/s, sent {t.sent}, allowed {t.allowed}, "
-                     f"denied {t.denied} ({t.denied_share:.1%}), other {dict(t.other)}, "
+        allowed, denied = result.window(t)
+        share = denied / (allowed + denied) if allowed + denied else 0.0
+        lines.append(f"envoy {i}: offered {rate:.0f}/s, allowed {allowed}, denied {denied} "
+                     f"({share:.1%}); whole run: sent {t.sent}, other {dict(t.other)}, "
                      f"errors {t.errors}, behind at most {t.behind * 1000:.0f} ms")  # fmt: skip
     return "\n".join(lines)
 
@@ -338,14 +376,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.system.rlqs_harness")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("upstream").add_argument("port", type=int)
-    rls = commands.add_parser("rls")
+    rls = commands.add_parser(
+        "rls", help="the classic filter against a ratewarden serve of its own"
+    )
     rls.add_argument("--duration", type=int, default=30)
+    rlqs = commands.add_parser("rlqs", help="examples/rlqs/envoy.yaml against a running service")
+    rlqs.add_argument("--grpc", type=int, required=True, help="the quota service's gRPC port")
+    rlqs.add_argument("--duration", type=int, default=30)
+    rlqs.add_argument("--settle", type=int, default=10)
+    rlqs.add_argument("--tenant", default="acme")
     args = parser.parse_args(argv)
     if args.command == "upstream":
         asyncio.run(_serve_upstream(args.port))
-    else:
-        with tempfile.TemporaryDirectory(prefix="rlqs-harness-") as tmp:
-            print(summary(rls_comparison(Path(tmp), duration=args.duration)))
+        return
+    with tempfile.TemporaryDirectory(prefix="rlqs-harness-") as tmp:
+        if args.command == "rls":
+            result = rls_comparison(Path(tmp), duration=args.duration)
+        else:
+            result = rlqs_run(Path(tmp), args.grpc, duration=args.duration, settle=args.settle,
+                              tenant=args.tenant)  # fmt: skip
+        print(summary(result))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from tests.system.rlqs_harness import (
     Tally,
     Upstream,
     envoys,
+    rlqs_run,
     rls_comparison,
     run_load,
     summary,
@@ -157,3 +158,22 @@ def test_the_rls_comparison_holds_the_total_each_second(tmp_path: Path) -> None:
     assert all(t.errors == 0 and not t.other for t in result.tallies), summary(result)
     assert sum(t.allowed for t in result.tallies) == 600
     assert all(0.2 < t.denied_share < 0.45 for t in result.tallies), summary(result)
+
+
+def test_an_rlqs_run_counts_only_the_seconds_after_settling(tmp_path: Path) -> None:
+    """The same skewed load through examples/rlqs/envoy.yaml, the fake service
+    giving every Envoy 66 a second: the busy one is held to 66, the other two
+    pass all their 25, and the settling second is left out of the count."""
+
+    def policy(bucket: Mapping[str, str]) -> Action | None:
+        return token_bucket(per_second=66, burst=66)
+
+    with FakeRlqs(free_port(), policy) as fake:
+        result = rlqs_run(tmp_path, fake.port, duration=3, settle=1)
+    per_second = [result.upstream.get(result.first + i, 0) for i in range(3)]
+    assert all(113 <= n <= 119 for n in per_second), summary(result)
+    busy, *quiet = [result.window(t) for t in result.tallies]
+    assert 195 <= busy[0] <= 201, summary(result)
+    assert busy[0] + busy[1] == 750
+    assert quiet == [(75, 0), (75, 0)], summary(result)
+    assert [t.sent for t in result.tallies] == [1000, 100, 100]
