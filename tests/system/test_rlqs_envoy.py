@@ -20,7 +20,7 @@ def test_three_envoys_share_the_bucket_total_by_demand(tmp_path: Path) -> None:
         served.terminate()
     per_second = [result.upstream.get(result.first + i, 0) for i in range(result.duration)]
     # a grant's burst (max_tokens) may add a little to one second, never a proxy's whole share
-    assert all(180 <= n <= 205 for n in per_second), summary(result)
+    assert all(180 <= n <= 204 for n in per_second), summary(result)  # 2% over at most
     busy, *quiet = [result.window(t) for t in result.tallies]
     # a quiet proxy granted just its measured demand, with a burst of 2, may meet a
     # 429 when its requests arrive a little early (seen: 3 of 1125)
