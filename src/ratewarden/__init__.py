@@ -14,6 +14,7 @@ from ._hitmany import ahit_many, hit_many
 from ._limiter import AsyncLimiter, Limiter
 from ._queue import AsyncPacedQueue, PacedQueue, QueueFull
 from ._rate import Rate, parse_rate
+from ._reservation import AsyncReservation, Estimates, Reservation, ReservationError
 from .algorithms import ALGORITHMS
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 
@@ -23,10 +24,12 @@ __all__ = [
     "AsyncLimiter",
     "AsyncMemoryStore",
     "AsyncPacedQueue",
+    "AsyncReservation",
     "AsyncStore",
     "Clock",
     "ConfigurationError",
     "Decision",
+    "Estimates",
     "FakeClock",
     "Limiter",
     "MemoryStore",
@@ -35,6 +38,8 @@ __all__ = [
     "Rate",
     "RateLimitTimeout",
     "RatewardenError",
+    "Reservation",
+    "ReservationError",
     "Store",
     "StoreError",
     "StoreUnavailable",

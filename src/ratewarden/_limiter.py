@@ -19,6 +19,14 @@ from ._clock import Clock
 from ._decision import Decision
 from ._errors import ConfigurationError
 from ._rate import Rate, parse_rate
+from ._reservation import (
+    AsyncReservation,
+    Estimates,
+    Learned,
+    Reservation,
+    check_reservable,
+    estimate_for,
+)
 from ._waiting import (
     Aside,
     AsyncTurns,
@@ -45,6 +53,7 @@ from .stores.base import (
     ResetFn,
 )
 from .stores.failure import OnFailure, check_policy
+from .stores.reservations import AsyncReserver, Reserver, areserver, reserver
 
 __all__ = [
     "AsyncLimiter",
@@ -266,6 +275,7 @@ class _Core:
     _sharded: bool
     _tier: Any  # the store's handle for this limit, in its checks of several limits
     _scale: Scale | None  # an adaptive limit's price; None for a plain one
+    _learned: Learned | None  # what reserve(profile=...) learned, with estimates=
     # The store's handle when a check of several limits can hand this one to the
     # store as it is (no price to apply, no shards to drive); None otherwise.
     direct: Any
@@ -298,6 +308,16 @@ class _Core:
             burst = self._config.options["burst"]
             return self.rate.limit if burst is None else burst
         return self._config.units // scale.unit()
+
+    @property
+    def learned(self) -> Learned | None:
+        """What the limiter learned of its profiles' costs (``estimates=``); None
+        without."""
+        return self._learned
+
+    def _reservable(self) -> None:
+        config = self._config
+        check_reservable(config.shards, config.adaptive, config.options.get("two_tier", False))
 
     @property
     def key_prefix(self) -> str:
@@ -341,7 +361,9 @@ class Limiter(_Core):
     - ``acquire(key, max_wait, cost=1)`` waits up to ``max_wait`` seconds for a
       permit, then raises `RateLimitTimeout`; ``max_wait=0`` tries once;
     - ``tier(key, cost=1)`` what a check of several limits in one store call
-      (`hit_many`) needs of this one.
+      (`hit_many`) needs of this one;
+    - ``reserve(key, cost=estimate)`` holds a cost known only after the call, to
+      ``settle(actual)`` or ``cancel()`` (``profile=`` with ``estimates=`` learns it).
 
     ``burst`` sets the bucket capacity of token_bucket, leaky_bucket and gcra (default:
     the rate's limit); ``refill="interval"`` makes token_bucket refill once per period.
@@ -373,9 +395,16 @@ class Limiter(_Core):
     store: Store
 
     def __init__(
-        self, rate: str | Rate, *, store: Store | None = None, **options: Unpack[LimiterOptions]
+        self,
+        rate: str | Rate,
+        *,
+        store: Store | None = None,
+        estimates: Estimates | None = None,
+        **options: Unpack[LimiterOptions],
     ) -> None:
         self._config = config = _Config.make(rate, **options)
+        self._learned = None if estimates is None else Learned(estimates)
+        self._reserver: Reserver | None = None
         self.store = MemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = config.bind(self.store)
         self._scale = scale = config.scale(self.store.clock)
@@ -412,6 +441,22 @@ class Limiter(_Core):
         finally:
             flow.close()  # a step that raised: the flow hands the turn on
 
+    def reserve(
+        self, key: str, cost: int | None = None, *, profile: str | None = None
+    ) -> Reservation:
+        """Hold ``cost`` (an estimate; or the learned estimate of ``profile``, see
+        `Estimates`) as a hit would, admitted or denied as that hit; then
+        ``settle(actual)`` or ``cancel()`` it (see `Reservation`)."""
+        estimate, profile = estimate_for(self._learned, cost, profile)
+        held = self._reserver
+        if held is None:
+            self._reservable()
+            held = self._reserver = reserver(self.store, self._tier)
+        decision, mark = held.reserve(key, estimate)
+        return Reservation(
+            held, key, estimate, decision, mark, profile=profile, learned=self._learned
+        )
+
     def slot(self, key: str, max_wait: float, cost: int = 1) -> Slot:
         """`acquire` as a context manager or decorator: ``with limiter.slot(key,
         max_wait=1.0): call()``, or ``@limiter.slot(key, max_wait=1.0)`` on a
@@ -438,10 +483,13 @@ class AsyncLimiter(_Core):
         *,
         store: AsyncStore | None = None,
         spin: float = 0.0,
+        estimates: Estimates | None = None,
         **options: Unpack[LimiterOptions],
     ) -> None:
         self.spin = check_spin(spin)
         self._config = config = _Config.make(rate, **options)
+        self._learned = None if estimates is None else Learned(estimates)
+        self._reserver: AsyncReserver | None = None
         self.store = AsyncMemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = config.abind(self.store)
         self._scale = scale = config.scale(self.store.clock)
@@ -475,6 +523,20 @@ class AsyncLimiter(_Core):
             return decision
         finally:
             flow.close()  # a step that raised or was cancelled: the flow hands the turn on
+
+    async def reserve(
+        self, key: str, cost: int | None = None, *, profile: str | None = None
+    ) -> AsyncReservation:
+        """`Limiter.reserve`, awaited."""
+        estimate, profile = estimate_for(self._learned, cost, profile)
+        held = self._reserver
+        if held is None:
+            self._reservable()
+            held = self._reserver = areserver(self.store, self._tier)
+        decision, mark = await held.reserve(key, estimate)
+        return AsyncReservation(
+            held, key, estimate, decision, mark, profile=profile, learned=self._learned
+        )
 
     def slot(self, key: str, max_wait: float, cost: int = 1) -> AsyncSlot:
         """`acquire` as an async context manager or a decorator of coroutine

@@ -22,8 +22,8 @@ from ._sync_wire import Wire
 from .connection import FAILURES
 
 __all__ = [
-    "BATCH", "EXACT", "MANY", "REFUND", "STEP_IDS", "SYNC", "Scripts", "pack", "redis_params",
-    "script_args",
+    "BATCH", "EXACT", "MANY", "REFUND", "RESERVE", "STEP_IDS", "SYNC", "Scripts", "pack",
+    "redis_params", "script_args",
 ]  # fmt: skip
 
 # The step functions by the number _many.lua dispatches on.
@@ -36,6 +36,7 @@ STEP_IDS = {
     )
 }  # fmt: skip
 MANY, REFUND, BATCH, SYNC = "_many", "_refund", "_batch", "_sync"
+RESERVE = "_reserve:"  # + a step's name: that algorithm's reservation script
 log = logging.getLogger("ratewarden.stores")
 
 
@@ -52,6 +53,10 @@ def _source(name: str) -> str:
         return "\n".join([read("_common"), *steps, read(name)])
     if name == REFUND:
         return "\n".join([read("_common"), read(REFUND)])
+    if name.startswith(RESERVE):  # a reservation's script: see reservations.py
+        step = name[len(RESERVE) :]
+        parts = [read("_common"), read(step), read("_settle"), f"local ALGORITHM = {step!r}\n"]
+        return "\n".join([*parts, read("_reserve")])
     return "\n".join([read("_common"), read(name), read("_one")])
 
 
