@@ -195,13 +195,18 @@ class _Held:
     def __bool__(self) -> bool:
         return self.decision.allowed
 
-    def _take(self, actual: int | None) -> int | None:
-        """The delta to apply, after taking the right to; None: nothing to apply
-        (no difference, or a degraded admission that counted nothing)."""
-        if actual is not None and (type(actual) is not int or actual < 0):
+    @staticmethod
+    def _actual(actual: object) -> int:
+        if type(actual) is not int or actual < 0:
             raise ReservationError(
                 f"settle takes the actual cost, a whole number >= 0, got {actual!r}"
             )
+        return actual
+
+    def _take(self, actual: int | None) -> int | None:
+        """The delta to apply (``actual`` None: a cancel), after taking the right
+        to; None: nothing to apply (no difference, or a degraded admission that
+        counted nothing)."""
         try:
             self._open.pop()
         except IndexError:
@@ -248,7 +253,7 @@ class Reservation(_Held):
 
     def settle(self, actual: int) -> None:
         """Charge ``actual - estimate`` more, or refund it (see the module docstring)."""
-        self._apply(actual)
+        self._apply(self._actual(actual))
 
     def cancel(self) -> None:
         """Refund the whole estimate: the call was not made."""
@@ -280,7 +285,7 @@ class AsyncReservation(_Held):
 
     async def settle(self, actual: int) -> None:
         """Charge ``actual - estimate`` more, or refund it."""
-        await self._apply(actual)
+        await self._apply(self._actual(actual))
 
     async def cancel(self) -> None:
         """Refund the whole estimate: the call was not made."""
