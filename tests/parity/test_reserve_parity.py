@@ -83,7 +83,7 @@ def test_a_bucket_in_debt_answers_as_python(scripts: Scripts) -> None:
     settle = settler(algorithm.step)
     key = f"reserve-debt:{uuid.uuid4()}"
     script, packed, now = RESERVE + "bucket", pack(params), EPOCH_US
-    _, state = algorithm.step(None, now, 10, params)
+    state: State | None = algorithm.step(None, now, 10, params)[1]
     assert scripts.call(script, 1, [key, now, "reserve", 10, packed])[0] == 1
     state = settle.settle(state, now, Change(5, now, 10), params)
     scripts.call(script, 1, [key, now, "settle", 5, packed, now, 10])
