@@ -9,15 +9,17 @@ functions themselves, so a hit costs one Python call into the store and no more.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncContextDecorator, ContextDecorator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypedDict, Unpack
+from functools import partial
+from typing import Any, NamedTuple, TypedDict, TypeVar, Unpack
 
 from ._adaptive import UNITS, Adaptive, Scale, in_requests
 from ._clock import Clock
 from ._decision import Decision
 from ._errors import ConfigurationError
+from ._flow import Flow, adrive, drive
 from ._rate import Rate, parse_rate
 from ._reservation import (
     AsyncReservation,
@@ -53,7 +55,7 @@ from .stores.base import (
     ResetFn,
 )
 from .stores.failure import OnFailure, check_policy
-from .stores.reservations import AsyncReserver, Reserver, areserver, reserver
+from .stores.reservations import areserver, reserver
 
 __all__ = [
     "AsyncLimiter",
@@ -65,6 +67,7 @@ __all__ = [
 ]
 
 DEFAULT_ALGORITHM = "sliding_window_counter"
+T = TypeVar("T")
 
 
 class LimiterOptions(TypedDict, total=False):
@@ -82,6 +85,7 @@ class LimiterOptions(TypedDict, total=False):
     adaptive: Adaptive | None
     calendar: str | None
     week_start: str
+    estimates: Estimates | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,7 @@ class _Config:
     # what the store counts: the rate itself, or in units when adaptive (see _adaptive)
     counted: Rate | None = None
     calendar: Calendar | None = None  # windows on a time zone's calendar
+    learned: Learned | None = None  # what reserve(profile=...) learns, with estimates=
 
     @classmethod
     def make(
@@ -114,6 +119,7 @@ class _Config:
         adaptive: Adaptive | None = None,
         calendar: str | None = None,
         week_start: str = "monday",
+        estimates: Estimates | None = None,
     ) -> _Config:
         parsed = parse_rate(rate)
         cal = None
@@ -196,6 +202,7 @@ class _Config:
             adaptive,
             counted,
             cal,
+            None if estimates is None else Learned(estimates),
         )
 
     @property
@@ -275,7 +282,7 @@ class _Core:
     _sharded: bool
     _tier: Any  # the store's handle for this limit, in its checks of several limits
     _scale: Scale | None  # an adaptive limit's price; None for a plain one
-    _learned: Learned | None  # what reserve(profile=...) learned, with estimates=
+    _reserver: Any = None  # the store's reservations of this limit, bound on first use
     # The store's handle when a check of several limits can hand this one to the
     # store as it is (no price to apply, no shards to drive); None otherwise.
     direct: Any
@@ -313,11 +320,21 @@ class _Core:
     def learned(self) -> Learned | None:
         """What the limiter learned of its profiles' costs (``estimates=``); None
         without."""
-        return self._learned
+        return self._config.learned
 
-    def _reservable(self) -> None:
+    def _reserving(
+        self, key: str, cost: int | None, profile: str | None, bind: Any, kind: Callable[..., T]
+    ) -> Flow[T]:
+        """``reserve`` as a flow (see `_flow`): ``bind`` binds the store's
+        reservations of this limit on first use, ``kind`` makes the reservation."""
         config = self._config
-        check_reservable(config.shards, config.adaptive, config.options.get("two_tier", False))
+        estimate, profile = estimate_for(config.learned, cost, profile)
+        held = self._reserver
+        if held is None:
+            check_reservable(config.shards, config.adaptive, config.options.get("two_tier", False))
+            held = self._reserver = bind(self.store, self._tier)
+        decision, mark = yield partial(held.reserve, key, estimate)
+        return kind(held, key, estimate, decision, mark, profile=profile, learned=config.learned)
 
     @property
     def key_prefix(self) -> str:
@@ -386,6 +403,8 @@ class Limiter(_Core):
     process checks it that many times a second.
     ``classes`` names ``acquire``'s priority classes, highest first
     (``["enterprise", "pro", "free"]``); the last is the default class.
+    ``estimates=Estimates(ceiling=...)`` lets ``reserve(key, profile=...)`` reserve
+    what that profile's settles used lately (see `Estimates`).
     A cost larger than the limit can ever grant is denied with ``retry_after=inf``.
     """
 
@@ -395,16 +414,9 @@ class Limiter(_Core):
     store: Store
 
     def __init__(
-        self,
-        rate: str | Rate,
-        *,
-        store: Store | None = None,
-        estimates: Estimates | None = None,
-        **options: Unpack[LimiterOptions],
+        self, rate: str | Rate, *, store: Store | None = None, **options: Unpack[LimiterOptions]
     ) -> None:
         self._config = config = _Config.make(rate, **options)
-        self._learned = None if estimates is None else Learned(estimates)
-        self._reserver: Reserver | None = None
         self.store = MemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = config.bind(self.store)
         self._scale = scale = config.scale(self.store.clock)
@@ -447,15 +459,7 @@ class Limiter(_Core):
         """Hold ``cost`` (an estimate; or the learned estimate of ``profile``, see
         `Estimates`) as a hit would, admitted or denied as that hit; then
         ``settle(actual)`` or ``cancel()`` it (see `Reservation`)."""
-        estimate, profile = estimate_for(self._learned, cost, profile)
-        held = self._reserver
-        if held is None:
-            self._reservable()
-            held = self._reserver = reserver(self.store, self._tier)
-        decision, mark = held.reserve(key, estimate)
-        return Reservation(
-            held, key, estimate, decision, mark, profile=profile, learned=self._learned
-        )
+        return drive(self._reserving(key, cost, profile, reserver, Reservation))
 
     def slot(self, key: str, max_wait: float, cost: int = 1) -> Slot:
         """`acquire` as a context manager or decorator: ``with limiter.slot(key,
@@ -483,13 +487,10 @@ class AsyncLimiter(_Core):
         *,
         store: AsyncStore | None = None,
         spin: float = 0.0,
-        estimates: Estimates | None = None,
         **options: Unpack[LimiterOptions],
     ) -> None:
         self.spin = check_spin(spin)
         self._config = config = _Config.make(rate, **options)
-        self._learned = None if estimates is None else Learned(estimates)
-        self._reserver: AsyncReserver | None = None
         self.store = AsyncMemoryStore() if store is None else store
         self.hit, self.peek, self.reset, self._tier = config.abind(self.store)
         self._scale = scale = config.scale(self.store.clock)
@@ -528,15 +529,7 @@ class AsyncLimiter(_Core):
         self, key: str, cost: int | None = None, *, profile: str | None = None
     ) -> AsyncReservation:
         """`Limiter.reserve`, awaited."""
-        estimate, profile = estimate_for(self._learned, cost, profile)
-        held = self._reserver
-        if held is None:
-            self._reservable()
-            held = self._reserver = areserver(self.store, self._tier)
-        decision, mark = await held.reserve(key, estimate)
-        return AsyncReservation(
-            held, key, estimate, decision, mark, profile=profile, learned=self._learned
-        )
+        return await adrive(self._reserving(key, cost, profile, areserver, AsyncReservation))
 
     def slot(self, key: str, max_wait: float, cost: int = 1) -> AsyncSlot:
         """`acquire` as an async context manager or a decorator of coroutine

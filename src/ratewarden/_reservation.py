@@ -21,12 +21,17 @@ import math
 import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from functools import partial
+from typing import Generic, TypeVar
 
 from ._decision import Decision
 from ._errors import ConfigurationError, RatewardenError
+from ._flow import Flow, adrive, drive
 from .stores.reservations import AsyncReserver, Reserver
 
 __all__ = ["AsyncReservation", "Estimates", "Learned", "Reservation", "ReservationError"]
+
+R = TypeVar("R", Reserver, AsyncReserver)  # the store's reservations, sync or async
 
 
 class ReservationError(RatewardenError, ValueError):
@@ -138,21 +143,19 @@ def estimate_for(
     return cost, profile
 
 
-class _Held:
-    """What both twins keep and check, without I/O."""
+class _Held(Generic[R]):
+    """What both twins keep and check, and their settle as a flow (see `_flow`)."""
 
-    __slots__ = ("_open", "_state", "decision", "estimate", "key", "learned", "mark", "profile")
+    __slots__ = (
+        "_open", "_reserver", "_state", "decision", "estimate", "key", "learned", "mark",
+        "profile",
+    )  # fmt: skip
 
     def __init__(
-        self,
-        key: str,
-        estimate: int,
-        decision: Decision,
-        mark: int,
-        *,
-        profile: str | None,
-        learned: Learned | None,
-    ) -> None:
+        self, reserver: R, key: str, estimate: int, decision: Decision, mark: int,
+        *, profile: str | None = None, learned: Learned | None = None,
+    ) -> None:  # fmt: skip
+        self._reserver: R = reserver
         self.key, self.estimate, self.decision, self.mark = key, estimate, decision, mark
         self.profile, self.learned = profile, learned
         # one token: taking it (an atomic pop) is the right to settle or cancel once
@@ -195,18 +198,14 @@ class _Held:
     def __bool__(self) -> bool:
         return self.decision.allowed
 
-    @staticmethod
-    def _actual(actual: object) -> int:
-        if type(actual) is not int or actual < 0:
+    def _settling(self, actual: object, *, cancel: bool = False) -> Flow[None]:
+        """A settle (or, with ``cancel``, a cancel) as a flow: checks, then the
+        store's call, if there is a difference to apply. A check that fails or a
+        call that raises leaves the reservation as it was."""
+        if not cancel and (type(actual) is not int or actual < 0):
             raise ReservationError(
                 f"settle takes the actual cost, a whole number >= 0, got {actual!r}"
             )
-        return actual
-
-    def _take(self, actual: int | None) -> int | None:
-        """The delta to apply (``actual`` None: a cancel), after taking the right
-        to; None: nothing to apply (no difference, or a degraded admission that
-        counted nothing)."""
         try:
             self._open.pop()
         except IndexError:
@@ -214,19 +213,21 @@ class _Held:
                 f"reservation of {self.estimate} on {self.key!r} is {self._state}:"
                 " it can be settled or cancelled once, and only if admitted"
             ) from None
-        delta = -self.estimate if actual is None else actual - self.estimate
-        return None if delta == 0 or self.decision.degraded else delta
-
-    def _failed(self) -> None:
-        self._open.append(1)  # the store call failed: still open, nothing lost
-
-    def _done(self, actual: int | None) -> None:
-        if actual is None:
+        used = 0 if cancel else actual
+        assert isinstance(used, int)
+        delta = used - self.estimate
+        if delta and not self.decision.degraded:  # a degraded admission counted nothing
+            try:
+                yield partial(self._reserver.settle, self.key, delta, self.mark, self.estimate)
+            except BaseException:  # the call raised (the flow is closed): still open
+                self._open.append(1)
+                raise
+        if cancel:
             self._state = "cancelled"
             return
         self._state = "settled"
         if self.profile is not None and self.learned is not None:
-            self.learned.record(self.profile, actual)
+            self.learned.record(self.profile, used)
 
     def __repr__(self) -> str:
         profile = "" if self.profile is None else f", profile={self.profile!r}"
@@ -236,67 +237,33 @@ class _Held:
         )
 
 
-class Reservation(_Held):
+class Reservation(_Held[Reserver]):
     """An estimated cost held against a limit (see `ratewarden.Limiter.reserve`).
     Truthy when admitted; ``decision`` is the hit's Decision, whose fields it
     also shows. ``settle(actual)`` or ``cancel()`` once; neither: the estimate
     stays charged."""
 
-    __slots__ = ("_reserver",)
-
-    def __init__(
-        self, reserver: Reserver, key: str, estimate: int, decision: Decision, mark: int,
-        *, profile: str | None = None, learned: Learned | None = None,
-    ) -> None:  # fmt: skip
-        super().__init__(key, estimate, decision, mark, profile=profile, learned=learned)
-        self._reserver = reserver
+    __slots__ = ()
 
     def settle(self, actual: int) -> None:
         """Charge ``actual - estimate`` more, or refund it (see the module docstring)."""
-        self._apply(self._actual(actual))
+        drive(self._settling(actual))
 
     def cancel(self) -> None:
         """Refund the whole estimate: the call was not made."""
-        self._apply(None)
-
-    def _apply(self, actual: int | None) -> None:
-        delta = self._take(actual)
-        if delta is not None:
-            try:
-                self._reserver.settle(self.key, delta, self.mark, self.estimate)
-            except BaseException:
-                self._failed()
-                raise
-        self._done(actual)
+        drive(self._settling(None, cancel=True))
 
 
-class AsyncReservation(_Held):
+class AsyncReservation(_Held[AsyncReserver]):
     """The asyncio twin of `Reservation`: ``await r.settle(actual)``,
     ``await r.cancel()``."""
 
-    __slots__ = ("_reserver",)
-
-    def __init__(
-        self, reserver: AsyncReserver, key: str, estimate: int, decision: Decision, mark: int,
-        *, profile: str | None = None, learned: Learned | None = None,
-    ) -> None:  # fmt: skip
-        super().__init__(key, estimate, decision, mark, profile=profile, learned=learned)
-        self._reserver = reserver
+    __slots__ = ()
 
     async def settle(self, actual: int) -> None:
-        """Charge ``actual - estimate`` more, or refund it."""
-        await self._apply(self._actual(actual))
+        """`Reservation.settle`, awaited."""
+        await adrive(self._settling(actual))
 
     async def cancel(self) -> None:
-        """Refund the whole estimate: the call was not made."""
-        await self._apply(None)
-
-    async def _apply(self, actual: int | None) -> None:
-        delta = self._take(actual)
-        if delta is not None:
-            try:
-                await self._reserver.settle(self.key, delta, self.mark, self.estimate)
-            except BaseException:
-                self._failed()
-                raise
-        self._done(actual)
+        """`Reservation.cancel`, awaited."""
+        await adrive(self._settling(None, cancel=True))

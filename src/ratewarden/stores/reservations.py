@@ -83,8 +83,15 @@ class AsyncMemoryReserver:
         self.sync.settle(key, delta, mark, estimate)
 
 
-def _unsupported(store: object) -> ConfigurationError:
-    return ConfigurationError(
+def _reserver(store: object, tier: Any, *, asynchronous: bool) -> Any:
+    if isinstance(store, AsyncMemoryStore if asynchronous else MemoryStore):
+        return (AsyncMemoryReserver if asynchronous else MemoryReserver)(store, tier)  # type: ignore[arg-type]
+    if type(store).__module__.startswith("ratewarden.stores.redis"):
+        from .redis import reservations  # noqa: PLC0415
+
+        made = reservations.AsyncRedisReserver if asynchronous else reservations.RedisReserver
+        return made(store, reservations.redis_limit(tier, store))
+    raise ConfigurationError(
         f"reservations count on the memory store or a Redis store (one limit, no"
         f" two_tier), not {type(store).__name__}"
     )
@@ -92,21 +99,11 @@ def _unsupported(store: object) -> ConfigurationError:
 
 def reserver(store: Store, tier: Any) -> Reserver:
     """The limit ``tier``'s reservations in ``store``."""
-    if isinstance(store, MemoryStore):
-        return MemoryReserver(store, tier)
-    if type(store).__module__.startswith("ratewarden.stores.redis"):
-        from .redis.reservations import RedisReserver, redis_limit  # noqa: PLC0415
-
-        return RedisReserver(store, redis_limit(tier, store))
-    raise _unsupported(store)
+    made: Reserver = _reserver(store, tier, asynchronous=False)
+    return made
 
 
 def areserver(store: AsyncStore, tier: Any) -> AsyncReserver:
     """The limit ``tier``'s reservations in the asyncio ``store``."""
-    if isinstance(store, AsyncMemoryStore):
-        return AsyncMemoryReserver(store, tier)
-    if type(store).__module__.startswith("ratewarden.stores.redis"):
-        from .redis.reservations import AsyncRedisReserver, redis_limit  # noqa: PLC0415
-
-        return AsyncRedisReserver(store, redis_limit(tier, store))
-    raise _unsupported(store)
+    made: AsyncReserver = _reserver(store, tier, asynchronous=True)
+    return made
