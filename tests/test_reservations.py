@@ -311,3 +311,19 @@ def test_repr_shows_the_state() -> None:
     assert repr(r) == "<Reservation open key='user-1', estimate=40, remaining=60>"
     r.cancel()
     assert repr(r).startswith("<Reservation cancelled")
+
+
+def test_a_change_that_raises_leaves_the_memory_state_as_it_was() -> None:
+    """`MemoryStore.update` pops the key under ``max_keys`` (to keep its dict in
+    least-recently-used order): a change that raises puts it back."""
+    store = MemoryStore(clock=FakeClock(), max_keys=10)
+    limiter = Limiter("100/minute", store=store)
+    limiter.reserve("k", cost=30)
+
+    def broken(state: Any, now: int) -> Any:
+        raise RuntimeError("broken")
+
+    with pytest.raises(RuntimeError):
+        store.update(limiter._tier, "k", broken)
+    assert limiter.peek("k").remaining == 70
+    assert len(store) == 1

@@ -263,9 +263,19 @@ class MemoryStore:
         (None: none). For changes that are not hits, as settling a reservation."""
         data: dict[str, State] = tier.data
         now = self.clock.time_ns()
-        with self._lock:
+        lock = self._lock
+        try:  # the lock's fast path inline, as `bind`'s hit takes it
+            lock.take()
+        except IndexError:
+            lock.wait()
+        try:
             state = data.pop(key, None) if self.max_keys is not None else data.get(key)
-            value, new = change(state, now)
+            try:
+                value, new = change(state, now)
+            except BaseException:
+                if state is not None:
+                    data[key] = state  # a change that raised changes nothing
+                raise
             if new is not None:
                 data[key] = new
                 if state is None:
@@ -276,6 +286,8 @@ class MemoryStore:
                 data.pop(key, None)
                 self._size -= 1
             return value
+        finally:
+            lock.give(1)
 
     def _sweep_at(self) -> int:
         """Sweep for growth once the store has doubled since the last sweep."""
