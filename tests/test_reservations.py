@@ -25,7 +25,7 @@ from ratewarden import (
     ReservationError,
     StoreUnavailable,
 )
-from tests.redis_server import LIVE, RedisServer
+from tests.redis_server import LIVE, RedisServer, free_port
 
 KINDS = ["memory", "memory-async", "redis", "redis-async"]
 ALGORITHMS = [
@@ -327,3 +327,17 @@ def test_a_change_that_raises_leaves_the_memory_state_as_it_was() -> None:
         store.update(limiter._tier, "k", broken)
     assert limiter.peek("k").remaining == 70
     assert len(store) == 1
+
+
+def test_a_degraded_admission_settles_to_nothing() -> None:
+    """Redis is down and the limit fails open: the reservation is admitted,
+    marked degraded, counted nowhere; its settle has nothing to change."""
+    from ratewarden.stores.redis import RedisStore  # noqa: PLC0415
+
+    with RedisStore(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2) as store:
+        limiter = Limiter("100/minute", store=store, on_failure="fail_open")
+        r = limiter.reserve("k", cost=30)
+        assert r
+        assert r.decision.degraded
+        r.settle(90)
+        assert r.state == "settled"

@@ -11,10 +11,13 @@ from typing import assert_type
 from ratewarden import (
     AsyncLimiter,
     AsyncMemoryStore,
+    AsyncReservation,
     Decision,
+    Estimates,
     FakeClock,
     Limiter,
     MemoryStore,
+    Reservation,
     ahit_many,
     hit_many,
 )
@@ -82,3 +85,18 @@ def a_limiter_and_a_store_of_the_other_kind() -> None:
     Limiter("10/second", store=AsyncDictStore(FakeClock()))  # type: ignore[arg-type]
     AsyncLimiter("10/second", store=DictStore(FakeClock()))  # type: ignore[arg-type]
     RuleEngine("rules.yaml", AsyncDictStore(FakeClock()))  # type: ignore[arg-type]
+
+
+async def reservations() -> None:
+    limiter = Limiter("10/second", store=MemoryStore(), estimates=Estimates(ceiling=5))
+    reserved = limiter.reserve("k", cost=3)
+    assert_type(reserved, Reservation)
+    assert_type(reserved.settle(2), None)
+    assert_type(reserved.cancel(), None)
+    assert_type(limiter.reserve("k", profile="chat").decision, Decision)
+    alimiter = AsyncLimiter("10/second", store=AsyncMemoryStore())
+    areserved = await alimiter.reserve("k", cost=3)
+    assert_type(areserved, AsyncReservation)
+    assert_type(await areserved.settle(2), None)
+    assert_type(await areserved.cancel(), None)
+    limiter.reserve("k", cost="3")  # type: ignore[arg-type]
