@@ -4,7 +4,10 @@ whole, and what is charged is what was settled plus the estimates still held."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -253,3 +256,94 @@ def test_a_refund_to_a_state_that_is_gone_never_fills_past_whole(name: str) -> N
     gone = settle.settle(None, 10, Change(-8, mark, 8), p)
     valid(algorithm, p, gone, 10)
     assert peek(algorithm.step, gone, 10, 1, p).remaining == 10
+
+
+class WindowModel:
+    """A fixed window, naively: a count per window index; a reservation remembers
+    its window's index."""
+
+    def __init__(self, limit: int, period: int) -> None:
+        self.limit, self.period, self.used = limit, period, dict[int, int]()
+
+    def reserve(self, now: int, estimate: int) -> bool:
+        w = now // self.period
+        if self.used.get(w, 0) + estimate > self.limit:
+            return False
+        self.used[w] = self.used.get(w, 0) + estimate
+        return True
+
+    def settle(self, now: int, delta: int, at: int) -> None:
+        w = now // self.period
+        if delta > 0:
+            self.used[w] = min(self.used.get(w, 0) + delta, self.limit)
+        elif w == at // self.period:
+            self.used[w] = max(self.used[w] + delta, 0)
+
+    def remaining(self, now: int) -> int:
+        return self.limit - self.used.get(now // self.period, 0)
+
+
+class BucketModel:
+    """A token bucket, naively, in exact fractions: tokens refill at limit/period
+    up to burst; an over-run takes tokens down to -burst; a refund gives back at
+    most the estimate less what refilled since it was reserved."""
+
+    def __init__(self, limit: int, period: int, burst: int) -> None:
+        self.rate, self.burst = Fraction(limit, period), burst
+        self.tokens, self.at = Fraction(burst), 0
+
+    def _refill(self, now: int) -> None:
+        self.tokens = min(Fraction(self.burst), self.tokens + (now - self.at) * self.rate)
+        self.at = now
+
+    def reserve(self, now: int, estimate: int) -> bool:
+        self._refill(now)
+        if self.tokens < estimate:
+            return False
+        self.tokens -= estimate
+        return True
+
+    def settle(self, now: int, delta: int, at: int, estimate: int) -> None:
+        self._refill(now)
+        if delta > 0:
+            self.tokens = max(self.tokens - delta, Fraction(-self.burst))
+        else:
+            back = min(Fraction(-delta), max(estimate - (now - at) * self.rate, Fraction(0)))
+            self.tokens = min(self.tokens + back, Fraction(self.burst))
+
+    def remaining(self, now: int) -> int:
+        self._refill(now)
+        return max(math.floor(self.tokens), 0)
+
+
+@pytest.mark.parametrize("name", ["fixed_window", "token_bucket", "gcra"])
+@given(sc=settle_scenarios())
+def test_settles_over_time_against_naive_models(name: str, sc: SettleScenario) -> None:
+    """Windows passing and buckets refilling between reserves and settles: the
+    step and settle functions admit and count as the naive models do."""
+    algorithm, params = setup(name, sc)
+    settle = settler(algorithm.step)
+    model: Any = (
+        WindowModel(sc.limit, sc.period)
+        if name == "fixed_window"
+        else BucketModel(sc.limit, sc.period, params.burst)
+    )
+    state: State | None = None
+    now = sc.start
+    held: list[Held] = []
+    for gap, what, amount, pick in sc.ops:
+        now += gap
+        if what == "reserve" and amount:
+            decision, state = algorithm.step(state, now, amount, params)
+            assert decision.allowed == model.reserve(now, amount), f"reserve {amount} at {now}"
+            if decision.allowed:
+                held.append(Held(amount, settle.mark(state, now, params), now))
+        elif what != "reserve" and held:
+            r = held.pop(pick % len(held))
+            delta = -r.estimate if what == "cancel" else amount - r.estimate
+            state = settle.settle(state, now, Change(delta, r.mark, r.estimate), params)
+            if name == "fixed_window":
+                model.settle(now, delta, r.at)
+            else:
+                model.settle(now, delta, r.at, r.estimate)
+        assert peek(algorithm.step, state, now, 1, params).remaining == model.remaining(now)
