@@ -341,3 +341,14 @@ def test_a_degraded_admission_settles_to_nothing() -> None:
         assert r.decision.degraded
         r.settle(90)
         assert r.state == "settled"
+
+
+def test_a_settle_counts_nothing_while_limiting_is_off(ratewarden: Any) -> None:
+    """Under the pytest plugin's ``ratewarden.off()`` a reserve counts nothing,
+    and so does its settle, over-run or refund."""
+    limiter = Limiter("100/minute", store=MemoryStore())
+    kept = limiter.reserve("k", cost=30)
+    with ratewarden.off():
+        limiter.reserve("k", cost=30).settle(500)
+        kept.cancel()
+    assert limiter.peek("k").remaining == 70

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ..algorithms import State
 from ..algorithms.settle import Change, settler
-from ..primitives import ConfigurationError, Decision
+from ..primitives import ConfigurationError, Decision, test_switch
 from .base import AsyncStore, Store, check_cost
 from .memory import AsyncMemoryStore, MemoryStore
 
@@ -49,6 +49,8 @@ class MemoryReserver:
         self.store, self.tier = store, tier
         self.step, self.params = tier.step, tier.params
         self.settler = settler(tier.step)
+        # under ratewarden's pytest plugin, a block with limiting off counts nothing
+        self.switch = test_switch()
 
     def reserve(self, key: str, cost: int) -> tuple[Decision, int]:
         check_cost(cost)
@@ -61,6 +63,8 @@ class MemoryReserver:
         return self.store.update(self.tier, key, admit)
 
     def settle(self, key: str, delta: int, mark: int, estimate: int) -> None:
+        if self.switch is not None and self.switch.off:
+            return
         settle, params = self.settler.settle, self.params
         change = Change(delta, mark, estimate)
 
