@@ -11,8 +11,8 @@ dies, or drops the object. How each algorithm takes an over-run or a refund is
 `Estimates` learns the estimate: ``reserve(key, profile="chat")`` reserves a
 high quantile of what that profile's last settles used.
 
-The twins share everything without I/O (`_Held`); `Reservation` and
-`AsyncReservation` only make the store call.
+The twins share everything (`_Held`, whose settle is a flow, see `_flow`);
+`Reservation` drives it with `drive`, `AsyncReservation` with `adrive`.
 """
 
 from __future__ import annotations
