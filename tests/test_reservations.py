@@ -352,3 +352,27 @@ def test_a_settle_counts_nothing_while_limiting_is_off(ratewarden: Any) -> None:
         limiter.reserve("k", cost=30).settle(500)
         kept.cancel()
     assert limiter.peek("k").remaining == 70
+
+
+def test_on_redis_a_reserve_and_a_settle_are_one_script_call_each(
+    redis_single: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ratewarden.stores.redis import RedisStore  # noqa: PLC0415
+
+    with RedisStore(redis_single.url, clock=FakeClock(), timeout=LIVE) as store:
+        calls: list[str] = []
+        real = store.scripts.call
+
+        def counted(name: str, numkeys: int, args: list[Any]) -> Any:
+            calls.append(name)
+            return real(name, numkeys, args)
+
+        monkeypatch.setattr(store.scripts, "call", counted)
+        limiter = Limiter("100/minute", algorithm="gcra", store=store, name=uuid.uuid4().hex)
+        r = limiter.reserve("k", cost=40)
+        assert calls == ["_reserve:bucket"]
+        r.settle(10)
+        assert calls == ["_reserve:bucket"] * 2
+        limiter.reserve("k", cost=5).settle(5)  # no difference: no settle call
+        assert calls == ["_reserve:bucket"] * 3
+        assert limiter.peek("k").remaining == 85
