@@ -45,6 +45,7 @@ from ._request import (
     limit_policy,
     mapping_or_none,
 )
+from ._reserved import Reserved
 
 if TYPE_CHECKING:
     from ..rules import AsyncRuleEngine, Outcome, RuleEngine
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ASGIApp",
     "RateLimitMiddleware",
+    "Reserved",
     "Scope",
     "aidentity_of",
     "scope_attributes",
@@ -251,6 +253,12 @@ class RateLimitMiddleware:
     have run). No slot within ``concurrency_wait`` seconds: 429 with
     Retry-After (the time until the earliest lease ends, at least 1 s).
 
+    ``reserve``: a `Reserved` for a cost known only after the response (LLM
+    tokens): the request reserves its estimate of a budget before the app runs,
+    429 when the budget cannot hold it, and settles the actual cost the response
+    says (a header, or ``request.state.ratewarden_cost``) after it; see
+    `Reserved`.
+
     A store that cannot decide is the rule's ``on_failure`` policy's business
     (the engine answers for it); anything else the limiter raises is logged to
     ``ratewarden.integrations`` and the request let through: the limiter never
@@ -269,9 +277,11 @@ class RateLimitMiddleware:
         concurrency: AsyncConcurrencyLimiter | None = None,
         concurrency_key: Callable[[Scope], str] | None = None,
         concurrency_wait: float = 0.0,
+        reserve: Reserved | None = None,
     ) -> None:
         self.app = app
         self.engine = engine
+        self._reserved = reserve
         self._held: Held | None = None
         if concurrency is not None:
             self._held = Held(concurrency, concurrency_key or _client, concurrency_wait)
@@ -297,12 +307,23 @@ class RateLimitMiddleware:
             extra = [] if outcome is None else self.responder.passed(outcome)
             if extra:
                 send = _adding(scope, send, extra)
+            app = self.app
+            if self._reserved is not None:
+                app = partial(self._reserved_app, self._reserved, app)
             if self._held is None:
-                await self.app(scope, receive, send)
+                await app(scope, receive, send)
             else:
-                await self._held.run(self.app, scope, receive, send)
+                await self._held.run(app, scope, receive, send)
             return
         await send_reply(send, self.responder.refused(outcome))
+
+    @staticmethod
+    async def _reserved_app(
+        reserved: Reserved, app: ASGIApp, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        refused = await reserved.run(app, scope, receive, send)
+        if refused is not None:
+            await send_reply(send, refused)
 
     async def check(self, scope: Scope) -> Outcome | LimitOutcome | None:
         """The engine's outcome for ``scope``, delays waited out; None when the
