@@ -57,6 +57,7 @@ from . import _actions as act
 from ._actions import Outcome
 from ._engine_core import _HELD, _Core
 from ._engine_overrides import AsyncOverrides, Overrides
+from ._holds import Admission, token_of
 from ._watcher import AsyncWatcher
 from .overrides import AuditEntry, RuntimeOverride
 
@@ -115,6 +116,36 @@ class RuleEngine(_Core[Limiter, Store]):
         if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
         return self._hold(outcome, attributes, cost, True)
+
+    def acquire(
+        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
+    ) -> Admission:
+        """`check`, and a slot of each concurrency rule that applies, taken first:
+        a full one refuses the request (``delay`` with ``wait``: after up to its
+        ``max_wait``), a refused request gives back what it took. Allowed, the
+        `Admission`'s ``token`` names the slots; `release` them when the request
+        ends, or they end with their rule's ``lease``. `check` takes no slot."""
+        applying = self.ruleset.holds(attributes)
+        if not applying:
+            return Admission(self.check(attributes, wait=wait, cost=cost))
+        leases = self._leases()
+        flow = self.holds.acquiring(leases, applying, wait, self.store.clock.sleep)
+        lease_id, refused = drive(flow)
+        if refused is not None:
+            return Admission(refused)
+        holds = tuple((rule.name, key) for rule, key in applying)
+        token = token_of(lease_id, holds)
+        outcome = self.check(attributes, wait=wait, cost=cost)
+        if not outcome.allowed:
+            drive(self.holds.releasing(leases, token))
+            return Admission(outcome)
+        return Admission(outcome, token, holds, min(rule.lease for rule, _ in applying))
+
+    def release(self, token: str) -> int:
+        """Give back the slots of an `Admission`'s ``token``; how many. `BadToken`
+        for a token no acquire handed out, `LeaseGone` for a slot not held
+        (released already, or its lease ended): the others are released."""
+        return len(drive(self.holds.releasing(self._leases(), token)))
 
     def unidentified(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
@@ -206,6 +237,30 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
         if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
         return await self._ahold(outcome, attributes, cost, True)
+
+    async def aacquire(
+        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
+    ) -> Admission:
+        """The twin of `RuleEngine.acquire`; waiting never blocks the event loop."""
+        applying = self.ruleset.holds(attributes)
+        if not applying:
+            return Admission(await self.acheck(attributes, wait=wait, cost=cost))
+        leases = self._leases()
+        flow = self.holds.acquiring(leases, applying, wait, self.store.clock.asleep)
+        lease_id, refused = await adrive(flow)
+        if refused is not None:
+            return Admission(refused)
+        holds = tuple((rule.name, key) for rule, key in applying)
+        token = token_of(lease_id, holds)
+        outcome = await self.acheck(attributes, wait=wait, cost=cost)
+        if not outcome.allowed:
+            await adrive(self.holds.releasing(leases, token))
+            return Admission(outcome)
+        return Admission(outcome, token, holds, min(rule.lease for rule, _ in applying))
+
+    async def arelease(self, token: str) -> int:
+        """The twin of `RuleEngine.release`."""
+        return len(await adrive(self.holds.releasing(self._leases(), token)))
 
     async def aunidentified(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1

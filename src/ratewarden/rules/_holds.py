@@ -1,0 +1,270 @@
+"""The concurrency rules' holds, written once as flows (`ratewarden.primitives.drive`
+and ``adrive`` run them for `RuleEngine` and `AsyncRuleEngine`).
+
+A request that a concurrency rule applies to takes a slot of the rule's key: a
+lease in the store's lease table (`ratewarden.stores.leases`), under the key
+``rw:conc:{<rule>:<key>}`` that `ratewarden.ConcurrencyLimiter` named after the
+rule reads too. Every slot one request holds shares one lease id, so one
+**token** names them all: the id and the (rule, key) of each slot, which
+`release` reads back. A token is opaque to its holder; it names slots, not the
+rules in force, so a slot is released after a reload has removed its rule too.
+
+Nothing renews a rule's lease: its holder is often another process (a client of
+the service) that may die, so a hold ends ``lease`` seconds after it was taken
+unless released first, and the next call on its key reclaims the slot. The
+rule's ``lease`` is therefore longer than its longest request.
+
+A full limit refuses the request (action ``reject``), or, for ``delay`` with
+``wait``, the request waits up to ``max_wait`` for a slot, looking again at
+growing intervals (waiters are not served in order). A request that gets every
+slot is then counted against the rates; a request refused anywhere gives back
+the slots it took. A caller cancelled while a slot is on its way leaves that
+slot to its lease.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import itertools
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..primitives import Clock, Decision
+from ..stores.leases import BUSY, EXPIRED, OK
+from ..stores.leases import Outcome as LeaseOutcome
+from ._actions import Outcome
+from ._rule import CompiledRule
+
+__all__ = ["Admission", "BadToken", "HoldStats", "Holds", "LeaseGone"]
+
+FIRST_POLL = 0.001  # a waiter's first look again (seconds), doubling up to POLL
+POLL = 0.05
+MAX_TOKEN = 16_384  # characters: a token longer than this was never handed out
+
+
+class BadToken(ValueError):
+    """A token that no acquire handed out (not one's shape)."""
+
+
+class LeaseGone(LookupError):
+    """A release of slots the store does not hold: ``expired`` when the lease had
+    ended (and its slot was reclaimed), else released already or never taken."""
+
+    def __init__(self, message: str, *, expired: bool) -> None:
+        super().__init__(message)
+        self.expired = expired
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What ``acquire`` says: the ``outcome`` (as ``check`` says it), and when it
+    was allowed with concurrency rules applying, the ``token`` that releases
+    their slots, the ``holds`` (rule name, key) and the shortest ``lease``
+    (seconds until the first slot ends unless released)."""
+
+    outcome: Outcome
+    token: str | None = None
+    holds: tuple[tuple[str, str], ...] = ()
+    lease: float | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome.allowed
+
+    def __bool__(self) -> bool:
+        return self.outcome.allowed
+
+
+@dataclass
+class HoldStats:
+    """The concurrency rules' figures in this process, by rule name (for the
+    metrics; never by key): ``in_flight`` holds handed out and neither released
+    nor past their lease, ``waiting`` requests waiting for a slot now,
+    ``reclaimed`` ended leases dropped by the store calls made here, ``refused``
+    requests that got no slot."""
+
+    in_flight: dict[str, int] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
+    reclaimed: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+
+
+def store_key(rule: str, key: str) -> str:
+    return f"rw:conc:{{{rule}:{key}}}"  # the whole key is the hash tag
+
+
+def token_of(lease_id: str, holds: tuple[tuple[str, str], ...]) -> str:
+    names = json.dumps(holds, separators=(",", ":")).encode()
+    return f"{lease_id}.{base64.urlsafe_b64encode(names).decode().rstrip('=')}"
+
+
+def parse_token(token: object) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The lease id and the (rule, key) slots of a token; `BadToken` if it is none."""
+    if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN:
+        raise BadToken(f"a lease id is the string an acquire answered, got {token!r:.80}")
+    lease_id, _, names = token.partition(".")
+    try:
+        holds = json.loads(base64.urlsafe_b64decode(names + "=" * (-len(names) % 4)))
+    except (ValueError, binascii.Error):
+        holds = None
+    if (
+        not lease_id
+        or not isinstance(holds, list)
+        or not holds
+        or not all(
+            isinstance(h, list) and len(h) == 2 and all(isinstance(p, str) for p in h)
+            for h in holds
+        )
+    ):
+        raise BadToken(f"lease id {token!r:.80} is not one an acquire answered")
+    return lease_id, tuple((rule, key) for rule, key in holds)
+
+
+class Holds:
+    """The holds of one engine: lease ids, the flows and the figures. ``clock``
+    times the waits; the leases' own expiry is the store's."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.stats = HoldStats()
+        self._ids = itertools.count()
+        self._id_head = secrets.token_hex(8)  # unique across processes
+        self._lock = threading.Lock()  # a sync engine's threads share the figures
+        # lease id -> (when it ends here, (rule, key) slots): for in_flight
+        self._ends: dict[str, tuple[float, tuple[tuple[str, str], ...]]] = {}
+
+    def _count(self, table: dict[str, int], rule: str, n: int = 1) -> None:
+        with self._lock:
+            table[rule] = table.get(rule, 0) + n
+
+    def acquiring(
+        self,
+        leases: Any,
+        applying: list[tuple[CompiledRule, str]],
+        wait: bool,
+        sleep: Callable[[float], Any],
+    ) -> Generator[Callable[[], Any], Any, tuple[str, Outcome | None]]:
+        """Take a slot of each (rule, key) in ``applying``, all under one lease
+        id: the id, and None, or the denied `Outcome` (every slot given back)."""
+        lease_id = f"{self._id_head}-{next(self._ids):x}"
+        taken: list[tuple[CompiledRule, str]] = []
+        for rule, key in applying:
+            call = functools.partial(
+                leases.call, "take", store_key(rule.name, key), lease_id,
+                rule.concurrency, round(rule.lease * 1_000_000),
+            )  # fmt: skip
+            answer: LeaseOutcome = yield call
+            self._reclaimed(rule.name, answer)
+            if answer.status == BUSY and wait and rule.action == "delay":
+                answer = yield from self._waiting(rule, call, answer, sleep)
+            if answer.status != OK:
+                self._count(self.stats.refused, rule.name)
+                for held, held_key in taken:  # refused: the slots taken go back
+                    where = store_key(held.name, held_key)
+                    yield functools.partial(leases.call, "release", where, lease_id, 0, 0)
+                return lease_id, _refusal(rule, answer)
+            taken.append((rule, key))
+        self._held(lease_id, taken)
+        return lease_id, None
+
+    def _waiting(
+        self,
+        rule: CompiledRule,
+        call: Callable[[], Any],
+        answer: LeaseOutcome,
+        sleep: Callable[[float], Any],
+    ) -> Generator[Callable[[], Any], Any, LeaseOutcome]:
+        deadline = self.clock.time_ns() / 1e9 + (rule.max_wait or 0.0)
+        pause = FIRST_POLL
+        self._count(self.stats.waiting, rule.name)
+        try:
+            while answer.status == BUSY:
+                left = deadline - self.clock.time_ns() / 1e9
+                if left <= 0:
+                    break
+                yield functools.partial(sleep, min(left, pause, max(answer.wait_us / 1e6, pause)))
+                pause = min(pause * 2, POLL)
+                answer = yield call
+                self._reclaimed(rule.name, answer)
+        finally:
+            self._count(self.stats.waiting, rule.name, -1)
+        return answer
+
+    def releasing(
+        self, leases: Any, token: object
+    ) -> Generator[Callable[[], Any], Any, tuple[tuple[str, str], ...]]:
+        """Release every slot a token names; the slots. `BadToken` for what no
+        acquire handed out; `LeaseGone` (after releasing what is held) when a
+        slot was not held."""
+        lease_id, holds = parse_token(token)
+        with self._lock:
+            self._forget(lease_id)
+        gone: tuple[str, str, int] | None = None
+        for rule, key in holds:
+            answer: LeaseOutcome = yield functools.partial(
+                leases.call, "release", store_key(rule, key), lease_id, 0, 0
+            )
+            self._reclaimed(rule, answer)
+            if answer.status != OK and gone is None:
+                gone = (rule, key, answer.status)
+        if gone is not None:
+            rule, key, status = gone
+            expired = status == EXPIRED
+            why = (
+                "its lease had ended, and its slot is reclaimed"
+                if expired
+                else "released already, or its lease ended and another call reclaimed its slot"
+            )
+            raise LeaseGone(
+                f"lease {lease_id!r} of rule {rule!r} key {key!r} is not held: {why}",
+                expired=expired,
+            )
+        return holds
+
+    def _reclaimed(self, rule: str, answer: LeaseOutcome) -> None:
+        if answer.reclaimed:
+            self._count(self.stats.reclaimed, rule, answer.reclaimed)
+
+    def _held(self, lease_id: str, taken: list[tuple[CompiledRule, str]]) -> None:
+        ends = time.monotonic() + min(rule.lease for rule, _ in taken)
+        with self._lock:
+            self._sweep()
+            self._ends[lease_id] = (ends, tuple((rule.name, key) for rule, key in taken))
+            for rule, _ in taken:
+                flying = self.stats.in_flight
+                flying[rule.name] = flying.get(rule.name, 0) + 1
+
+    def _forget(self, lease_id: str) -> None:
+        held = self._ends.pop(lease_id, None)
+        if held is not None:
+            for rule, _ in held[1]:
+                self.stats.in_flight[rule] -= 1
+
+    def _sweep(self) -> None:
+        """Forget the holds past their lease: dicts keep their order of insertion,
+        which is nearly the order of ending (leases differ by rule)."""
+        now = time.monotonic()
+        for lease_id, (ends, _) in list(self._ends.items()):
+            if ends > now:
+                break
+            self._forget(lease_id)
+
+    def in_flight(self) -> dict[str, int]:
+        """Holds per rule handed out here and neither released nor ended."""
+        with self._lock:
+            self._sweep()
+            return dict(self.stats.in_flight)
+
+
+def _refusal(rule: CompiledRule, answer: LeaseOutcome) -> Outcome:
+    retry = max(answer.wait_us / 1e6, 0.0)
+    limit = rule.concurrency or 0
+    decision = Decision(False, limit, 0, retry, retry, rule.name)
+    return Outcome(False, "reject", decision, rule, rule.status, retry)
