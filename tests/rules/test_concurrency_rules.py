@@ -147,7 +147,7 @@ def test_acquire_holds_a_slot_until_release(engine: RuleEngine) -> None:
     assert dict(third.outcome.headers())["Retry-After"] == "10"
     assert engine.acquire({"path": "/api/x", "user": "u2"}).allowed  # another key
     assert first.token is not None
-    assert engine.release(first.token) == 1
+    assert engine.release(first.token) == (("in-flight", "u1"),)
     assert engine.holds.in_flight() == {"in-flight": 2}  # second, and u2's
     assert engine.acquire(request).allowed  # the slot came back (the rate's 3rd)
     assert engine.holds.stats.refused == {"in-flight": 1}
@@ -241,7 +241,7 @@ def test_the_async_engine_acquires_and_releases(clock: FakeClock) -> None:
         assert not (await engine.aacquire(request)).allowed
         token = held[0].token
         assert token is not None
-        assert await engine.arelease(token) == 1
+        assert await engine.arelease(token) == (("in-flight", "u1"),)
         with pytest.raises(LeaseGone):
             await engine.arelease(token)
         assert (await engine.aacquire(request)).allowed
@@ -268,7 +268,7 @@ def test_holds_on_redis_are_shared_with_a_limiter_of_the_rules_name(redis_url: s
             limiter = AsyncConcurrencyLimiter(2, store=store, name="in-flight")
             assert await limiter.in_flight(request["user"]) == 2
             assert first.token is not None
-            assert await engine.arelease(first.token) == 1
+            assert len(await engine.arelease(first.token)) == 1
             assert await limiter.in_flight(request["user"]) == 1
             with pytest.raises(LeaseGone):
                 await engine.arelease(first.token)

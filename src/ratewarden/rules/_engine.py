@@ -141,11 +141,11 @@ class RuleEngine(_Core[Limiter, Store]):
             return Admission(outcome)
         return Admission(outcome, token, holds, min(rule.lease for rule, _ in applying))
 
-    def release(self, token: str) -> int:
-        """Give back the slots of an `Admission`'s ``token``; how many. `BadToken`
+    def release(self, token: str) -> tuple[tuple[str, str], ...]:
+        """Give back the slots of an `Admission`'s ``token``: their (rule, key). `BadToken`
         for a token no acquire handed out, `LeaseGone` for a slot not held
         (released already, or its lease ended): the others are released."""
-        return len(drive(self.holds.releasing(self._leases(), token)))
+        return drive(self.holds.releasing(self._leases(), token))
 
     def unidentified(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
@@ -258,9 +258,9 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
             return Admission(outcome)
         return Admission(outcome, token, holds, min(rule.lease for rule, _ in applying))
 
-    async def arelease(self, token: str) -> int:
+    async def arelease(self, token: str) -> tuple[tuple[str, str], ...]:
         """The twin of `RuleEngine.release`."""
-        return len(await adrive(self.holds.releasing(self._leases(), token)))
+        return await adrive(self.holds.releasing(self._leases(), token))
 
     async def aunidentified(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1

@@ -27,16 +27,14 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import itertools
 import json
 import secrets
 import threading
-import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..primitives import Clock, Decision
+from ..primitives import Clock, ConfigurationError, Decision
 from ..stores.leases import BUSY, EXPIRED, OK
 from ..stores.leases import Outcome as LeaseOutcome
 from ._actions import Outcome
@@ -47,6 +45,7 @@ __all__ = ["Admission", "BadToken", "HoldStats", "Holds", "LeaseGone"]
 FIRST_POLL = 0.001  # a waiter's first look again (seconds), doubling up to POLL
 POLL = 0.05
 MAX_TOKEN = 16_384  # characters: a token longer than this was never handed out
+MAX_HOLDS = 256  # slots one token names at most (one a concurrency rule that applies)
 
 
 class BadToken(ValueError):
@@ -117,7 +116,7 @@ def parse_token(token: object) -> tuple[str, tuple[tuple[str, str], ...]]:
     if (
         not lease_id
         or not isinstance(holds, list)
-        or not holds
+        or not 0 < len(holds) <= MAX_HOLDS
         or not all(
             isinstance(h, list) and len(h) == 2 and all(isinstance(p, str) for p in h)
             for h in holds
@@ -134,10 +133,8 @@ class Holds:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.stats = HoldStats()
-        self._ids = itertools.count()
-        self._id_head = secrets.token_hex(8)  # unique across processes
         self._lock = threading.Lock()  # a sync engine's threads share the figures
-        # lease id -> (when it ends here, (rule, key) slots): for in_flight
+        # lease id -> (when it ends on ``clock``, (rule, key) slots): for in_flight
         self._ends: dict[str, tuple[float, tuple[tuple[str, str], ...]]] = {}
 
     def _count(self, table: dict[str, int], rule: str, n: int = 1) -> None:
@@ -153,7 +150,12 @@ class Holds:
     ) -> Generator[Callable[[], Any], Any, tuple[str, Outcome | None]]:
         """Take a slot of each (rule, key) in ``applying``, all under one lease
         id: the id, and None, or the denied `Outcome` (every slot given back)."""
-        lease_id = f"{self._id_head}-{next(self._ids):x}"
+        if len(applying) > MAX_HOLDS:
+            raise ConfigurationError(
+                f"{len(applying)} concurrency rules apply to one request: at most {MAX_HOLDS}"
+            )
+        # unguessable: a token names its slots, so its id is what proves it is held
+        lease_id = secrets.token_hex(12)
         taken: list[tuple[CompiledRule, str]] = []
         for rule, key in applying:
             call = functools.partial(
@@ -233,7 +235,7 @@ class Holds:
             self._count(self.stats.reclaimed, rule, answer.reclaimed)
 
     def _held(self, lease_id: str, taken: list[tuple[CompiledRule, str]]) -> None:
-        ends = time.monotonic() + min(rule.lease for rule, _ in taken)
+        ends = self.clock.time_ns() / 1e9 + min(rule.lease for rule, _ in taken)
         with self._lock:
             self._sweep()
             self._ends[lease_id] = (ends, tuple((rule.name, key) for rule, key in taken))
@@ -250,7 +252,7 @@ class Holds:
     def _sweep(self) -> None:
         """Forget the holds past their lease: dicts keep their order of insertion,
         which is nearly the order of ending (leases differ by rule)."""
-        now = time.monotonic()
+        now = self.clock.time_ns() / 1e9
         for lease_id, (ends, _) in list(self._ends.items()):
             if ends > now:
                 break
