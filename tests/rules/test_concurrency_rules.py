@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from ratewarden import AsyncConcurrencyLimiter, ConcurrencyLimiter
-from ratewarden.primitives import FakeClock
+from ratewarden.primitives import ConfigurationError, FakeClock
 from ratewarden.rules import (
     AsyncRuleEngine,
     BadToken,
@@ -275,3 +275,17 @@ def test_holds_on_redis_are_shared_with_a_limiter_of_the_rules_name(redis_url: s
             assert (await engine.aacquire(request)).allowed
 
     asyncio.run(main())
+
+
+def test_a_rule_without_a_rate_has_none_to_override_or_refuse(store: MemoryStore) -> None:
+    rules = loads("""
+        rules:
+          - name: c
+            concurrency: 1
+            by: user
+            on_failure: fail_closed
+        """)
+    engine = RuleEngine(rules, store)
+    with pytest.raises(ConfigurationError, match="no rate to override"):
+        engine.set_override("c", "5/minute", duration=60, reason="test")
+    assert engine.unidentified({"path": "/"}).allowed  # counts no rate: nothing to refuse
