@@ -57,7 +57,7 @@ from . import _actions as act
 from ._actions import Outcome
 from ._engine_core import _HELD, _Core
 from ._engine_overrides import AsyncOverrides, Overrides
-from ._holds import Admission, token_of
+from ._holds import Admission
 from ._watcher import AsyncWatcher
 from .overrides import AuditEntry, RuntimeOverride
 
@@ -125,21 +125,10 @@ class RuleEngine(_Core[Limiter, Store]):
         ``max_wait``), a refused request gives back what it took. Allowed, the
         `Admission`'s ``token`` names the slots; `release` them when the request
         ends, or they end with their rule's ``lease``. `check` takes no slot."""
+        check = functools.partial(self.check, attributes, wait=wait, cost=cost)
         applying = self.ruleset.holds(attributes)
-        if not applying:
-            return Admission(self.check(attributes, wait=wait, cost=cost))
-        leases = self._leases()
-        flow = self.holds.acquiring(leases, applying, wait, self.store.clock.sleep)
-        lease_id, refused = drive(flow)
-        if refused is not None:
-            return Admission(refused)
-        holds = tuple((rule.name, key) for rule, key in applying)
-        token = token_of(lease_id, holds)
-        outcome = self.check(attributes, wait=wait, cost=cost)
-        if not outcome.allowed:
-            drive(self.holds.releasing(leases, token))
-            return Admission(outcome)
-        return Admission(outcome, token, holds, min(rule.lease for rule, _ in applying))
+        sleep = self.store.clock.sleep
+        return drive(self.holds.admitting(self._leases, applying, check, wait, sleep))
 
     def release(self, token: str) -> tuple[tuple[str, str], ...]:
         """Give back the slots of an `Admission`'s ``token``: their (rule, key). `BadToken`
@@ -242,21 +231,10 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
     ) -> Admission:
         """The twin of `RuleEngine.acquire`; waiting never blocks the event loop."""
+        check = functools.partial(self.acheck, attributes, wait=wait, cost=cost)
         applying = self.ruleset.holds(attributes)
-        if not applying:
-            return Admission(await self.acheck(attributes, wait=wait, cost=cost))
-        leases = self._leases()
-        flow = self.holds.acquiring(leases, applying, wait, self.store.clock.asleep)
-        lease_id, refused = await adrive(flow)
-        if refused is not None:
-            return Admission(refused)
-        holds = tuple((rule.name, key) for rule, key in applying)
-        token = token_of(lease_id, holds)
-        outcome = await self.acheck(attributes, wait=wait, cost=cost)
-        if not outcome.allowed:
-            await adrive(self.holds.releasing(leases, token))
-            return Admission(outcome)
-        return Admission(outcome, token, holds, min(rule.lease for rule, _ in applying))
+        sleep = self.store.clock.asleep
+        return await adrive(self.holds.admitting(self._leases, applying, check, wait, sleep))
 
     async def arelease(self, token: str) -> tuple[tuple[str, str], ...]:
         """The twin of `RuleEngine.release`."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import functools
 import json
 import secrets
@@ -140,6 +141,31 @@ class Holds:
     def _count(self, table: dict[str, int], rule: str, n: int = 1) -> None:
         with self._lock:
             table[rule] = table.get(rule, 0) + n
+
+    def admitting(
+        self,
+        leases: Callable[[], Any],
+        applying: list[tuple[CompiledRule, str]],
+        check: Callable[[], Any],
+        wait: bool,
+        sleep: Callable[[float], Any],
+    ) -> Generator[Callable[[], Any], Any, Admission]:
+        """``acquire``: the slots of ``applying`` (the store's lease table from
+        ``leases()``), then ``check`` (the rates); a refusal gives the slots back."""
+        if not applying:
+            return Admission((yield check))
+        table = leases()
+        lease_id, refused = yield from self.acquiring(table, applying, wait, sleep)
+        if refused is not None:
+            return Admission(refused)
+        holds = tuple((rule.name, key) for rule, key in applying)
+        token = token_of(lease_id, holds)
+        outcome: Outcome = yield check
+        if not outcome.allowed:
+            with contextlib.suppress(LeaseGone):  # a slot that ended meanwhile is back already
+                yield from self.releasing(table, token)
+            return Admission(outcome)
+        return Admission(outcome, token, holds, min(rule.lease for rule, _ in applying))
 
     def acquiring(
         self,
