@@ -23,7 +23,7 @@ from ratewarden.rules import (
     loads,
 )
 from ratewarden.stores import AsyncMemoryStore, MemoryStore
-from ratewarden.stores.redis import AsyncRedisStore
+from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisServer
 
 RULES = """
@@ -289,3 +289,16 @@ def test_a_rule_without_a_rate_has_none_to_override_or_refuse(store: MemoryStore
     with pytest.raises(ConfigurationError, match="no rate to override"):
         engine.set_override("c", "5/minute", duration=60, reason="test")
     assert engine.unidentified({"path": "/"}).allowed  # counts no rate: nothing to refuse
+
+
+def test_the_sync_engine_holds_slots_on_redis(redis_url: str) -> None:
+    with RedisStore(redis_url) as store:
+        engine = RuleEngine(loads(RULES), store, overrides=False)
+        request = {"path": "/api/x", "user": f"sync-{uuid.uuid4().hex}"}
+        held = [engine.acquire(request) for _ in range(3)]
+        assert [h.allowed for h in held] == [True, True, False]
+        assert ConcurrencyLimiter(2, store=store, name="in-flight").in_flight(request["user"]) == 2
+        for admission in held[:2]:
+            assert admission.token is not None
+            engine.release(admission.token)
+        assert ConcurrencyLimiter(2, store=store, name="in-flight").in_flight(request["user"]) == 0
