@@ -302,3 +302,26 @@ def test_the_sync_engine_holds_slots_on_redis(redis_url: str) -> None:
             assert admission.token is not None
             engine.release(admission.token)
         assert ConcurrencyLimiter(2, store=store, name="in-flight").in_flight(request["user"]) == 0
+
+
+def test_in_flight_counts_each_slot_until_its_own_lease_ends(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    rules = loads("""
+        rules:
+          - name: short
+            concurrency: 5
+            lease: 1
+          - name: long
+            concurrency: 5
+            lease: 100
+        """)
+    engine = RuleEngine(rules, store)
+    tokens = [engine.acquire({}).token for _ in range(3)]
+    assert engine.holds.in_flight() == {"short": 3, "long": 3}
+    clock.advance(1.0)
+    assert engine.holds.in_flight() == {"short": 0, "long": 3}
+    with pytest.raises(LeaseGone, match="short"):  # one slot had ended: said, the other released
+        engine.release(tokens[0] or "")
+    assert engine.holds.in_flight() == {"short": 0, "long": 2}
+    assert ConcurrencyLimiter(5, store=store, name="long").in_flight("") == 2

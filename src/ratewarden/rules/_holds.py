@@ -31,7 +31,7 @@ import functools
 import json
 import secrets
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,8 +135,8 @@ class Holds:
         self.clock = clock
         self.stats = HoldStats()
         self._lock = threading.Lock()  # a sync engine's threads share the figures
-        # lease id -> (when it ends on ``clock``, (rule, key) slots): for in_flight
-        self._ends: dict[str, tuple[float, tuple[tuple[str, str], ...]]] = {}
+        # for in_flight: lease length -> (lease id, rule) -> when it ends on ``clock``
+        self._ends: dict[float, dict[tuple[str, str], float]] = {}
 
     def _count(self, table: dict[str, int], rule: str, n: int = 1) -> None:
         with self._lock:
@@ -233,7 +233,7 @@ class Holds:
         slot was not held."""
         lease_id, holds = parse_token(token)
         with self._lock:
-            self._forget(lease_id)
+            self._forget(lease_id, (rule for rule, _ in holds))
         gone: tuple[str, str, int] | None = None
         for rule, key in holds:
             answer: LeaseOutcome = yield functools.partial(
@@ -261,33 +261,38 @@ class Holds:
             self._count(self.stats.reclaimed, rule, answer.reclaimed)
 
     def _held(self, lease_id: str, taken: list[tuple[CompiledRule, str]]) -> None:
-        ends = self.clock.time_ns() / 1e9 + min(rule.lease for rule, _ in taken)
+        now = self.clock.time_ns() / 1e9
         with self._lock:
-            self._sweep()
-            self._ends[lease_id] = (ends, tuple((rule.name, key) for rule, key in taken))
+            self._sweep(now)
+            flying = self.stats.in_flight
             for rule, _ in taken:
-                flying = self.stats.in_flight
+                self._ends.setdefault(rule.lease, {})[lease_id, rule.name] = now + rule.lease
                 flying[rule.name] = flying.get(rule.name, 0) + 1
 
-    def _forget(self, lease_id: str) -> None:
-        held = self._ends.pop(lease_id, None)
-        if held is not None:
-            for rule, _ in held[1]:
-                self.stats.in_flight[rule] -= 1
+    def _forget(self, lease_id: str, rules: Iterable[str]) -> None:
+        for rule in rules:
+            for ending in self._ends.values():  # one table per lease length: a few
+                if ending.pop((lease_id, rule), None) is not None:
+                    self.stats.in_flight[rule] -= 1
+                    break
 
-    def _sweep(self) -> None:
-        """Forget the holds past their lease: dicts keep their order of insertion,
-        which is nearly the order of ending (leases differ by rule)."""
-        now = self.clock.time_ns() / 1e9
-        for lease_id, (ends, _) in list(self._ends.items()):
-            if ends > now:
-                break
-            self._forget(lease_id)
+    def _sweep(self, now: float) -> None:
+        """Forget the slots past their lease. The slots of one lease length sit in
+        their table in the order they end (dicts keep the order of insertion), so
+        each table is read only up to its first slot still held."""
+        flying = self.stats.in_flight
+        for ending in self._ends.values():
+            while ending:
+                slot, ends = next(iter(ending.items()))
+                if ends > now:
+                    break
+                del ending[slot]
+                flying[slot[1]] -= 1
 
     def in_flight(self) -> dict[str, int]:
         """Holds per rule handed out here and neither released nor ended."""
         with self._lock:
-            self._sweep()
+            self._sweep(self.clock.time_ns() / 1e9)
             return dict(self.stats.in_flight)
 
 
