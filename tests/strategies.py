@@ -97,3 +97,43 @@ def tier_scenarios(draw: st.DrawFn, *, max_events: int = 25) -> TiersScenario:
         st.lists(st.tuples(gap, st.tuples(*[cost] * len(tiers))), min_size=1, max_size=max_events)
     )
     return TiersScenario(tuple(tiers), tuple(events))
+
+
+@dataclass(frozen=True)
+class SettleScenario:
+    """Reservations on one key: ``ops`` are (ticks since the previous op, what,
+    amount, pick): ``"reserve"`` an estimate of ``amount``; ``"settle"`` the
+    ``pick``-th open reservation (modulo how many) at ``amount`` actual;
+    ``"cancel"`` it."""
+
+    limit: int
+    period: int  # ticks
+    burst: int
+    start: int
+    ops: tuple[tuple[int, str, int, int], ...]
+
+
+@st.composite
+def settle_scenarios(
+    draw: st.DrawFn, *, max_ops: int = 30, same_tick: bool = False, big: bool = False
+) -> SettleScenario:
+    """``same_tick``: every op at the start tick (no refill, no window passes);
+    ``big``: a limit no run can reach, so that no clamp applies."""
+    limit = draw(st.integers(1, 8)) * (1000 if big else 1)
+    period = draw(st.integers(1, 40))
+    burst = limit if big else draw(st.one_of(st.just(limit), st.integers(1, 10)))
+    start = draw(st.integers(0, 10**6))
+    gap = (
+        st.just(0)
+        if same_tick
+        else st.one_of(st.just(0), st.integers(0, period), st.integers(0, 3 * period + 5))
+    )
+    top = 12 if big else max(limit, burst) + 3
+    op = st.tuples(
+        gap,
+        st.sampled_from(("reserve", "reserve", "settle", "settle", "cancel")),
+        st.integers(0, top),
+        st.integers(0, 50),
+    )
+    ops = draw(st.lists(op, min_size=1, max_size=max_ops))
+    return SettleScenario(limit, period, burst, start, tuple(ops))

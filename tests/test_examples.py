@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import runpy
 from pathlib import Path
 
@@ -20,6 +21,11 @@ def test_example_runs(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     if path.name == "provider_budget.py":
         assert ": 40 answered 200, 0 429" in out.splitlines()[0], out
+    if path.name == "llm_budget.py":
+        rates = re.findall(r"([\d,]+) tokens/min sustained", out)
+        static, learned = (int(rate.replace(",", "")) for rate in rates)
+        assert out.count(" 0 answered 429") == 2, out
+        assert learned > 2 * static, out
     if path.name == "login_and_partner_api.py":
         lines = out.splitlines()
         assert lines[4] == "login(alice, 'e') -> 401 wrong password"

@@ -18,6 +18,7 @@ from ._hitmany import ahit_many, hit_many
 from ._limiter import AsyncLimiter, Limiter
 from ._queue import AsyncPacedQueue, PacedQueue, QueueFull
 from ._rate import Rate, parse_rate
+from ._reservation import AsyncReservation, Estimates, Reservation, ReservationError
 from .algorithms import ALGORITHMS
 from .stores import AsyncMemoryStore, AsyncStore, MemoryStore, Store
 
@@ -29,12 +30,14 @@ __all__ = [
     "AsyncLimiter",
     "AsyncMemoryStore",
     "AsyncPacedQueue",
+    "AsyncReservation",
     "AsyncStore",
     "Clock",
     "ConcurrencyLimiter",
     "ConcurrencyStats",
     "ConfigurationError",
     "Decision",
+    "Estimates",
     "FakeClock",
     "Hold",
     "LeaseNotHeld",
@@ -45,6 +48,8 @@ __all__ = [
     "Rate",
     "RateLimitTimeout",
     "RatewardenError",
+    "Reservation",
+    "ReservationError",
     "Store",
     "StoreError",
     "StoreUnavailable",

@@ -10,6 +10,7 @@ algorithm with one comparison. Tests pass a `FakeClock` and never sleep.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import weakref
@@ -136,8 +137,10 @@ class TestSwitch:
 
     def switchable(self, step: Callable[..., Any]) -> Callable[..., Any]:
         """An algorithm's step that, while limiting is off, admits every request
-        and counts none: it answers as a fresh key would, and keeps the state."""
+        and counts none: it answers as a fresh key would, and keeps the state.
+        It keeps the step's name, by which reservations find its settle."""
 
+        @functools.wraps(step)
         def switched(state: Any, now: int, cost: int, params: Any) -> Any:
             if not self.off:
                 return step(state, now, cost, params)

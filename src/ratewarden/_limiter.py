@@ -9,16 +9,26 @@ functions themselves, so a hit costs one Python call into the store and no more.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncContextDecorator, ContextDecorator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypedDict, Unpack
+from functools import partial
+from typing import Any, NamedTuple, TypedDict, TypeVar, Unpack
 
 from ._adaptive import UNITS, Adaptive, Scale, in_requests
 from ._clock import Clock
 from ._decision import Decision
 from ._errors import ConfigurationError
+from ._flow import Flow, adrive, drive
 from ._rate import Rate, parse_rate
+from ._reservation import (
+    AsyncReservation,
+    Estimates,
+    Learned,
+    Reservation,
+    check_reservable,
+    estimate_for,
+)
 from ._waiting import (
     Aside,
     AsyncTurns,
@@ -45,6 +55,7 @@ from .stores.base import (
     ResetFn,
 )
 from .stores.failure import OnFailure, check_policy
+from .stores.reservations import areserver, reserver
 
 __all__ = [
     "AsyncLimiter",
@@ -56,6 +67,7 @@ __all__ = [
 ]
 
 DEFAULT_ALGORITHM = "sliding_window_counter"
+T = TypeVar("T")
 
 
 class LimiterOptions(TypedDict, total=False):
@@ -73,6 +85,7 @@ class LimiterOptions(TypedDict, total=False):
     adaptive: Adaptive | None
     calendar: str | None
     week_start: str
+    estimates: Estimates | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,7 @@ class _Config:
     # what the store counts: the rate itself, or in units when adaptive (see _adaptive)
     counted: Rate | None = None
     calendar: Calendar | None = None  # windows on a time zone's calendar
+    learned: Learned | None = None  # what reserve(profile=...) learns, with estimates=
 
     @classmethod
     def make(
@@ -105,6 +119,7 @@ class _Config:
         adaptive: Adaptive | None = None,
         calendar: str | None = None,
         week_start: str = "monday",
+        estimates: Estimates | None = None,
     ) -> _Config:
         parsed = parse_rate(rate)
         cal = None
@@ -187,6 +202,7 @@ class _Config:
             adaptive,
             counted,
             cal,
+            None if estimates is None else Learned(estimates),
         )
 
     @property
@@ -266,6 +282,7 @@ class _Core:
     _sharded: bool
     _tier: Any  # the store's handle for this limit, in its checks of several limits
     _scale: Scale | None  # an adaptive limit's price; None for a plain one
+    _reserver: Any = None  # the store's reservations of this limit, bound on first use
     # The store's handle when a check of several limits can hand this one to the
     # store as it is (no price to apply, no shards to drive); None otherwise.
     direct: Any
@@ -298,6 +315,26 @@ class _Core:
             burst = self._config.options["burst"]
             return self.rate.limit if burst is None else burst
         return self._config.units // scale.unit()
+
+    @property
+    def learned(self) -> Learned | None:
+        """What the limiter learned of its profiles' costs (``estimates=``); None
+        without."""
+        return self._config.learned
+
+    def _reserving(
+        self, key: str, cost: int | None, profile: str | None, bind: Any, kind: Callable[..., T]
+    ) -> Flow[T]:
+        """``reserve`` as a flow (see `_flow`): ``bind`` binds the store's
+        reservations of this limit on first use, ``kind`` makes the reservation."""
+        config = self._config
+        estimate, profile = estimate_for(config.learned, cost, profile)
+        held = self._reserver
+        if held is None:
+            check_reservable(config.shards, config.adaptive, config.options.get("two_tier", False))
+            held = self._reserver = bind(self.store, self._tier)
+        decision, mark = yield partial(held.reserve, key, estimate)
+        return kind(held, key, estimate, decision, mark, profile=profile, learned=config.learned)
 
     @property
     def key_prefix(self) -> str:
@@ -341,7 +378,9 @@ class Limiter(_Core):
     - ``acquire(key, max_wait, cost=1)`` waits up to ``max_wait`` seconds for a
       permit, then raises `RateLimitTimeout`; ``max_wait=0`` tries once;
     - ``tier(key, cost=1)`` what a check of several limits in one store call
-      (`hit_many`) needs of this one.
+      (`hit_many`) needs of this one;
+    - ``reserve(key, cost=estimate)`` holds a cost known only after the call, to
+      ``settle(actual)`` or ``cancel()`` (``profile=`` with ``estimates=`` learns it).
 
     ``burst`` sets the bucket capacity of token_bucket, leaky_bucket and gcra (default:
     the rate's limit); ``refill="interval"`` makes token_bucket refill once per period.
@@ -364,6 +403,8 @@ class Limiter(_Core):
     process checks it that many times a second.
     ``classes`` names ``acquire``'s priority classes, highest first
     (``["enterprise", "pro", "free"]``); the last is the default class.
+    ``estimates=Estimates(ceiling=...)`` lets ``reserve(key, profile=...)`` reserve
+    what that profile's settles used lately (see `Estimates`).
     A cost larger than the limit can ever grant is denied with ``retry_after=inf``.
     """
 
@@ -411,6 +452,14 @@ class Limiter(_Core):
             return decision
         finally:
             flow.close()  # a step that raised: the flow hands the turn on
+
+    def reserve(
+        self, key: str, cost: int | None = None, *, profile: str | None = None
+    ) -> Reservation:
+        """Hold ``cost`` (an estimate; or the learned estimate of ``profile``, see
+        `Estimates`) as a hit would, admitted or denied as that hit; then
+        ``settle(actual)`` or ``cancel()`` it (see `Reservation`)."""
+        return drive(self._reserving(key, cost, profile, reserver, Reservation))
 
     def slot(self, key: str, max_wait: float, cost: int = 1) -> Slot:
         """`acquire` as a context manager or decorator: ``with limiter.slot(key,
@@ -475,6 +524,12 @@ class AsyncLimiter(_Core):
             return decision
         finally:
             flow.close()  # a step that raised or was cancelled: the flow hands the turn on
+
+    async def reserve(
+        self, key: str, cost: int | None = None, *, profile: str | None = None
+    ) -> AsyncReservation:
+        """`Limiter.reserve`, awaited."""
+        return await adrive(self._reserving(key, cost, profile, areserver, AsyncReservation))
 
     def slot(self, key: str, max_wait: float, cost: int = 1) -> AsyncSlot:
         """`acquire` as an async context manager or a decorator of coroutine

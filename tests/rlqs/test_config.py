@@ -3,6 +3,8 @@ matches, and the fleet resource each id becomes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ratewarden.fleet.config import check_name
@@ -77,3 +79,16 @@ def test_a_bucket_id_is_a_resource_name_readable_where_it_can_be_and_distinct_al
         assert check_name(name) == name
     assert odd != alike
     assert len(long) <= 200
+
+
+def test_check_config_shows_the_entries(capsys: pytest.CaptureFixture[str]) -> None:
+    from ratewarden.cli import main  # noqa: PLC0415
+
+    assert main(["check-config", "examples/rlqs/rules.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "api-per-tenant  envoy   name=api,tenant=*  200/second  fair_share  12s    9s" in out
+    assert "0 rules, 0 limits, 1 rlqs bucket entries" in out
+    assert main(["check-config", "examples/rlqs/rules.yaml", "--json"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)["rlqs"]
+    assert entry["bucket"] == {"name": "api", "tenant": "*"}
+    assert entry["ttl"] == 9

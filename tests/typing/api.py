@@ -13,12 +13,15 @@ from ratewarden import (
     AsyncHold,
     AsyncLimiter,
     AsyncMemoryStore,
+    AsyncReservation,
     ConcurrencyLimiter,
     Decision,
+    Estimates,
     FakeClock,
     Hold,
     Limiter,
     MemoryStore,
+    Reservation,
     ahit_many,
     hit_many,
 )
@@ -106,3 +109,18 @@ async def async_concurrency_api() -> None:
         assert_type(hold, AsyncHold)
     assert_type(await limiter.in_flight("k"), int)
     AsyncConcurrencyLimiter(4, store=MemoryStore())  # type: ignore[arg-type]
+
+
+async def reservations() -> None:
+    limiter = Limiter("10/second", store=MemoryStore(), estimates=Estimates(ceiling=5))
+    reserved = limiter.reserve("k", cost=3)
+    assert_type(reserved, Reservation)
+    assert_type(reserved.settle(2), None)
+    assert_type(reserved.cancel(), None)
+    assert_type(limiter.reserve("k", profile="chat").decision, Decision)
+    alimiter = AsyncLimiter("10/second", store=AsyncMemoryStore())
+    areserved = await alimiter.reserve("k", cost=3)
+    assert_type(areserved, AsyncReservation)
+    assert_type(await areserved.settle(2), None)
+    assert_type(await areserved.cancel(), None)
+    limiter.reserve("k", cost="3")  # type: ignore[arg-type]

@@ -46,9 +46,10 @@ def bucket(state: State | None, now: int, cost: int, p: Params) -> tuple[Decisio
     retry = INF if cost > p.burst else -((p.capacity - new_debt) // scale) / p.hz
     if not debt:
         return Decision(False, p.burst, p.burst, 0.0, retry, p.rule), (now, 0)
+    # A settled over-run can leave the bucket in debt (see settle): none remain.
     return (
-        Decision(False, p.burst, (p.capacity - debt) // p.unit, (state[0] - now) / p.hz,  # type: ignore[index]
-                 retry, p.rule),
+        Decision(False, p.burst, max((p.capacity - debt) // p.unit, 0),
+                 (state[0] - now) / p.hz, retry, p.rule),  # type: ignore[index]
         state,  # type: ignore[return-value]
     )  # fmt: skip
 

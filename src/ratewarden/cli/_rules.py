@@ -126,6 +126,18 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
             ruleset = load(path)
     except RuleFileError as exc:
         return _refused("check-config", path, "rules", [str(p) for p in exc.problems], as_json)
+    from ..rlqs import bucket_rules  # noqa: PLC0415 - with the rules
+
+    try:
+        buckets = bucket_rules(ruleset.file.rlqs)
+    except ConfigurationError as exc:
+        return _refused("check-config", path, "rules", [str(exc)], as_json)
+    quotas: list[dict[str, Any]] = [
+        {"name": b.name, "domain": b.domain, "bucket": dict(b.pattern), "rate": str(b.quota.rate),
+         "algorithm": b.quota.algorithm, "lease": b.quota.lease, "ttl": b.ttl,
+         "abandon_after": b.abandon_after}
+        for b in buckets
+    ]  # fmt: skip
     warnings = [str(w) for w in ruleset.warnings]
     code = 1 if strict and warnings else 0
     rules: list[dict[str, Any]] = [
@@ -148,7 +160,8 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
     ]  # fmt: skip
     if as_json:
         print_json({"file": path, "format": "rules", "loaded": True, "rules": rules,
-                    "limits": ruleset.slot_count, "warnings": warnings})  # fmt: skip
+                    "limits": ruleset.slot_count, "rlqs": quotas,
+                    "warnings": warnings})  # fmt: skip
         return code
     header = ["name", "group", "priority", "rank", "where", "by", "rate", "algorithm", "cost",
               "action", "on_failure"]  # fmt: skip
@@ -161,10 +174,17 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
         + (f" calendar={r['calendar']['tz']}" if r["calendar"] else ""), str(r["cost"]),
         r["action"], r["on_failure"],
     ] for r in rules)  # fmt: skip
-    print(table(rows))
+    if rules or not quotas:
+        print(table(rows))
+    if buckets:
+        print(table([["rlqs", "domain", "bucket", "rate", "algorithm", "lease", "ttl"]] + [
+            [b.name, b.domain, ",".join(f"{k}={v}" for k, v in b.pattern) or "-",
+             str(b.quota.rate), b.quota.algorithm, f"{b.quota.lease:g}s", f"{b.ttl}s"]
+            for b in buckets]))  # fmt: skip
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"{path}: {len(ruleset)} rules, {ruleset.slot_count} limits, "
+    said = f", {len(quotas)} rlqs bucket entries" if quotas else ""
+    print(f"{path}: {len(ruleset)} rules, {ruleset.slot_count} limits{said}, "
           f"{len(warnings)} warning(s)")  # fmt: skip
     return code
 

@@ -3,16 +3,17 @@
 Envoy 1.40's filter enforces two of the protocol's strategies: a blanket rule and
 a token bucket (``requests_per_time_unit`` is logged as unsupported and
 ignored). Its token bucket refills continuously at ``tokens_per_fill`` over
-``fill_interval`` *in whole seconds* (the nanos are dropped), and a bucket whose
-assignment changes starts again full. So:
+``fill_interval`` *in whole seconds* (the nanos are dropped: a fraction of a
+second reads as no limit at all). A bucket's first assignment starts full; a
+changed one keeps the fill fraction of the one before. So:
 
 - the rate is sent as tokens per ``FILL`` seconds, a tenth of a request a second
   fine, rounded down so that the proxies' rates never sum past their grants;
-- the bucket holds little (``max_tokens``): a fresh bucket's first burst is what a
-  change of assignment can add to a second, above the rate;
-- an assignment changes only when the grant falls, or rises by a step worth its
-  burst: a grant that wavers with measured demand would otherwise hand the proxy
-  a full bucket at every report.
+- the bucket holds little (``max_tokens``): what a proxy can spend at once,
+  above its pace, when its bucket is new;
+- an assignment changes only when the grant falls, or rises by a step worth it:
+  a grant that wavers with measured demand would otherwise change the proxy's
+  bucket at every report.
 """
 
 from __future__ import annotations

@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from types import TracebackType
-from typing import Unpack
+from typing import Any, TypeAlias, TypeVar, Unpack
 
 from ..algorithms import Algorithm, Params, State, Step, peek
 from ..primitives import Clock, ConfigurationError, Decision, Rate, default_clock, test_switch
@@ -99,6 +99,10 @@ class TokenLock:
     def __repr__(self) -> str:
         return f"<TokenLock {'locked' if self.locked() else 'unlocked'}>"
 
+
+T = TypeVar("T")
+# `MemoryStore.update`'s change: (state, now) -> (its value, the new state or None)
+Change: TypeAlias = Callable[[State | None, int], tuple[T, State | None]]
 
 _MIN_SWEEP = 1024  # no sweep below this many keys: nothing worth reclaiming
 _SWEEP_SHARE = 8  # at the bound, sweep when 1/8 of it has come in since the last sweep
@@ -254,6 +258,38 @@ class MemoryStore:
                 else:
                     data[key] = state
         return pick(decisions)
+
+    def update(self, tier: Any, key: str, change: Change[T]) -> T:
+        """``change(state, now)`` of one key of the limit ``tier`` (a `Bound`'s),
+        under the lock, as a hit steps it: returns its value and stores its state
+        (None: none). For changes that are not hits, as settling a reservation."""
+        data: dict[str, State] = tier.data
+        now = self.clock.time_ns()
+        lock = self._lock
+        try:  # the lock's fast path inline, as `bind`'s hit takes it
+            lock.take()
+        except IndexError:
+            lock.wait()
+        try:
+            state = data.pop(key, None) if self.max_keys is not None else data.get(key)
+            try:
+                value, new = change(state, now)
+            except BaseException:
+                if state is not None:
+                    data[key] = state  # a change that raised changes nothing
+                raise
+            if new is not None:
+                data[key] = new
+                if state is None:
+                    self._size += 1
+                    if self._size > self._grow_at:
+                        self._grow(now)
+            elif state is not None:
+                data.pop(key, None)
+                self._size -= 1
+            return value
+        finally:
+            lock.give(1)
 
     def _sweep_at(self) -> int:
         """Sweep for growth once the store has doubled since the last sweep."""

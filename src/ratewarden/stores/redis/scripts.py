@@ -22,7 +22,8 @@ from ._sync_wire import Wire
 from .connection import FAILURES
 
 __all__ = [
-    "BATCH", "EXACT", "LEASES", "MANY", "REFUND", "STEP_IDS", "SYNC", "Scripts", "pack",
+    "BATCH", "EXACT", "LEASES", "MANY", "REFUND", "RESERVE", "STEP_IDS", "SYNC", "Scripts",
+    "pack",
     "redis_params", "script_args",
 ]  # fmt: skip
 
@@ -37,6 +38,7 @@ STEP_IDS = {
 }  # fmt: skip
 MANY, REFUND, BATCH, SYNC = "_many", "_refund", "_batch", "_sync"
 LEASES = "_leases"  # a concurrency limit's lease table, on its own (see stores/leases.py)
+RESERVE = "_reserve:"  # + a step's name: that algorithm's reservation script
 log = logging.getLogger("ratewarden.stores")
 
 
@@ -56,6 +58,10 @@ def _source(name: str) -> str:
         return read(LEASES)
     if name == REFUND:
         return "\n".join([read("_common"), read(REFUND)])
+    if name.startswith(RESERVE):  # a reservation's script: see reservations.py
+        step = name[len(RESERVE) :]
+        parts = [read("_common"), read(step), read("_settle"), f"local ALGORITHM = {step!r}\n"]
+        return "\n".join([*parts, read("_reserve")])
     return "\n".join([read("_common"), read(name), read("_one")])
 
 

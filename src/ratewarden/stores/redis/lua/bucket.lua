@@ -13,5 +13,6 @@ local function step(state, now, cost)
   if debt == 0 then
     return 0, burst, 0, retry, {now, 0}
   end
-  return 0, fdiv(capacity - debt, unit), state[1] - now, retry, state
+  -- a settled over-run can leave the bucket in debt: none remain
+  return 0, math.max(fdiv(capacity - debt, unit), 0), state[1] - now, retry, state
 end

@@ -1,0 +1,35 @@
+# Generated from src/ratewarden/stores/redis/_areserver.py by scripts/unasync.py:
+# edit that file, then run the script.
+"""A limit's reservations on a Redis store: one script call each (on the asyncio
+store, through its batcher). `_reserver` is generated from `_areserver`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...primitives import Decision, StoreError
+from ._reserve_calls import Plan
+from ._script_calls import Limit
+
+__all__ = ["RedisReserver"]
+
+
+class RedisReserver:
+    """A limit's reservations in a Redis store (see `ratewarden.stores.reservations`)."""
+
+    def __init__(self, store: Any, limit: Limit) -> None:
+        self.plan, self.call = Plan(limit), store.scripts.call
+
+    def reserve(self, key: str, cost: int) -> tuple[Decision, int]:
+        plan = self.plan
+        args = plan.reserve_args(key, cost)
+        if isinstance(args, Decision):
+            return args, 0
+        try:
+            return plan.reserved(self.call(plan.script, 1, args))
+        except StoreError as exc:
+            return plan.failed(exc, key, cost)
+
+    def settle(self, key: str, delta: int, mark: int, estimate: int) -> None:
+        plan = self.plan
+        self.call(plan.script, 1, plan.settle_args(key, delta, mark, estimate))
