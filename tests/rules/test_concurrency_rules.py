@@ -6,6 +6,7 @@ memory store and on Redis."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import textwrap
 import uuid
 
@@ -182,7 +183,8 @@ def test_a_release_of_what_is_not_held_is_said(engine: RuleEngine, clock: FakeCl
     with pytest.raises(LeaseGone, match="its lease had ended") as ended:
         engine.release(late.token)
     assert ended.value.expired
-    for bad in ("", "nope", "abc.!!!", "x." + "e30", 42):
+    deep = "x." + base64.urlsafe_b64encode(b"[" * 12_000).decode()[:16_000]
+    for bad in ("", "nope", "abc.!!!", "x." + "e30", 42, deep, "x" * 20_000):
         with pytest.raises(BadToken):
             engine.release(bad)  # type: ignore[arg-type]
 

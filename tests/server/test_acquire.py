@@ -6,6 +6,7 @@ ended), never a 500; and the slots in /metrics by rule, never by key."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import textwrap
 from pathlib import Path
 
@@ -99,7 +100,8 @@ def test_a_rule_with_status_503_refuses_with_it(app: App) -> None:
 def test_a_release_of_what_is_not_held_is_a_clear_4xx(app: App, clock: FakeClock) -> None:
     async def main() -> None:
         async with client_for(app) as client:
-            for lease_id in ("nope", "x.e30", "a" * 100):
+            deep = "x." + base64.urlsafe_b64encode(b"[" * 12_000).decode()[:16_000]
+            for lease_id in ("nope", "x.e30", "a" * 100, deep):
                 unknown = await client.post("/v1/release", json={"lease_id": lease_id})
                 assert unknown.status_code == 404, unknown.text
                 assert "no such lease" in unknown.json()["error"]
