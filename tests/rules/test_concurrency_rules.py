@@ -11,6 +11,8 @@ import textwrap
 import uuid
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ratewarden import AsyncConcurrencyLimiter, ConcurrencyLimiter
 from ratewarden.primitives import ConfigurationError, FakeClock
@@ -23,6 +25,7 @@ from ratewarden.rules import (
     RuleFileError,
     loads,
 )
+from ratewarden.rules._holds import parse_token, token_of
 from ratewarden.stores import AsyncMemoryStore, MemoryStore
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import RedisServer
@@ -327,3 +330,11 @@ def test_in_flight_counts_each_slot_until_its_own_lease_ends(
         engine.release(tokens[0] or "")
     assert engine.holds.in_flight() == {"short": 0, "long": 2}
     assert ConcurrencyLimiter(5, store=store, name="long").in_flight("") == 2
+
+
+@given(
+    st.text(min_size=1, max_size=30).filter(lambda s: "." not in s),
+    st.lists(st.tuples(st.text(max_size=20), st.text(max_size=40)), min_size=1, max_size=8),
+)
+def test_a_token_gives_back_the_slots_it_names(lease_id: str, holds: list[tuple[str, str]]) -> None:
+    assert parse_token(token_of(lease_id, tuple(holds))) == (lease_id, tuple(holds))
