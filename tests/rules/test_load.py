@@ -64,7 +64,7 @@ def test_a_good_file_loads() -> None:
             rules:
               - name: a
             """,
-            3, "a", "rate", "missing required field",
+            3, "a", "rate", "no rate: give one like",
         ),
         (  # bad enum
             """

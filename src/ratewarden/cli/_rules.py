@@ -146,12 +146,15 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
             "rank": rule.rank, "where": _where(rule), "by": list(rule.by),
             # as the file says them: a queue's bucket and a degrade rule's ceiling are
             # the engine's own, derived from them
-            "rates": [str(s.file_rate) for s in rule.limits], "algorithm": rule.limits[0].algorithm,
+            "rates": [str(s.file_rate) for s in rule.limits],
+            "concurrency": rule.concurrency,
+            "algorithm": rule.limits[0].algorithm if rule.limits else "-",
             "burst": rule.rule.burst,
             "calendar": None if rule.rule.calendar is None else {
                 "tz": rule.rule.calendar.tz, "week_start": rule.rule.calendar.week_start},
             "cost": rule.cost if rule.cost_attribute is None else f"@{rule.cost_attribute}",
-            "action": _action(rule), "on_failure": rule.limits[0].on_failure,
+            "action": _action(rule),
+            "on_failure": rule.limits[0].on_failure if rule.limits else "-",
         }
         for rule in ruleset.rules
     ]  # fmt: skip
@@ -165,7 +168,8 @@ def check_config(path: str, *, strict: bool, as_json: bool = False) -> int:
     rows = [header]
     rows.extend([
         r["name"], r["group"] or "-", str(r["priority"]), str(r["rank"]), r["where"],
-        ",".join(r["by"]) or "-", ", ".join(r["rates"]),
+        ",".join(r["by"]) or "-",
+        ", ".join(r["rates"] + ([f"{r['concurrency']} at once"] if r["concurrency"] else [])),
         r["algorithm"] + (f" burst={r['burst']}" if r["burst"] else "")
         + (f" calendar={r['calendar']['tz']}" if r["calendar"] else ""), str(r["cost"]),
         r["action"], r["on_failure"],
@@ -222,7 +226,8 @@ def _limits(rule: CompiledRule, loads: dict[str, float]) -> list[str]:
     steady ``--load``; the full limit until its signal is fed)."""
     adaptive = rule.rule.adaptive
     if adaptive is None:
-        return [str(s.file_rate) for s in rule.limits]
+        at_once = [] if rule.concurrency is None else [f"{rule.concurrency} at once"]
+        return [str(s.file_rate) for s in rule.limits] + at_once
     value = loads.get(adaptive.signal)
     if value is None:
         return [f"{s.file_rate} (adaptive: {adaptive.signal} not fed)" for s in rule.limits]

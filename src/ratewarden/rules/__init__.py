@@ -9,7 +9,8 @@
 What each module holds:
 
 - the rule file: ``_schema`` (its typed objects), ``_schema_checks`` (the file
-  read into them, and every check that is not about types), ``_schema_problems``
+  read into them, and every check that is not about types; a concurrency rule's
+  in ``_schema_concurrency``), ``_schema_problems``
   (every problem of shape found and said), ``source`` (what is wrong with a file,
   said so an operator can fix it);
 - its index, no I/O: ``_compile`` (`RuleSet`: which limits apply to a request,
@@ -20,7 +21,8 @@ What each module holds:
   request, reloads that never leave a bad set in force), ``_actions`` (`Outcome`
   and its response headers), ``_limits_in_force`` (the limit a request meets now:
   an override's rate, an adaptive limit's size), ``_unidentified`` (the answer
-  for a caller that could not be identified), ``_watcher`` (reloading a file
+  for a caller that could not be identified), ``_holds`` (the concurrency rules'
+  slots: ``acquire`` and ``release``), ``_watcher`` (reloading a file
   when it changes);
 - runtime overrides: ``overrides`` (the records and their checks, no I/O),
   ``_override_stores`` (where they live: this process, or Redis),
@@ -46,6 +48,7 @@ from ._actions import Outcome, ShadowLog
 from ._actions import await_out as await_out
 from ._compile import Applicable, CompiledRule, Explanation, LimitSpec, RuleSet, load, loads
 from ._engine import AsyncRuleEngine, RuleEngine
+from ._holds import Admission, BadToken, HoldStats, LeaseGone
 from ._override_stores import LocalOverrides as LocalOverrides
 from ._override_stores import RedisOverrides as RedisOverrides
 from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile
@@ -76,11 +79,13 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Admission",
     "Applicable",
     "AsyncEnvoyConfig",
     "AsyncRuleEngine",
     "AsyncWatcher",
     "AuditEntry",
+    "BadToken",
     "ClientIP",
     "CompiledRule",
     "CostFrom",
@@ -90,6 +95,8 @@ __all__ = [
     "EnvoyResult",
     "EnvoyStats",
     "Explanation",
+    "HoldStats",
+    "LeaseGone",
     "LimitSpec",
     "Match",
     "Outcome",

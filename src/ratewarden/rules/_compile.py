@@ -106,7 +106,12 @@ class RuleSet:
         self._paths: PathIndex[Entry] = PathIndex()
         self._by_method: dict[str, list[Entry]] = {}
         self._by_attribute: dict[str, dict[str, list[Entry]]] = {}
+        # the concurrency rules, matched one by one (`holds`): few, and held for
+        # the request's whole life, which costs more than the matching
+        self.concurrent = tuple(r for r in rules if r.concurrency is not None)
         for rule in rules:
+            if not rule.limits:  # a concurrency limit and no rate: nothing to count
+                continue
             entry = rule.entry()
             if rule.paths:
                 for pattern in rule.paths:
@@ -221,6 +226,23 @@ class RuleSet:
                 out += rule.applicable(key, attributes)
         return out
 
+    def holds(self, attributes: Mapping[str, object]) -> list[tuple[CompiledRule, str]]:
+        """The concurrency rules that apply to a request, each with its key, in
+        file order: those whose conditions hold and whose ``by`` attributes it has."""
+        if not self.concurrent:
+            return []
+        method = normal_method(attributes.get("method"))
+        path = attributes.get("path")
+        if isinstance(path, str):
+            path = normalize_path(path)
+        out = []
+        for rule in self.concurrent:
+            if _mismatch(rule, attributes, method, path) is None:
+                key = rule.key(attributes)
+                if key is not None:
+                    out.append((rule, key))
+        return out
+
     def explain(self, attributes: Mapping[str, object]) -> list[Explanation]:
         """Every rule's verdict on the request, in file order: it applies (with its
         key and cost), it lost to a higher-ranked rule of its group, it does not
@@ -241,7 +263,7 @@ class RuleSet:
             if key is None:
                 missing = ", ".join(rule.by)
                 out.append(Explanation(rule, "skipped", f"no value for by: {missing}"))
-            elif rule.name in applied:
+            elif rule.name in applied or rule.concurrency is not None:  # never in a group
                 why = "matches" + (f"; first in group {rule.group!r}" if rule.group else "")
                 out.append(Explanation(rule, "applies", why, key, rule.cost_of(attributes)))
             else:

@@ -57,6 +57,7 @@ from . import _actions as act
 from ._actions import Outcome
 from ._engine_core import _HELD, _Core
 from ._engine_overrides import AsyncOverrides, Overrides
+from ._holds import Admission
 from ._watcher import AsyncWatcher
 from .overrides import AuditEntry, RuntimeOverride
 
@@ -115,6 +116,25 @@ class RuleEngine(_Core[Limiter, Store]):
         if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
         return self._hold(outcome, attributes, cost, True)
+
+    def acquire(
+        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
+    ) -> Admission:
+        """`check`, and a slot of each concurrency rule that applies, taken first:
+        a full one refuses the request (``delay`` with ``wait``: after up to its
+        ``max_wait``), a refused request gives back what it took. Allowed, the
+        `Admission`'s ``token`` names the slots; `release` them when the request
+        ends, or they end with their rule's ``lease``. `check` takes no slot."""
+        check = functools.partial(self.check, attributes, wait=wait, cost=cost)
+        applying = self.ruleset.holds(attributes)
+        sleep = self.store.clock.sleep
+        return drive(self.holds.admitting(self._leases, applying, check, wait, sleep))
+
+    def release(self, token: str) -> tuple[tuple[str, str], ...]:
+        """Give back the slots of an `Admission`'s ``token``: their (rule, key). `BadToken`
+        for a token no acquire handed out, `LeaseGone` for a slot not held
+        (released already, or its lease ended): the others are released."""
+        return drive(self.holds.releasing(self._leases(), token))
 
     def unidentified(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
@@ -206,6 +226,19 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
         if not wait or outcome.action not in _HELD:  # the common case: nothing to hold
             return outcome
         return await self._ahold(outcome, attributes, cost, True)
+
+    async def aacquire(
+        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
+    ) -> Admission:
+        """The twin of `RuleEngine.acquire`; waiting never blocks the event loop."""
+        check = functools.partial(self.acheck, attributes, wait=wait, cost=cost)
+        applying = self.ruleset.holds(attributes)
+        sleep = self.store.clock.asleep
+        return await adrive(self.holds.admitting(self._leases, applying, check, wait, sleep))
+
+    async def arelease(self, token: str) -> tuple[tuple[str, str], ...]:
+        """The twin of `RuleEngine.release`."""
+        return await adrive(self.holds.releasing(self._leases(), token))
 
     async def aunidentified(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1

@@ -30,6 +30,7 @@ from ..stores import AsyncMemoryStore, AsyncStore, Store
 from ._actions import Outcome, ShadowLog
 from ._compile import Applicable, LimitSpec, RuleSet, load
 from ._engine_overrides import AsyncOverrides, Overrides
+from ._holds import Holds
 from ._limits_in_force import adaptive_of, in_force
 from ._override_stores import Snapshot
 from ._override_view import OverrideView
@@ -113,6 +114,21 @@ class _Core(Generic[L, S]):
         self._lines = self._lines_class(clock)  # delayed requests of priority_from rules
         # what log_only rules would deny, logged; replace it to log more or less
         self.shadow_log = ShadowLog(clock)
+        # the concurrency rules' slots: lease ids, waits and figures (`_holds`)
+        self.holds = Holds(clock)
+        self._lease_table: Any = None
+
+    def _leases(self) -> Any:
+        """The store's lease table, where the concurrency rules keep their slots."""
+        if self._lease_table is None:
+            leases = getattr(self.store, "leases", None)
+            if not callable(leases):
+                raise ConfigurationError(
+                    f"{type(self.store).__name__} keeps no lease tables: the concurrency"
+                    " rules need a store with leases(), such as the memory or the Redis store"
+                )
+            self._lease_table = leases()
+        return self._lease_table
 
     def _limiter(self, spec: LimitSpec) -> L:
         store: Any = self.store  # of the limiter's kind, as the shell's type says

@@ -27,6 +27,7 @@ from ._schema import (
 )
 
 __all__ = [
+    "DEFAULT_LEASE",
     "METHODS",
     "Applicable",
     "CompiledRule",
@@ -41,6 +42,7 @@ __all__ = [
     "text_of",
 ]
 
+DEFAULT_LEASE = 30.0  # seconds a concurrency rule's hold lasts unless released
 KeyFn = Callable[[Mapping[str, object]], "str | None"]
 # (group, rank, methods, attribute conditions, key function, rule, slot, cost)
 Entry = tuple[
@@ -90,6 +92,7 @@ class CompiledRule:
         "action",
         "attributes",
         "by",
+        "concurrency",
         "cost",
         "cost_attribute",
         "degrade_header",
@@ -97,6 +100,7 @@ class CompiledRule:
         "group_key",
         "index",
         "key",
+        "lease",
         "limits",
         "line",
         "max_wait",
@@ -137,6 +141,10 @@ class CompiledRule:
             ranks = {value: len(order) - 1 - i for i, value in enumerate(order)}
             self.priority_from = (rule.priority_from.attribute, ranks)
         self.queue = rule.queue
+        # requests of one key in flight at once (None: no such limit), each holding
+        # a lease of ``lease`` seconds unless released first (`_holds`)
+        self.concurrency = rule.concurrency
+        self.lease = DEFAULT_LEASE if rule.lease is None else float(rule.lease)
         match = rule.match
         self.paths: tuple[Pattern, ...] = ()
         self.methods: frozenset[str] | None = None

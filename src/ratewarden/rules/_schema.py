@@ -116,7 +116,7 @@ class CalendarSpec(_Base, frozen=True):
 
 class Rule(_Base, frozen=True):
     name: str
-    rate: str | list[str]
+    rate: str | list[str] = []  # a rule gives a rate, a concurrency, or both
     description: str = ""
     group: str | None = None
     priority: int = 0
@@ -139,6 +139,9 @@ class Rule(_Base, frozen=True):
     priority_from: PriorityFrom | None = None
     adaptive: AdaptiveLimit | None = None
     calendar: CalendarSpec | None = None
+    # requests of one key in flight at once, each holding a lease (`rules._holds`)
+    concurrency: int | None = None
+    lease: float | None = None  # seconds a hold lasts unless released first
 
 
 class ClientIP(_Base, frozen=True):

@@ -39,6 +39,7 @@ from ._schema import (
     as_list,
     rule_algorithm,
 )
+from ._schema_concurrency import check_concurrency
 from ._schema_problems import Shape, in_order, nearest, type_problem
 from .source import Document, Problem, RuleFileError
 
@@ -150,6 +151,7 @@ def _check(rule_file: RuleFile, document: Document, shape: Shape | None) -> list
         if whole:
             _check_action(rule, bad)
             _check_shaping(rule, rule_file.defaults, bad)
+            check_concurrency(rule, bad)
             if rule.adaptive is not None:
                 _check_adaptive(rule, rule.adaptive, rule_algorithm(rule, rule_file.defaults), bad)
     return problems
@@ -223,9 +225,7 @@ def _check_rlqs(rule_file: RuleFile, problem: _Problem) -> None:
 
 
 def _check_rates(rule: Rule, bad: _Bad, at: str) -> None:
-    rates = as_list(rule.rate)
-    if not rates:
-        bad("rate", "no rate: give one like '100/minute' or a list of them")
+    rates = as_list(rule.rate)  # none at all: `check_concurrency` says so
     seen = set()
     for j, text in enumerate(rates):
         path = f"{at}.rate" if isinstance(rule.rate, str) else f"{at}.rate[{j}]"

@@ -67,6 +67,7 @@ class IdentityRules:
                 rule
                 for rule in ruleset.rules
                 if rule.action not in _NEVER_REFUSE
+                and rule.limits  # a concurrency rule without a rate counts nothing here
                 and rule.limits[0].on_failure == "fail_closed"
                 and needs_identity(rule)
             ),

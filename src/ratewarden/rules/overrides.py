@@ -215,6 +215,10 @@ def check_override(
 def _tiers(rule: CompiledRule, rates: Sequence[Rate]) -> dict[int, Rate]:
     """Which of the rule's tiers (index into ``rule.limits``) each rate replaces."""
     specs = rule.limits
+    if not specs:
+        raise ConfigurationError(
+            f"rule {rule.name!r} has no rate to override: it limits requests in flight only"
+        )
     if len(specs) == 1:
         if len(rates) != 1:
             raise ConfigurationError(

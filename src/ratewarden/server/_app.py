@@ -9,6 +9,8 @@ Routes (``openapi()`` documents the same, from the same msgspec types):
 
     POST   /v1/check          one check -> CheckResult
     POST   /v1/check/batch    up to 1000 checks -> {"results": [...]}
+    POST   /v1/acquire        a check that takes the concurrency rules' slots -> lease_id
+    POST   /v1/release        give an acquire's slots back
     GET    /v1/rules          the rules in force
     GET    /v1/quotas         the fleet quotas in the Redis store, summed up
     GET    /v1/quotas/{name}  one fleet quota and its members
@@ -56,6 +58,9 @@ from ._http_input import (
     refuse_duplicates,
     tail,
 )
+from ._lease_api import LeaseError
+from ._lease_api import acquire as acquire_slots
+from ._lease_api import release as release_slots
 from ._metrics import CONTENT_TYPE_LATEST
 from ._openapi import openapi
 from ._quotas import MAX_LISTED, summary
@@ -107,6 +112,7 @@ class App:
         self._check_attributes = service.checker.check_attributes
         self._rules_in_force = service.rules
         self._engine = service.rules.engine
+        self._counters = service.counters  # acquire counts its checks as /v1/check does
         self._prometheus = service.metrics
         self._store_health = service.health
         self._quota_source = service.quota_source
@@ -124,6 +130,8 @@ class App:
         self._routes: dict[tuple[str, str], tuple[_Handler, str, str]] = {
             ("POST", "/v1/check"): (self._check, "check", "check"),
             ("POST", "/v1/check/batch"): (self._batch, "batch", "check"),
+            ("POST", "/v1/acquire"): (self._acquire, "acquire", "check"),
+            ("POST", "/v1/release"): (self._release, "release", "check"),
             ("GET", "/v1/rules"): (self._rules, "rules", "check"),
             ("GET", "/v1/quotas"): (self._quotas, "quotas", "check"),
             ("POST", "/v1/reload"): (self._reload, "reload", "admin"),
@@ -286,6 +294,19 @@ class App:
                 error = type(exc)(f"checks[{len(results)}]: {exc}")
                 raise error from None
         return 200, _JSON, _encode(BatchResult(results))
+
+    async def _acquire(self, scope: Scope, receive: Receive) -> _Answer:
+        body = await self._body(scope, receive)
+        status, fields, answer = await acquire_slots(self._engine, self._counters, body)
+        headers = [(k.lower().encode(), v.encode()) for k, v in fields.items()]
+        return status, _JSON + headers, answer
+
+    async def _release(self, scope: Scope, receive: Receive) -> _Answer:
+        body = await self._body(scope, receive)
+        try:
+            return 200, _JSON, await release_slots(self._engine, body)
+        except LeaseError as exc:
+            return exc.status, _JSON, _encode(Problem(str(exc)))
 
     async def _rules(self, scope: Scope, receive: Receive) -> _Answer:
         return 200, _JSON, _encode(self._rules_in_force.describe())

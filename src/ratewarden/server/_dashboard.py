@@ -263,7 +263,7 @@ class Dashboard:
                 "line": rule.line,
                 "action": rule.action,
                 "rates": [str(spec.file_rate) for spec in rule.limits],
-                "algorithm": rule.limits[0].algorithm,
+                "algorithm": rule.limits[0].algorithm if rule.limits else None,
                 "by": list(rule.by),
                 "group": rule.group,
                 "description": rule.rule.description,

@@ -23,7 +23,7 @@ from ..rules import LATENCY_BUCKETS, Tally
 if TYPE_CHECKING:
     from ..fleet import QuotaStatus
     from ..rlqs import Stats
-    from ..rules import EnvoyStats
+    from ..rules import EnvoyStats, HoldStats
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -223,6 +223,41 @@ class _QuotaStreamCounters:
         yield family
 
 
+class _HoldFigures:
+    """The concurrency rules' slots, by rule name (never by key), read when
+    scraped from the engine's `ratewarden.rules.HoldStats`: slots handed out here
+    and neither released nor past their lease, requests waiting for one,
+    ended leases reclaimed, requests refused for want of one. No series while
+    no concurrency rule has handed out a slot."""
+
+    def __init__(self) -> None:
+        self.in_flight: Callable[[], dict[str, int]] = dict
+        self.stats: Callable[[], HoldStats | None] = lambda: None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stats = self.stats()
+        if stats is None:
+            return
+        in_flight = self.in_flight()
+        if not (in_flight or stats.refused or stats.reclaimed):
+            return
+        for name, text, counts, kind in (
+            ("ratewarden_concurrency_in_flight", "Slots of a concurrency rule held now",
+             in_flight, GaugeMetricFamily),
+            ("ratewarden_concurrency_waiting", "Requests waiting for a concurrency rule's slot",
+             dict(stats.waiting), GaugeMetricFamily),
+            ("ratewarden_concurrency_leases_reclaimed",
+             "Ended leases of a concurrency rule dropped (their holders never released them)",
+             dict(stats.reclaimed), CounterMetricFamily),
+            ("ratewarden_concurrency_refused", "Requests a concurrency rule had no slot for",
+             dict(stats.refused), CounterMetricFamily),
+        ):  # fmt: skip
+            family = kind(name, text, labels=["rule"])
+            for rule, value in sorted(counts.items()):
+                family.add_metric([rule], value)
+            yield family
+
+
 class Metrics:
     """``quota_members``: the fleet quotas' gauges per member too; ``envoy``:
     the envoy domains' per-descriptor statistics (`ratewarden.envoy.shown`)."""
@@ -245,6 +280,9 @@ class Metrics:
         # the service points this at its quota streams' figures
         self.quota_streams = _QuotaStreamCounters()
         r.register(self.quota_streams)
+        # the service points this at its engine's concurrency slots
+        self.holds = _HoldFigures()
+        r.register(self.holds)
         self._timings = _Latency()
         r.register(self._timings)
         self.observe = self._timings.observe  # one call a request, none of ours around it

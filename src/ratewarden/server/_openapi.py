@@ -10,6 +10,7 @@ import msgspec
 from ._admin_api import load_openapi_paths as load_paths
 from ._admin_api import override_openapi_paths as override_paths
 from ._http_input import AUTH_METHODS
+from ._lease_api import lease_openapi_paths as lease_paths
 from ._quotas import Quota, QuotaList
 from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
 
@@ -34,15 +35,13 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
     components["LimitOverride"]["properties"]["requests_per_unit"]["type"] = "integer"
     # and that only "headers" holds an object: the other attributes are strings
     strings = {"type": "object", "additionalProperties": {"type": "string"}}
+    attributes = {
+        "type": "object",
+        "properties": {"headers": {"anyOf": [strings, {"type": "null"}]}},
+        "additionalProperties": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    }
     components["CheckRequest"]["properties"]["attributes"] = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {"headers": {"anyOf": [strings, {"type": "null"}]}},
-                "additionalProperties": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-            },
-            {"type": "null"},
-        ],
+        "anyOf": [attributes, {"type": "null"}],
         "default": None,
         "description": "Strings (a number too: '42'); null is the same as leaving one out;"
         " headers: lower-case names to strings",
@@ -256,16 +255,19 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
             },
         },
     }
-    for more in (override_paths, load_paths):
+    for more in (override_paths, load_paths, lease_paths):
         paths, schemas = more(problem)
         document["paths"].update(paths)
         document["components"]["schemas"].update(schemas)
+    # an acquire's attributes are a check's (and must be given)
+    components["AcquireRequest"]["properties"]["attributes"] = attributes
     if not secured:
         del document["security"]
         for operation in _operations(document):
             operation.pop("security", None)
     elif open_checks:
-        for path in ("/v1/check", "/v1/check/batch", "/v1/rules", "/v1/quotas",
+        for path in ("/v1/check", "/v1/check/batch", "/v1/acquire", "/v1/release", "/v1/rules",
+                     "/v1/quotas",
                      "/v1/quotas/{name}", "/auth", "/metrics", "/openapi.json"):  # fmt: skip
             for operation in document["paths"][path].values():
                 operation["security"] = []

@@ -170,7 +170,8 @@ class RulesInForce:
                 "action": r.action,
                 "by": list(r.by),
                 "rates": [str(s.file_rate) for s in r.limits],
-                "algorithm": r.limits[0].algorithm,
+                "algorithm": r.limits[0].algorithm if r.limits else None,
+                "concurrency": r.concurrency,
                 "description": r.rule.description,
             }
             for r in ruleset.rules

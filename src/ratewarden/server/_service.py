@@ -82,6 +82,8 @@ class Service:
         self.counters.metrics.adaptive.limits = engine.effective_limits
         self.counters.metrics.adaptive.signals = engine.signals.values
         self.counters.metrics.quota_streams.stats = self._quota_stream_stats
+        self.counters.metrics.holds.in_flight = engine.holds.in_flight
+        self.counters.metrics.holds.stats = lambda: engine.holds.stats
         self.quotas: QuotaReader | None = None
         client = getattr(store, "client", None)  # a Redis store's (the memory store has none)
         if client is not None:
