@@ -202,13 +202,13 @@ def test_a_stream_that_never_sends_holds_nothing_and_many_streams_stay_bounded(
 
 
 def test_more_streams_on_one_connection_than_it_allows_are_refused(tmp_path: Path) -> None:
-    async def main() -> list[grpc.StatusCode]:
+    async def main() -> tuple[list[grpc.StatusCode], list[str]]:
         async with (
             served(tmp_path) as (server, _),
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel,
         ):
             calls = [stream(channel)() for _ in range(20)]
-            codes = []
+            codes, said = [], []
             for call in calls:
                 try:
                     await call.write(report("envoy", ACME))
@@ -216,13 +216,14 @@ def test_more_streams_on_one_connection_than_it_allows_are_refused(tmp_path: Pat
                     codes.append(grpc.StatusCode.OK)
                 except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
                     codes.append(await call.code())
+                    said.append(f"{codes[-1]}: {await call.details()}")
             for call in calls:
                 call.cancel()
-            return codes
+            return codes, said
 
-    codes = asyncio.run(main())
-    assert codes.count(grpc.StatusCode.OK) == 16
-    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 4
+    codes, said = asyncio.run(main())
+    assert codes.count(grpc.StatusCode.OK) == 16, said
+    assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 4, said
 
 
 def rate(answer: Any) -> float:
