@@ -9,16 +9,10 @@ from typing import Any
 
 from ratewarden.rlqs import Usage
 from ratewarden.server import App
+from tests.rlqs import ACME, API_RULES
 from tests.server.conftest import client_for, make_app
 
-RULES = """
-rlqs:
-  - name: api
-    domain: envoy
-    bucket: {name: api, tenant: "*"}
-    rate: 200/second
-"""
-ACME = {"name": "api", "tenant": "acme"}
+RULES = API_RULES
 
 
 def test_buckets_are_listed_shown_and_counted_by_entry_never_by_proxy(tmp_path: Path) -> None:

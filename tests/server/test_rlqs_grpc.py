@@ -17,17 +17,12 @@ from ratewarden import AsyncMemoryStore
 from ratewarden.server import Service
 from ratewarden.server._grpc_server import GrpcServer, messages
 from ratewarden.server._rlqs import RLQS_METHOD
+from tests.rlqs import ACME, API_RULES
 
 M = messages()
 Reports, Response = M["RateLimitQuotaUsageReports"], M["RateLimitQuotaResponse"]
 
-RULES = """
-rlqs:
-  - name: api
-    domain: envoy
-    bucket: {name: api, tenant: "*"}
-    rate: 200/second
-"""
+RULES = API_RULES
 
 
 @asynccontextmanager
@@ -61,9 +56,6 @@ def stream(channel: grpc.aio.Channel, raw: bool = False) -> Any:
         request_serializer=(lambda b: b) if raw else Reports.SerializeToString,
         response_deserializer=Response.FromString,
     )
-
-
-ACME = {"name": "api", "tenant": "acme"}
 
 
 def test_a_report_gets_a_token_bucket_for_its_bucket_and_allow_all_elsewhere(
