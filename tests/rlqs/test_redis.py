@@ -8,6 +8,7 @@ import uuid
 
 import redis.asyncio as aredis
 
+from ratewarden.primitives import FakeClock
 from ratewarden.rlqs import QuotaService, QuotaStream, RedisCoordinators, Usage, bucket_rules
 from ratewarden.rules import loads
 from tests.redis_server import RedisServer
@@ -32,7 +33,9 @@ def test_proxies_on_three_instances_share_one_total(redis_single: RedisServer) -
     async def main() -> tuple[list[float], float, int]:
         client = aredis.Redis(port=redis_single.port)
         rules = bucket_rules(loads(RULES).file.rlqs)
-        instances = [QuotaService(rules, RedisCoordinators(client)) for _ in range(3)]
+        # the streams' clock (reports a second apart); the coordinator keeps Redis's
+        clock = FakeClock()
+        instances = [QuotaService(rules, RedisCoordinators(client), clock=clock) for _ in range(3)]
         told: dict[int, float] = {}
         streams: list[QuotaStream] = []
         for i, instance in enumerate(instances):
@@ -42,6 +45,7 @@ def test_proxies_on_three_instances_share_one_total(redis_single: RedisServer) -
         try:
             # each proxy wants more than a third; they join one after another
             for _ in range(4):
+                clock.advance(1.0)
                 for i, stream in enumerate(streams):
                     told[i] = rate(await stream.report("envoy", [Usage(tenant, 50, 50)]))
                     assert sum(told.values()) <= 120 + 1e-9

@@ -212,6 +212,41 @@ def test_a_stream_that_ends_gives_its_share_to_the_others_when_its_last_assignme
     assert svc.stats.buckets == 1
 
 
+def test_reports_closer_than_half_a_second_make_one_refresh_and_lose_no_count() -> None:
+    """A client that floods reports costs no coordinator call per report: the
+    early ones are answered with what the proxy holds, and their requests
+    count toward the next refresh's demand."""
+    svc, clock = service()
+    calls: list[str] = []
+    refresh = svc.coordinators.refresh
+
+    async def counted(*args: Any) -> Any:
+        calls.append(args[0])
+        return await refresh(*args)
+
+    svc.coordinators.refresh = counted  # type: ignore[method-assign, assignment]
+
+    async def main() -> float:
+        stream = svc.open()
+        await stream.report("envoy", [Usage(API, 1, 0)])
+        clock.advance(1.0)
+        first = rate_of(await stream.report("envoy", [Usage(API, 10, 0)]))
+        for _ in range(100):  # 100 reports in 0.4 s, one request each
+            clock.advance(0.004)
+            assert rate_of(await stream.report("envoy", [Usage(API, 1, 0)])) == first
+        clock.advance(0.6)
+        await stream.report("envoy", [Usage(API, 0, 0)])
+        status = await svc.coordinators.show("rlqs/envoy/name:api/tenant:acme")
+        assert status is not None
+        return status.members[0].wants
+
+    wants = run(main())
+    assert len(calls) == 3  # the first report, the second, and the one after the flood
+    # the flood's 100 requests over its second, counted whole: 100 a second, and
+    # a tenth more and one as headroom
+    assert wants == pytest.approx(111, abs=0.01)
+
+
 def test_a_ttl_ends_before_the_lease() -> None:
     svc, _ = service()
 

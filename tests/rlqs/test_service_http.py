@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from ratewarden.primitives import FakeClock
 from ratewarden.rlqs import Usage
 from ratewarden.server import App
 from tests.rlqs import ACME, API_RULES
@@ -53,11 +54,14 @@ def test_a_reload_puts_a_new_total_in_force_at_the_next_report(tmp_path: Path) -
     app: App = make_app(rules)
     quotas = app.service.rules.quotas
 
+    clock = quotas.clock = FakeClock()  # the streams' clock: a report a second later
+
     async def main() -> tuple[float, float]:
         stream = quotas.open()
         [before] = await stream.report("envoy", [Usage(ACME, 1, 0)])
         rules.write_text(RULES.replace("200/second", "40/second"))
         await app.service.reload()
+        clock.advance(1.0)
         [after] = await stream.report("envoy", [Usage(ACME, 500, 500)])
         assert before.assignment is not None
         assert after.assignment is not None

@@ -54,6 +54,7 @@ MAX_BUCKETS = 10_000  # buckets one instance tracks
 LEAVE_MARGIN = 0.5  # seconds past a gone proxy's last assignment before its share moves
 REBALANCE_AFTER = 0.05  # seconds: joins within it are taken together
 REBALANCE_EVERY = 1.0  # seconds: the least time between two rebalances of a bucket
+MIN_GAP_MS = 500  # a bucket's reports closer than this make one refresh (Envoy's: 5 s)
 ALLOW_TTL = 60  # seconds: a bucket no entry limits, told again at every report
 HEADROOM = 1.1  # a proxy's grant above its measured demand
 FALL = 0.8  # the most a proxy's wants fall at one report
@@ -120,6 +121,8 @@ class _Held:
     pieces: tuple[Piece, ...] = ()
     assignment: Assignment | None = None
     used: int = 0
+    early_allowed: int = 0  # reported within MIN_GAP_MS of the last refresh
+    early_requests: int = 0
     told_ms: int = 0  # when its proxy was last sent an assignment
     short: bool = False  # its grant is under half its share: the others hold the rest
     reported: bool = False
@@ -147,6 +150,7 @@ class QuotaService:
         self.stats = Stats()
         self._buckets: OrderedDict[tuple[str, BucketKey], _Bucket] = OrderedDict()
         self._unheld: OrderedDict[tuple[str, BucketKey], _Bucket] = OrderedDict()
+        self._leaving: set[asyncio.Task[None]] = set()
         self._streams = itertools.count(1)
 
     def now_ms(self) -> int:
@@ -237,8 +241,13 @@ class QuotaService:
             delay = max(0.0, (told_until - self.now_ms()) / 1000) + LEAVE_MARGIN
             bucket.leaving += 1
             loop = asyncio.get_running_loop()
-            loop.call_later(delay, lambda: loop.create_task(self._leave(bucket, stream.member)))
+            loop.call_later(delay, self._start_leave, bucket, stream.member)
         self._settle(bucket)
+
+    def _start_leave(self, bucket: _Bucket, member: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._leave(bucket, member))
+        self._leaving.add(task)  # held until done: a task nobody holds may vanish
+        task.add_done_callback(self._leaving.discard)
 
     def _settle(self, bucket: _Bucket) -> None:
         if bucket.holders or (bucket.domain, bucket.key) not in self._buckets:
@@ -346,7 +355,17 @@ class QuotaStream:
         requests = usage.allowed + usage.denied
         if requests:
             held.active_ms = now
-        elif now - held.active_ms >= rule.abandon_after * 1000:
+        if held.reported and now - held.last_ms < MIN_GAP_MS:
+            # reported again at once (a client that floods reports): counted
+            # toward the next refresh, answered with what the proxy holds, and
+            # no call to the coordinator
+            held.early_allowed += usage.allowed
+            held.early_requests += requests
+            return Action(key, "assign", held.assignment, rule.ttl)
+        allowed = usage.allowed + held.early_allowed
+        requests += held.early_requests
+        held.early_allowed = held.early_requests = 0
+        if not requests and now - held.active_ms >= rule.abandon_after * 1000:
             stats.abandoned += 1
             del self._held[key]
             service._release(bucket, self, told_until=None)
@@ -363,7 +382,7 @@ class QuotaStream:
             if held.measured:
                 wants = max(wants, int(held.wants * FALL))
             held.measured = True
-            used = min(total, round(usage.allowed / seconds * window * MILLI))
+            used = min(total, round(allowed / seconds * window * MILLI))
         fell = held.reported and (held.wants - wants) * 10 >= total
         held.reported, held.last_ms, held.wants, held.used = True, now, wants, used
         short = await self._refresh(held)
