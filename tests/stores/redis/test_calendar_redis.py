@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from ratewarden import AsyncLimiter, FakeClock, Limiter, StoreError, hit_many
+from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, Limiter, StoreError, hit_many
 from ratewarden.algorithms.calendar import Calendar
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from ratewarden.stores.redis._script_calls import SKEW_NS, ClockSkew
@@ -126,3 +126,13 @@ def test_in_an_async_batch_only_the_skewed_check_is_refused(redis_single: RedisS
             assert [answers[0].remaining, answers[2].remaining] == [2, 1]
 
     asyncio.run(main())
+
+
+def test_a_reservation_of_a_calendar_limit_is_refused_on_redis(
+    redis_single: RedisServer, closing: contextlib.ExitStack
+) -> None:
+    store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE))
+    limiter = Limiter("5/month", calendar="Europe/Berlin", store=store, name=name())
+    with pytest.raises(ConfigurationError, match="a calendar limit reserves on the memory store"):
+        limiter.reserve("k", 2)
+    assert limiter.peek("k").remaining == 5

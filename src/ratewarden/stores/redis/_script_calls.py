@@ -24,6 +24,7 @@ __all__ = [
 
 INF = math.inf
 _DOUBLE, _PAIR = struct.Struct(">d"), struct.Struct(">dd")
+_ONE = _DOUBLE.pack(1)  # _many.lua's tier at cost 1
 # How far this machine's clock may be from the Redis server's for a calendar limit
 # (calendar_window.lua's SKEW_US): the periods the client sends cover this much
 # either side of its own time.
@@ -124,30 +125,34 @@ class CalendarLimit(Limit):
         super().__init__(algorithm, rate, options, breaker, test_clock)
         self.calendar = options["calendar"]
         self.client_clock = test_clock
-        self._edges = (0, 0)  # the first period sent, in ns
-        self._lead = b""  # the constants but the client's time (see refresh)
+        # the first period sent, [start, end) in ns, and the constants but the
+        # client's time: one tuple, so that threads never see one without the other
+        self._periods = (0, 0, b"")
         self.refresh()
 
     def refresh(self) -> None:
         """The constants for a check now: the limit's, the two periods, the time
-        (the periods are worked out again only once the first has passed)."""
+        (the periods are worked out again only once the first has passed). Threads
+        that interleave here leave the constants of one of their times, which are
+        microseconds apart and all within the periods sent."""
         clock = self.client_clock
         now_ns = time.time_ns() if clock is None else clock.time_ns()
         low = now_ns - SKEW_NS
-        start, end = self._edges
+        start, end, lead = self._periods
         if not start <= low < end:
             assert self.calendar is not None
-            start, end = self._edges = self.calendar.window(low)
+            start, end = self.calendar.window(low)
             after = self.calendar.window(end)[1]
             tick_ns = self.tick_us * 1000  # edges are whole seconds: whole ticks
             # burst is the limit: _many.lua and _batch.lua size step 6 by it
             _, limit, period = struct.unpack(">3d", self.packed[:24])
-            self._lead = struct.pack(
+            lead = struct.pack(
                 ">7d", self.tick_us, limit, period, limit,
                 start // tick_ns, end // tick_ns, after // tick_ns,
             )  # fmt: skip
-        self.packed = self._lead + _DOUBLE.pack(now_ns // 1000)
-        self.tier_one = self.head + _DOUBLE.pack(1) + self.packed
+            self._periods = (start, end, lead)
+        packed = lead + _DOUBLE.pack(now_ns // 1000)
+        self.packed, self.tier_one = packed, self.head + _ONE + packed
 
     def request(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
         self.refresh()
