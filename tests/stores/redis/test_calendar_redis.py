@@ -136,3 +136,16 @@ def test_a_reservation_of_a_calendar_limit_is_refused_on_redis(
     with pytest.raises(ConfigurationError, match="a calendar limit reserves on the memory store"):
         limiter.reserve("k", 2)
     assert limiter.peek("k").remaining == 5
+
+
+def test_local_fallback_counts_the_calendar_period_in_the_process(
+    redis_single: RedisServer, closing: contextlib.ExitStack
+) -> None:
+    server = FakeClock(datetime(2024, 1, 31, 23, 0, tzinfo=BERLIN).timestamp())
+    store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE, clock=server))
+    limiter = Limiter("2/month", calendar="Europe/Berlin", store=store, name=name(),
+                      on_failure="local_fallback")  # fmt: skip
+    limiter._tier.client_clock = FakeClock(server.now_ns / 1e9 + 2 * SKEW)
+    decisions = [limiter.hit("k") for _ in range(3)]
+    assert [d.allowed for d in decisions] == [True, True, False]
+    assert decisions[2].retry_after == pytest.approx(3600)  # local midnight, 1 February
