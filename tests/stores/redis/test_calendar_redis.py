@@ -20,7 +20,7 @@ from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, Limiter, Sto
 from ratewarden.algorithms.calendar import Calendar
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from ratewarden.stores.redis._script_calls import SKEW_NS, ClockSkew
-from tests.redis_server import LIVE, RedisServer
+from tests.redis_server import LIVE, RedisCluster, RedisServer
 
 BERLIN = ZoneInfo("Europe/Berlin")
 SKEW = SKEW_NS / 1e9
@@ -149,3 +149,34 @@ def test_local_fallback_counts_the_calendar_period_in_the_process(
     decisions = [limiter.hit("k") for _ in range(3)]
     assert [d.allowed for d in decisions] == [True, True, False]
     assert decisions[2].retry_after == pytest.approx(3600)  # local midnight, 1 February
+
+
+def test_across_cluster_slots_a_skewed_calendar_tier_refunds_the_slots_that_counted(
+    redis_6_nodes: RedisCluster, closing: contextlib.ExitStack
+) -> None:
+    server = FakeClock(JUNE)
+    store = closing.enter_context(RedisStore(redis_6_nodes.url, timeout=LIVE, clock=server))
+    hourly = Limiter("5/hour", algorithm="fixed_window", store=store, name=name(),
+                     on_failure="fail_open")  # fmt: skip
+    monthly = Limiter("5/month", calendar="Europe/Berlin", store=store, name=name(),
+                      on_failure="fail_closed")  # fmt: skip
+    monthly._tier.client_clock = FakeClock(JUNE + SKEW + 1)
+    assert store.client.keyslot(f"{hourly._tier.prefix}a") != store.client.keyslot(
+        f"{monthly._tier.prefix}b"
+    )
+    assert not hit_many([(hourly, "a"), (monthly, "b")]).allowed
+    assert hourly.peek("a").remaining == 5  # counted in its slot, then refunded
+
+
+def test_a_skewed_calendar_shadow_tier_reports_nothing(
+    redis_single: RedisServer, closing: contextlib.ExitStack
+) -> None:
+    server = FakeClock(JUNE)
+    store = closing.enter_context(RedisStore(redis_single.url, timeout=LIVE, clock=server))
+    hourly = Limiter("5/hour", algorithm="fixed_window", store=store, name=name())
+    monthly = Limiter("5/month", calendar="Europe/Berlin", store=store, name=name())
+    monthly._tier.client_clock = FakeClock(JUNE - SKEW - 1)
+    decision, shadow = store.hit_tiers([hourly.tier("a").check], [monthly.tier("a").check])
+    assert decision is not None
+    assert (decision.allowed, decision.remaining) == (True, 4)
+    assert shadow is None

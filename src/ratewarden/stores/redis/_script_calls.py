@@ -253,7 +253,10 @@ class Many:
         (None: no such tiers, or shadow tiers not checked)."""
         limits = self.limits
         decision = limits[out[0] - 1].answer(out[1:5]) if out[0] else None
-        shadow = limits[out[5] - 1].answer(out[6:10]) if out[5] else None
+        try:
+            shadow = limits[out[5] - 1].answer(out[6:10]) if out[5] else None
+        except ClockSkew:  # shadow tiers report nothing when they cannot be checked
+            shadow = None
         return decision, shadow
 
     def failed(self, error: StoreError) -> tuple[Decision | None, Decision | None]:
@@ -328,11 +331,12 @@ def script_calls(many: Many, keyslot: Any) -> Generator[Call, Any, Answers]:
     for tiers in groups:
         try:
             out = yield MANY, len(tiers), many.args(tiers, "dry" if denied else "keep")
+            answered = many.answer(tiers, out)  # ClockSkew: a refusal that counted nothing
         except StoreError as exc:
             if not denied:
                 failure = exc
             break
-        decisions.append(many.answer(tiers, out))
+        decisions.append(answered)
         if not decisions[-1][1].allowed:
             denied = True
         elif not denied:
