@@ -18,8 +18,8 @@ import pytest
 
 from ratewarden import AsyncLimiter, ConfigurationError, FakeClock, Limiter, StoreError, hit_many
 from ratewarden.algorithms.calendar import Calendar
-from ratewarden.stores.redis import AsyncRedisStore, RedisStore
-from ratewarden.stores.redis._script_calls import SKEW_NS, ClockSkew
+from ratewarden.stores.redis import AsyncRedisStore, ClockSkew, RedisStore
+from ratewarden.stores.redis._script_calls import SKEW_NS
 from tests.redis_server import LIVE, RedisCluster, RedisServer
 
 BERLIN = ZoneInfo("Europe/Berlin")
