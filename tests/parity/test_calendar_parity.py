@@ -22,6 +22,8 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ratewarden import (
     AsyncLimiter,
@@ -32,6 +34,7 @@ from ratewarden import (
     MemoryStore,
     hit_many,
 )
+from ratewarden.algorithms.calendar import WEEKDAYS, Calendar
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import LIVE, RedisCluster, RedisServer
 
@@ -185,3 +188,38 @@ def test_cluster_equals_python(
         compare(redis, hit_many([(daily_m, "{u}"), (monthly_m, "{u}")]), at)
 
     drive(tz, day, hit)
+
+
+@given(
+    tz=st.sampled_from(sorted(DAYS)),
+    rate=st.sampled_from(["2/day", "3/week", "4/month", "5/year"]),
+    week_start=st.sampled_from(WEEKDAYS),
+    instant=st.integers(1_672_531_200, 1_798_675_200),  # 2023 .. 2026
+    near=st.integers(-900_000, 900_000),  # ms from the end of the period holding instant
+    offset=st.integers(-299_000, 299_000),  # ms, within the skew
+    gaps=st.lists(
+        st.one_of(st.integers(0, 600_000), st.integers(0, 3 * 86400_000)), min_size=1, max_size=12
+    ),  # ms
+)
+def test_random_instants_equal_python(
+    redis_single: RedisServer, *, tz: str, rate: str, week_start: str, instant: int, near: int,
+    offset: int, gaps: list[int],
+) -> None:  # fmt: skip
+    """Around any period's end in four years, any week start, the client any way
+    within the skew."""
+    week_start = week_start if rate.endswith("week") else "monday"
+    unit = rate.split("/")[1]
+    end = Calendar(tz, unit, week_start).window(instant * 1_000_000_000)[1]
+    server, client = FakeClock(), FakeClock()
+    server.now_ns = end + near * 1_000_000
+    name = f"cal{uuid.uuid4().hex[:8]}"
+    options = {"calendar": tz, "week_start": week_start}
+    with RedisStore(redis_single.url, timeout=LIVE, clock=server) as store:
+        on_redis = Limiter(rate, store=store, name=name, **options)  # type: ignore[arg-type]
+        on_redis._tier.client_clock = client
+        memory = Limiter(rate, store=MemoryStore(clock=server), name=name, **options)  # type: ignore[arg-type]
+        for gap in gaps:
+            server.now_ns += gap * 1_000_000
+            client.now_ns = server.now_ns + offset * 1_000_000
+            at = server.now_ns / 1e9
+            compare(on_redis.hit("k"), memory.hit("k"), at)
