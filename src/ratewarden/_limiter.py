@@ -126,8 +126,8 @@ class _Config:
         if calendar is not None:
             if adaptive is not None or two_tier or shards != 1:
                 raise ConfigurationError(
-                    "a calendar limit is a plain fixed window on the memory store: no adaptive,"
-                    " two_tier or shards"
+                    "a calendar limit is a plain fixed window (on the memory or a Redis store):"
+                    " no adaptive, two_tier or shards"
                 )
             cal = _calendar(parsed, calendar, week_start, algorithm)
             algorithm = "fixed_window"
@@ -191,6 +191,8 @@ class _Config:
             if type(two_tier) is not bool:
                 raise ConfigurationError(f"two_tier must be True or False, got {two_tier!r}")
             options["two_tier"] = True
+        if cal is not None:
+            options["calendar"] = cal
         _shards.check_shards(shards, promote_at)
         return cls(
             parsed,
@@ -242,12 +244,12 @@ class _Config:
                              shards=self.shards, promote_at=self.promote_at)  # fmt: skip
 
     def _check_store(self, store: object) -> None:
-        """A calendar's windows are the memory store's alone: a Redis store counts
-        the epoch's fixed windows, and would count a '/month' as 30 days."""
-        if self.calendar is not None and not isinstance(store, MemoryStore | AsyncMemoryStore):
+        """A store counts a calendar's periods only if it says so (the memory and
+        Redis stores): another would count a '/month' as 30 days from the epoch."""
+        if self.calendar is not None and getattr(store, "calendars", False) is not True:
             raise ConfigurationError(
-                f"a calendar limit ({self.rate}, {self.calendar.tz}) counts on the memory store;"
-                f" {type(store).__name__} does not count calendar periods"
+                f"a calendar limit ({self.rate}, {self.calendar.tz}) counts on the memory"
+                f" or a Redis store; {type(store).__name__} does not count calendar periods"
             )
 
 

@@ -154,12 +154,11 @@ def test_calendar_and_plain_counters_never_meet() -> None:
     assert [plain.hit("k").allowed, berlin.hit("k").allowed, tokyo.hit("k").allowed] == [True] * 3
 
 
-def test_a_redis_store_refuses_a_calendar_rather_than_count_30_days() -> None:
-    from ratewarden.stores.redis import RedisStore  # noqa: PLC0415
+def test_a_store_that_counts_no_calendars_refuses_one_rather_than_count_30_days() -> None:
+    class Epochs(MemoryStore):
+        calendars = False  # a store whose fixed windows are the epoch's
 
-    store = RedisStore("redis://127.0.0.1:1/0")  # never asked: the limit is refused first
-    try:
-        with pytest.raises(ConfigurationError, match="counts on the memory store"):
-            Limiter("10/month", calendar="Europe/Berlin", store=store)
-    finally:
-        store.close()
+    with pytest.raises(ConfigurationError, match="does not count calendar periods"):
+        Limiter("10/month", calendar="Europe/Berlin", store=Epochs())
+    with pytest.raises(ConfigurationError, match="no adaptive, two_tier or shards"):
+        Limiter("10/month", calendar="Europe/Berlin", two_tier=True)

@@ -8,9 +8,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from ratewarden import ConfigurationError, FakeClock, MemoryStore
+from ratewarden import FakeClock, MemoryStore
 from ratewarden.cli import main
 from ratewarden.rules import RuleEngine, RuleFileError, loads
+from tests.redis_server import LIVE, RedisServer
 
 BERLIN = ZoneInfo("Europe/Berlin")
 
@@ -78,16 +79,30 @@ def test_check_config_names_the_closest_zone(
     assert "did you mean 'America/New_York'?" in capsys.readouterr().err
 
 
-def test_a_calendar_rule_on_redis_is_refused_when_the_engine_is_built() -> None:
+def test_a_calendar_rule_on_redis_counts_to_local_midnight(redis_single: RedisServer) -> None:
+    """The same rule on Redis: the server's time (here the explicit test clock)
+    picks the period, the headers point at midnight in Berlin."""
     from ratewarden.stores.redis import RedisStore  # noqa: PLC0415
 
-    rules = loads("rules: [{name: m, rate: 5/month, calendar: {tz: UTC}}]")
-    store = RedisStore("redis://127.0.0.1:1/0")
-    try:
-        with pytest.raises(ConfigurationError, match="counts on the memory store"):
-            RuleEngine(rules, store)
-    finally:
-        store.close()
+    rules = loads("""
+        rules:
+          - name: monthly
+            rate: 3/month
+            by: org
+            calendar: {tz: Europe/Berlin}
+    """)
+    clock = FakeClock(datetime(2024, 1, 31, 23, 0, tzinfo=BERLIN).timestamp())
+    with RedisStore(redis_single.url, timeout=LIVE, clock=clock) as store:
+        engine = RuleEngine(rules, store)
+        org = {"org": f"acme-{id(engine)}"}
+        assert [engine.check(org).allowed for _ in range(4)] == [True] * 3 + [False]
+        headers = dict(engine.check(org).headers())
+        assert (headers["Retry-After"], headers["X-RateLimit-Reset"]) == ("3600", "3600")
+        clock.advance(3600)
+        fresh = engine.check(org)
+        assert fresh.allowed
+        assert fresh.decision is not None
+        assert fresh.decision.reset_after == pytest.approx(29 * 86400)  # February 2024
 
 
 def test_check_config_shows_the_calendar(

@@ -80,6 +80,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, Literal, NamedTuple, NotRequired, Protocol, TypeAlias, TypedDict, Unpack
 
 from ..algorithms import Algorithm
+from ..algorithms.calendar import Calendar
 from ..primitives import Clock, ConfigurationError, Decision, Rate
 
 __all__ = [
@@ -147,6 +148,8 @@ class BindOptions(TypedDict):
     on_failure: OnFailure  # what to answer when the store cannot decide
     # count locally and sync (the Redis stores; the memory store is local already)
     two_tier: NotRequired[bool]
+    # fixed windows on a time zone's calendar (the memory and Redis stores)
+    calendar: NotRequired[Calendar]
 
 
 class HitFn(Protocol):

@@ -122,6 +122,8 @@ class MemoryStore:
     """Thread-safe in-process store. ``max_keys`` bounds the number of keys kept
     (least recently used evicted first); ``clock`` defaults to the wall clock."""
 
+    calendars = True  # counts calendar periods (see Limiter's calendar=)
+
     def __init__(self, *, max_keys: int | None = None, clock: Clock | None = None) -> None:
         if max_keys is not None and (type(max_keys) is not int or max_keys < 1):
             raise ConfigurationError(f"max_keys must be a positive integer, got {max_keys!r}")
@@ -379,6 +381,8 @@ class MemoryStore:
 class AsyncMemoryStore:
     """The memory store for `AsyncLimiter`: the same core, awaited. Its calls never
     block the event loop (the lock is held only for a dict update)."""
+
+    calendars = True  # counts calendar periods (see Limiter's calendar=)
 
     def __init__(self, *, max_keys: int | None = None, clock: Clock | None = None) -> None:
         self.sync = MemoryStore(max_keys=max_keys, clock=clock)

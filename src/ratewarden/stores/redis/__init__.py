@@ -9,7 +9,11 @@ Its neighbours may import `connection` (a Redis URL turned into a client) and
 from ._aleases import AsyncRedisLeases
 from ._astore import AsyncRedisStore
 from ._leases import RedisLeases
+from ._script_calls import ClockSkew
 from ._store import RedisStore
 from ._twotier import TwoTierSettings
 
-__all__ = ["AsyncRedisLeases", "AsyncRedisStore", "RedisLeases", "RedisStore", "TwoTierSettings"]
+__all__ = [
+    "AsyncRedisLeases", "AsyncRedisStore", "ClockSkew", "RedisLeases", "RedisStore",
+    "TwoTierSettings",
+]  # fmt: skip

@@ -42,7 +42,7 @@ from ._aleases import AsyncRedisLeases
 from ._async_wire import AsyncWire, usable
 from ._atwotier_io import AsyncTwoTier
 from ._batcher import Batcher
-from ._script_calls import Answers, Limit, Many, script_calls
+from ._script_calls import Answers, CalendarLimit, Limit, Many, script_calls
 from ._twotier import LocalLimit, TwoTierSettings, two_tier_settings
 from .connection import FAILURES, check_raw_replies, connect, sentinels
 from .scripts import BATCH, Scripts
@@ -86,6 +86,8 @@ class AsyncRedisStore:
     denied request can briefly cost others capacity, and two racing requests can
     both be denied where one would have passed.
     """
+
+    calendars = True  # counts calendar periods by the server's clock (see CalendarLimit)
 
     def __init__(
         self,
@@ -137,7 +139,8 @@ class AsyncRedisStore:
                     self._keyslot, fallback=self._fallback,
                 )  # fmt: skip
             return self._local.bind(algorithm, rate, options, self.hit_many, self._delete)
-        limit = Limit(algorithm, rate, options, self.breaker, self._test_clock)
+        kind = Limit if options.get("calendar") is None else CalendarLimit
+        limit = kind(algorithm, rate, options, self.breaker, self._test_clock)
         if options["on_failure"] == "local_fallback":
             limit.local = self._fallback.share(algorithm, rate, options)
         call = self._batcher.submit

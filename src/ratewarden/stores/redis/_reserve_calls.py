@@ -20,6 +20,11 @@ def redis_limit(tier: Any, store: object) -> Limit:
         raise ConfigurationError(
             f"reservations count in Redis one call at a time: not with two_tier on {store!r}"
         )
+    if tier.calendar is not None:  # its periods move with the clocks: _reserve.lua's do not
+        raise ConfigurationError(
+            "a calendar limit reserves on the memory store; on Redis, hit it once the cost"
+            " is known (reserve-then-settle of calendar periods is not on Redis)"
+        )
     return tier
 
 

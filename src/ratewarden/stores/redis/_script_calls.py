@@ -7,24 +7,35 @@ from __future__ import annotations
 import contextlib
 import math
 import struct
+import time
 from collections.abc import Generator, Sequence
 from typing import Any, TypeAlias
 
 from ...algorithms import Algorithm
+from ...algorithms.calendar import Calendar
 from ...primitives import Clock, ConfigurationError, Decision, Rate, StoreError, StoreUnavailable
 from ..base import BindOptions, Check, check_cost, pick
 from ..failure import Breaker, Share, answer
 from .scripts import EXACT, MANY, REFUND, STEP_IDS, pack, redis_params, script_args
 
-__all__ = ["Answers", "Call", "Limit", "Many", "script_calls"]
+__all__ = [
+    "SKEW_NS", "Answers", "CalendarLimit", "Call", "ClockSkew", "Limit", "Many", "script_calls",
+]  # fmt: skip
 
 INF = math.inf
 _DOUBLE, _PAIR = struct.Struct(">d"), struct.Struct(">dd")
+_ONE = _DOUBLE.pack(1)  # _many.lua's tier at cost 1
+# How far this machine's clock may be from the Redis server's for a calendar limit
+# (calendar_window.lua's SKEW_US): the periods the client sends cover this much
+# either side of its own time.
+SKEW_NS = 300 * 1_000_000_000
 
 
 class Limit:
     """One limit bound to Redis: everything about a check except the I/O, shared by
     the sync and async stores."""
+
+    calendar: Calendar | None = None  # a CalendarLimit's: its constants move with time
 
     def __init__(
         self,
@@ -50,6 +61,9 @@ class Limit:
         self.breaker, self.test_clock = breaker, test_clock
         self.hit: Any = None  # the store's bound hit, for a hit_many of this one tier
         self.local: Share | None = None  # what local_fallback counts on, if it is the policy
+
+    def refresh(self) -> None:
+        """A plain limit's constants never move (see `CalendarLimit.refresh`)."""
 
     def blocked(self, key: str, cost: int, mode: str) -> Decision | None:
         """The policy's answer for one check while the breaker is open, else None."""
@@ -89,6 +103,77 @@ class Limit:
         return _failed([self], error, [(key, cost)], peek=mode == "peek")
 
 
+class ClockSkew(StoreError):
+    """A calendar limit's check that Redis refused: this machine's clock and the
+    server's are further apart than `SKEW_NS`. The limit's ``on_failure`` answers."""
+
+
+class CalendarLimit(Limit):
+    """A limit on a time zone's calendar periods (see calendar_window.lua): the
+    zone's rules run here, on this machine's clock, which picks two periods; the
+    script picks the one holding the server's time. ``client_clock``: the clock
+    the periods are picked on (tests set it apart from the server's)."""
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        rate: Rate,
+        options: BindOptions,
+        breaker: Breaker,
+        test_clock: Clock | None,
+    ) -> None:
+        super().__init__(algorithm, rate, options, breaker, test_clock)
+        self.calendar = options["calendar"]
+        self.client_clock = test_clock
+        # the first period sent, [start, end) in ns, and the constants but the
+        # client's time: one tuple, so that threads never see one without the other
+        self._periods = (0, 0, b"")
+        self.refresh()
+
+    def refresh(self) -> None:
+        """The constants for a check now: the limit's, the two periods, the time
+        (the periods are worked out again only once the first has passed). Threads
+        that interleave here leave the constants of one of their times, which are
+        microseconds apart and all within the periods sent."""
+        clock = self.client_clock
+        now_ns = time.time_ns() if clock is None else clock.time_ns()
+        low = now_ns - SKEW_NS
+        start, end, lead = self._periods
+        if not start <= low < end:
+            assert self.calendar is not None
+            start, end = self.calendar.window(low)
+            after = self.calendar.window(end)[1]
+            tick_ns = self.tick_us * 1000  # edges are whole seconds: whole ticks
+            # burst is the limit: _many.lua and _batch.lua size step 6 by it
+            _, limit, period = struct.unpack(">3d", self.packed[:24])
+            lead = struct.pack(
+                ">7d", self.tick_us, limit, period, limit,
+                start // tick_ns, end // tick_ns, after // tick_ns,
+            )  # fmt: skip
+            self._periods = (start, end, lead)
+        packed = lead + _DOUBLE.pack(now_ns // 1000)
+        self.packed, self.tier_one = packed, self.head + _ONE + packed
+
+    def request(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
+        self.refresh()
+        return super().request(key, cost, mode)
+
+    def batched(self, key: str, cost: int, mode: str) -> list[Any] | Decision:
+        self.refresh()
+        return super().batched(key, cost, mode)
+
+    def answer(self, result: list[int]) -> Decision:
+        if result[1] < 0:  # refused: the clocks too far apart (see calendar_window.lua)
+            server = result[2] * self.tick_us / 1e6
+            mine = struct.unpack(">d", self.packed[-8:])[0] / 1e6
+            raise ClockSkew(
+                f"redis: a calendar limit's periods come from this machine's clock,"
+                f" {mine - server:+.0f}s from the Redis server's (at most"
+                f" {SKEW_NS // 1_000_000_000}s apart): set both clocks right (NTP)"
+            )
+        return super().answer(result)
+
+
 def _blocked(
     limits: Sequence[Limit], checks: Sequence[tuple[str, int]], *, peek: bool = False
 ) -> Decision | None:
@@ -110,7 +195,8 @@ def _failed(
 ) -> Decision:
     """The policies' answer when the store failed: ``"raise"`` in any tier raises."""
     breaker = limits[0].breaker
-    breaker.failed()
+    if type(error) is not ClockSkew:  # a skewed clock is this machine's, not the store's
+        breaker.failed()
     return answer(limits, checks, breaker.retry_after(), error, peek=peek)
 
 
@@ -127,6 +213,8 @@ class Many:
         keys, tiers = self.keys, self.tiers
         for limit, key, cost in everything:
             keys.append(limit.prefix + key)
+            if limit.calendar is not None:
+                limit.refresh()
             if cost == 1 and type(cost) is int:  # the common cost, packed once per limit
                 tiers.append(limit.tier_one)
             else:
@@ -165,7 +253,10 @@ class Many:
         (None: no such tiers, or shadow tiers not checked)."""
         limits = self.limits
         decision = limits[out[0] - 1].answer(out[1:5]) if out[0] else None
-        shadow = limits[out[5] - 1].answer(out[6:10]) if out[5] else None
+        try:
+            shadow = limits[out[5] - 1].answer(out[6:10]) if out[5] else None
+        except ClockSkew:  # shadow tiers report nothing when they cannot be checked
+            shadow = None
         return decision, shadow
 
     def failed(self, error: StoreError) -> tuple[Decision | None, Decision | None]:
@@ -240,11 +331,12 @@ def script_calls(many: Many, keyslot: Any) -> Generator[Call, Any, Answers]:
     for tiers in groups:
         try:
             out = yield MANY, len(tiers), many.args(tiers, "dry" if denied else "keep")
+            answered = many.answer(tiers, out)  # ClockSkew: a refusal that counted nothing
         except StoreError as exc:
             if not denied:
                 failure = exc
             break
-        decisions.append(many.answer(tiers, out))
+        decisions.append(answered)
         if not decisions[-1][1].allowed:
             denied = True
         elif not denied:

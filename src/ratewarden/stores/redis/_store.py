@@ -31,7 +31,7 @@ from ...primitives import (
 from ..base import BindOptions, Bound, Check
 from ..failure import Breaker, Instances, LocalFallback
 from ._leases import RedisLeases
-from ._script_calls import Answers, Limit, Many, script_calls
+from ._script_calls import Answers, CalendarLimit, Limit, Many, script_calls
 from ._sync_wire import Wire, usable
 from ._twotier import LocalLimit, TwoTierSettings, two_tier_settings
 from ._twotier_io import TwoTier
@@ -78,6 +78,8 @@ class RedisStore:
     both be denied where one would have passed.
     """
 
+    calendars = True  # counts calendar periods by the server's clock (see CalendarLimit)
+
     def __init__(
         self,
         client: Any,
@@ -113,7 +115,8 @@ class RedisStore:
                     self._keyslot, fallback=self._fallback,
                 )  # fmt: skip
             return self._local.bind(algorithm, rate, options, self.hit_many, self._delete)
-        limit = Limit(algorithm, rate, options, self.breaker, self._test_clock)
+        kind = Limit if options.get("calendar") is None else CalendarLimit
+        limit = kind(algorithm, rate, options, self.breaker, self._test_clock)
         if options["on_failure"] == "local_fallback":
             limit.local = self._fallback.share(algorithm, rate, options)
         call = self.scripts.call

@@ -22,7 +22,8 @@ from ._sync_wire import Wire
 from .connection import FAILURES
 
 __all__ = [
-    "BATCH", "EXACT", "LEASES", "MANY", "REFUND", "RESERVE", "STEP_IDS", "SYNC", "Scripts",
+    "BATCH", "CALENDAR", "EXACT", "LEASES", "MANY", "REFUND", "RESERVE", "STEP_IDS", "SYNC",
+    "Scripts",
     "pack",
     "redis_params", "script_args",
 ]  # fmt: skip
@@ -32,12 +33,13 @@ STEP_IDS = {
     name: number
     for number, name in enumerate(
         ("fixed_window", "sliding_window_counter", "sliding_window_log", "bucket",
-         "token_bucket_interval"),
+         "token_bucket_interval", "calendar_window"),
         1,
     )
 }  # fmt: skip
 MANY, REFUND, BATCH, SYNC = "_many", "_refund", "_batch", "_sync"
 LEASES = "_leases"  # a concurrency limit's lease table, on its own (see stores/leases.py)
+CALENDAR = "calendar_window"  # joined to fixed_window.lua, whose step it wraps
 RESERVE = "_reserve:"  # + a step's name: that algorithm's reservation script
 log = logging.getLogger("ratewarden.stores")
 
@@ -49,7 +51,10 @@ def _source(name: str) -> str:
     lua = resources.files("ratewarden.stores.redis") / "lua"
 
     def read(part: str) -> str:
-        return (lua / f"{part}.lua").read_text()
+        text = (lua / f"{part}.lua").read_text()
+        if part == CALENDAR:  # the fixed window's step counts inside a calendar period
+            return "\n".join([read("fixed_window"), text])
+        return text
 
     if name in (MANY, BATCH, SYNC):
         steps = [f"{read(step)}STEPS[{number}] = step\n" for step, number in STEP_IDS.items()]
