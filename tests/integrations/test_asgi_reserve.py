@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 
 from ratewarden import AsyncLimiter, AsyncMemoryStore, Estimates, FakeClock
 from ratewarden.integrations.asgi import RateLimitMiddleware, Reserved
@@ -103,3 +104,29 @@ def test_a_learned_estimate_follows_what_the_responses_said() -> None:
     # with no history the ceiling (900) is reserved, then the learned 50: twelve
     # calls fit in 1000 only because the estimate learned
     assert asyncio.run(main()) == [200] * 12
+
+
+def test_a_key_an_estimate_or_a_profile_may_be_a_plain_value_and_anything_else_is_refused() -> None:
+    clock = FakeClock()
+    limiter = budget(clock)
+    everyone = AsyncLimiter("1000000/second", store=AsyncMemoryStore(clock=clock))
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    middleware = RateLimitMiddleware(
+        app, everyone, reserve=Reserved(limiter, "team-a", estimate=600)
+    )
+
+    async def main() -> tuple[list[int], int]:
+        async with client(middleware) as http:
+            codes = [(await http.get("/")).status_code for _ in range(2)]
+        return codes, (await limiter.peek("team-a")).remaining
+
+    assert asyncio.run(main()) == ([200, 429], 400)
+    for wrong in ({"key": 7}, {"estimate": "600"}, {"estimate": True}, {"profile": 3}):
+        options: dict[str, Any] = {"key": "k", "estimate": 1, **wrong}
+        key = options.pop("key")
+        with pytest.raises(TypeError, match="function of the request's scope"):
+            Reserved(limiter, key, **options)

@@ -46,24 +46,28 @@ class Reserved:
     def __init__(
         self,
         limiter: AsyncLimiter,
-        key: Callable[[Scope], str],
+        key: str | Callable[[Scope], str],
         *,
-        estimate: Callable[[Scope], int | None] | None = None,
-        profile: Callable[[Scope], str] | None = None,
+        estimate: int | Callable[[Scope], int | None] | None = None,
+        profile: str | Callable[[Scope], str] | None = None,
         actual_header: str | None = None,
     ) -> None:
         if not isinstance(limiter, AsyncLimiter):
             raise TypeError(f"reserve takes an AsyncLimiter, got {type(limiter).__name__}")
         if estimate is None and profile is None:
-            raise TypeError("reserve needs estimate(scope), or profile(scope) for a learned one")
-        self.limiter, self.key, self.estimate, self.profile = limiter, key, estimate, profile
+            raise TypeError("reserve needs estimate (a number, or estimate(scope)), or profile"
+                            " (a name, or profile(scope)) for a learned one")  # fmt: skip
+        self.limiter = limiter
+        self.key = _per_request("key", key, str)
+        self.estimate = None if estimate is None else _per_request("estimate", estimate, int)
+        self.profile = None if profile is None else _per_request("profile", profile, str)
         self.actual_header = None if actual_header is None else actual_header.lower().encode()
 
     async def run(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> Reply | None:
         """Runs ``app`` within a reservation; a `Reply` (429) when it is denied."""
-        cost = None if self.estimate is None else self.estimate(scope)
-        profile = None if cost is not None or self.profile is None else self.profile(scope)
         try:
+            cost = None if self.estimate is None else self.estimate(scope)
+            profile = None if cost is not None or self.profile is None else self.profile(scope)
             reservation = await self.limiter.reserve(self.key(scope), cost, profile=profile)
         except Exception:
             log.exception("reservation failed; the request goes through unreserved")
@@ -99,6 +103,18 @@ class Reserved:
             log.warning("%s", exc)
         except Exception:  # the store: the estimate stays charged
             log.exception("settling a reservation failed; its estimate stays charged")
+
+
+def _per_request(name: str, given: Any, kind: type) -> Callable[[Scope], Any]:
+    """``given`` as a function of the request's scope: a function as it is, a
+    value of ``kind`` as the same value for every request."""
+    if callable(given):
+        return given  # type: ignore[no-any-return]
+    if isinstance(given, kind) and not isinstance(given, bool):
+        return lambda scope: given
+    raise TypeError(
+        f"{name} is a {kind.__name__} or a function of the request's scope, got {given!r}"
+    )
 
 
 def _number(raw: bytes) -> int | None:

@@ -120,7 +120,8 @@ class Shape:
             self._type(rules, list[Rule], "$.rules", None, "rules")
             self.file_dropped.add("rules")
         else:
-            if "rules" not in self.file_dropped:  # else a misspelling says it
+            # a misspelling says it, or the file is an rlqs section alone
+            if "rules" not in self.file_dropped and "rlqs" not in data:
                 self._problem("$", None, "rules", "missing required field 'rules'")
             self.file_dropped.add("rules")
         return {**(clean or {}), "rules": kept}

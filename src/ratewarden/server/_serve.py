@@ -107,7 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the HTTP API (default {DEFAULT_HTTP}; a bare PORT is {LOOPBACK}:PORT; "
         "'off' for none)")  # fmt: skip
     add("--grpc", metavar="HOST:PORT",
-        help=f"Envoy's RLS v3 over gRPC (default {DEFAULT_GRPC} where the grpc extra is "
+        help=f"Envoy's RLS v3 and Rate Limit Quota Service over gRPC (default {DEFAULT_GRPC}"
+        " where the grpc extra is "
         f"installed, else off; a bare PORT is {LOOPBACK}:PORT; 'off' for none)")  # fmt: skip
     add("--envoy-config", action="append", default=[], metavar="FILE|DIR",
         help="an envoyproxy/ratelimit config file, or a directory of them (repeat; "
@@ -524,6 +525,9 @@ def _rules_said(options: ServeOptions, rules: RulesInForce) -> str:
         envoy = rules.envoy
         domains = [] if envoy is None else sorted(envoy.domains)
         said += f"; envoy domains: {', '.join(domains) or 'none'}"
+    entries = len(rules.quotas.rules)
+    if entries:
+        said += f"; Envoy quota (RLQS) entries: {entries}"
     return said
 
 
