@@ -310,15 +310,17 @@ def test_buckets_past_the_bound_push_out_the_least_recently_reported() -> None:
         for i in range(8):
             await streams[i % 4].report("envoy", [Usage({"name": "api", "tenant": f"t{i}"}, 1, 0)])
         assert svc.stats.buckets == 8
+        # t0 is reported again by its holder: the least recent is t1 now
+        await streams[0].report("envoy", [Usage({"name": "api", "tenant": "t0"}, 1, 0)])
         await streams[4].report("envoy", [Usage({"name": "api", "tenant": "new"}, 1, 0)])
         assert svc.stats.buckets == 8
         assert svc.stats.evicted == 1
-        # t0 (stream 0's, reported first) was pushed out: stream 0 is told to abandon it
-        return await streams[0].report("envoy", [Usage({"name": "api", "tenant": "t0"}, 1, 0)])
+        # t1 (stream 1's) was pushed out: stream 1 is told to abandon it
+        return await streams[1].report("envoy", [Usage({"name": "api", "tenant": "t1"}, 1, 0)])
 
     actions = run(go())
     assert [a.kind for a in actions] == ["abandon"]
-    assert actions[0].bucket == (("name", "api"), ("tenant", "t0"))
+    assert actions[0].bucket == (("name", "api"), ("tenant", "t1"))
 
 
 def test_one_stream_holds_at_most_a_quarter_of_the_buckets() -> None:

@@ -192,6 +192,12 @@ class QuotaService:
         self.stats.buckets = len(self._buckets)
         return found
 
+    def _touch(self, bucket: _Bucket) -> None:
+        """``bucket`` was reported: the last to go past the bound."""
+        index = (bucket.domain, bucket.key)
+        if index in self._buckets:
+            self._buckets.move_to_end(index)
+
     def _drop(self, bucket: _Bucket) -> None:
         """Stop tracking ``bucket``: its holders abandon it at their next report."""
         self._buckets.pop((bucket.domain, bucket.key), None)
@@ -348,6 +354,7 @@ class QuotaStream:
             bucket.holders.add(self)
             held = self._held[key] = _Held(bucket, now, now)
         bucket = held.bucket
+        service._touch(bucket)
         rule = bucket.rule
         stats = service.stats
         stats.allowed[rule.name] = stats.allowed.get(rule.name, 0) + usage.allowed
