@@ -256,3 +256,36 @@ def test_a_proxy_that_joins_is_given_its_share_at_once_by_the_first_giving_it_up
     firsts, seconds = asyncio.run(main())
     assert firsts == [200, 100]
     assert seconds == [0, 100]  # denied until the first gave up half, then its half
+
+
+def test_the_outbox_sends_what_comes_while_it_sends_then_ends_when_closed() -> None:
+    """What is put during a send goes out after it, the latest action a bucket;
+    a close while a send is under way ends the drain once all is sent."""
+    from ratewarden.rlqs import Action  # noqa: PLC0415
+    from ratewarden.server._rlqs import _Outbox  # noqa: PLC0415
+
+    sent: list[list[str]] = []
+    outbox = _Outbox()
+
+    class SlowCall:
+        async def send(self, message: bytes) -> None:
+            await asyncio.sleep(0.01)
+            sent.append(message.decode().split(","))
+
+    def encode(actions: list[Action]) -> bytes:
+        return ",".join(f"{a.bucket[0][1]}:{a.kind}" for a in actions).encode()
+
+    def action(tenant: str, kind: str = "assign") -> Action:
+        return Action((("tenant", tenant),), kind)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        drain = asyncio.ensure_future(outbox.drain(SlowCall(), encode))  # type: ignore[arg-type]
+        outbox.put([action("a")])
+        await asyncio.sleep(0.005)  # the first send is under way
+        outbox.put([action("b"), action("c")])
+        outbox.put([action("b", "abandon")])
+        outbox.close()
+        await asyncio.wait_for(drain, 1)
+
+    asyncio.run(main())
+    assert sent == [["a:assign"], ["c:assign", "b:abandon"]]

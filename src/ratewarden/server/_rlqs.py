@@ -50,15 +50,17 @@ class _Outbox:
         self._more.set()
 
     async def drain(self, call: Call, encode: Callable[[list[Action]], bytes]) -> None:
+        """Sends what is put, as it comes; after `close`, what is left, then ends."""
         while True:
-            await self._more.wait()
-            self._more.clear()
-            if self._actions:
-                actions = list(self._actions.values())
-                self._actions.clear()
-                await call.send(encode(actions))
-            elif self._closed:
-                return
+            if not self._actions:
+                if self._closed:
+                    return
+                self._more.clear()
+                await self._more.wait()
+                continue
+            actions = list(self._actions.values())
+            self._actions.clear()
+            await call.send(encode(actions))
 
 
 RLQS_SERVICE = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService"
