@@ -299,8 +299,9 @@ class QuotaStream:
             self._abandoning.add(key)
 
     def close(self) -> None:
-        """The stream ended: its shares stay with the coordinator until their
-        lease runs out (see the module's docstring)."""
+        """The stream ended: each share stays with the coordinator until its
+        proxy's last assignment ends, then its member leaves (see the module's
+        docstring)."""
         service = self.service
         service.stats.streams -= 1
         for held in self._held.values():
