@@ -171,7 +171,7 @@ def test_a_stream_that_never_sends_holds_nothing_and_many_streams_stay_bounded(
             # a channel of its own subchannel pool: one connection each
             own = [("grpc.use_local_subchannel_pool", 1)]
             target = f"127.0.0.1:{server.port}"
-            channels = [grpc.aio.insecure_channel(target, options=own) for _ in range(20)]
+            channels = [grpc.aio.insecure_channel(target, options=own) for _ in range(64)]
             calls = [stream(ch)() for ch in channels for _ in range(16)]
             for call in calls[::2]:
                 await call.write(report("envoy", ACME))
@@ -188,8 +188,8 @@ def test_a_stream_that_never_sends_holds_nothing_and_many_streams_stay_bounded(
             return len(answers), open_streams, quotas.stats.streams
 
     answered, open_streams, left = asyncio.run(main())
-    assert answered == 160
-    assert open_streams == 320
+    assert answered == 512
+    assert open_streams == 1024
     assert left == 0  # every stream's state goes with it
 
 
