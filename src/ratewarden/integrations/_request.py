@@ -21,6 +21,7 @@ per client address (`LimitOutcome`), and then run on the core alone.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -337,6 +338,21 @@ class Responder:
             headers = outcome.headers(legacy=self.legacy, ietf=self.ietf)
         headers.append(_PROBLEM_JSON)
         return Reply(outcome.status, headers, problem(outcome))
+
+
+def retry_seconds(retry_after: float) -> int:
+    """A Retry-After in whole seconds: at least one, rounded up."""
+    return max(1, math.ceil(retry_after))
+
+
+def too_many(wait: int, detail: str) -> Reply:
+    """A 429 problem+json answer with Retry-After ``wait`` seconds, for the
+    middleware's options that refuse outside a rule (a concurrency slot, a
+    reservation's budget)."""
+    body = json.dumps(
+        {"type": "about:blank", "title": "Too Many Requests", "status": 429, "detail": detail}
+    ).encode()
+    return Reply(429, [_PROBLEM_JSON, ("Retry-After", str(wait))], body)
 
 
 def problem(outcome: Outcome | LimitOutcome) -> bytes:

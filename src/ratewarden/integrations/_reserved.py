@@ -14,14 +14,12 @@ its estimate too: the call may have been made.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..kernel import AsyncLimiter, AsyncReservation, ReservationError
-from ._request import Reply
+from ._request import Reply, retry_seconds, too_many
 
 # the ASGI shapes, as `asgi` names them (which imports this module)
 Scope = MutableMapping[str, Any]
@@ -126,11 +124,5 @@ def _number(raw: bytes) -> int | None:
 
 
 def _denied(reservation: AsyncReservation) -> Reply:
-    wait = max(1, math.ceil(reservation.retry_after))
-    body = json.dumps(
-        {"type": "about:blank", "title": "Too Many Requests", "status": 429,
-         "detail": f"over the budget of {reservation.limit}; retry in {wait} s"}
-    ).encode()  # fmt: skip
-    return Reply(
-        429, [("Content-Type", "application/problem+json"), ("Retry-After", str(wait))], body
-    )
+    wait = retry_seconds(reservation.retry_after)
+    return too_many(wait, f"over the budget of {reservation.limit}; retry in {wait} s")

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
-import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -44,6 +42,8 @@ from ._request import (
     content_length,
     limit_policy,
     mapping_or_none,
+    retry_seconds,
+    too_many,
 )
 from ._reserved import Reserved
 
@@ -383,14 +383,7 @@ def _client(scope: Scope) -> str:
 
 
 def _busy(exc: RateLimitTimeout) -> Reply:
-    wait = max(1, math.ceil(exc.retry_after))
-    body = json.dumps(
-        {"type": "about:blank", "title": "Too Many Requests", "status": 429,
-         "detail": "too many requests in flight; retry later"}
-    ).encode()  # fmt: skip
-    return Reply(
-        429, [("Content-Type", "application/problem+json"), ("Retry-After", str(wait))], body
-    )
+    return too_many(retry_seconds(exc.retry_after), "too many requests in flight; retry later")
 
 
 def _adding(scope: Scope, send: Send, extra: list[tuple[str, str]]) -> Send:
