@@ -46,6 +46,9 @@ class BucketRule:
     pattern: BucketKey
     quota: QuotaConfig
     abandon_after: float  # seconds of no requests before a proxy is told to forget a bucket
+    # the quota as the coordinator keeps it: what a refresh creates a missing
+    # resource from, and what a stored one is compared with, once per entry
+    fields: dict[str, str]
 
     def matches(self, domain: str, bucket: Mapping[str, str]) -> bool:
         if domain != self.domain:
@@ -103,8 +106,9 @@ def _rule(i: int, entry: Any) -> BucketRule:
             f" ({lease} s)"
         )
     return BucketRule(
-        entry.name, entry.domain, bucket_key(entry.bucket), quota, float(entry.abandon_after)
-    )
+        entry.name, entry.domain, bucket_key(entry.bucket), quota, float(entry.abandon_after),
+        quota.fields(),
+    )  # fmt: skip
 
 
 def bucket_rules(entries: Iterable[Any]) -> tuple[BucketRule, ...]:

@@ -20,9 +20,9 @@ __all__ = ["Coordinators", "LocalCoordinators", "RedisCoordinators"]
 
 
 class Coordinators(Protocol):
-    async def refresh(
-        self, resource: str, config: QuotaConfig, member: str, report: Report
-    ) -> Reply: ...
+    async def refresh(self, resource: str, member: str, report: Report) -> Reply:
+        """``member``'s report; a missing resource is made from ``report.restore``."""
+        ...
 
     async def set(self, resource: str, config: QuotaConfig) -> None: ...
 
@@ -36,7 +36,7 @@ class Coordinators(Protocol):
 
 
 def _created(reply: Reply | None, resource: str) -> Reply:
-    if reply is None:  # a refresh carrying its configuration always finds or makes one
+    if reply is None:  # a report carrying its configuration always finds or makes one
         raise RuntimeError(f"the coordinator did not create {resource}")
     return reply
 
@@ -52,14 +52,11 @@ class LocalCoordinators:
     def _now(self) -> int:
         return self.clock.time_ns() // 1_000_000
 
-    async def refresh(
-        self, resource: str, config: QuotaConfig, member: str, report: Report
-    ) -> Reply:
+    async def refresh(self, resource: str, member: str, report: Report) -> Reply:
         model = self._models.get(resource)
         if model is None:
             model = self._models[resource] = Model()
-        restore = report.restore if report.restore is not None else config.fields()
-        raw = model.refresh(self._now(), member, _with_restore(report, restore))
+        raw = model.refresh(self._now(), member, report)
         model.published.clear()  # nobody listens for nudges here: the proxies report anyway
         return _created(parse_refresh(raw), resource)
 
@@ -99,12 +96,8 @@ class RedisCoordinators:
             found = self._coordinators[resource] = self._make(self.client, resource)
         return found
 
-    async def refresh(
-        self, resource: str, config: QuotaConfig, member: str, report: Report
-    ) -> Reply:
-        restore = report.restore if report.restore is not None else config.fields()
-        reply = await self._of(resource).report(member, _with_restore(report, restore))
-        return _created(reply, resource)
+    async def refresh(self, resource: str, member: str, report: Report) -> Reply:
+        return _created(await self._of(resource).report(member, report), resource)
 
     async def set(self, resource: str, config: QuotaConfig) -> None:
         await self._of(resource).set(config)
@@ -118,10 +111,3 @@ class RedisCoordinators:
 
     def forget(self, resource: str) -> None:
         self._coordinators.pop(resource, None)
-
-
-def _with_restore(report: Report, restore: dict[str, str]) -> Report:
-    return Report(
-        report.wants, report.has, report.used, report.throttled, report.pieces, restore,
-        report.paced,
-    )  # fmt: skip

@@ -404,13 +404,14 @@ class QuotaStream:
         the rest)."""
         coordinators, bucket = self.service.coordinators, held.bucket
         rule = bucket.rule
-        report = Report(held.wants, held.has, held.used, pieces=held.pieces)
-        reply = await coordinators.refresh(bucket.resource, rule.quota, self.member, report)
+        # with its configuration: a missing resource is made from it
+        report = Report(held.wants, held.has, held.used, pieces=held.pieces, restore=rule.fields)
+        reply = await coordinators.refresh(bucket.resource, self.member, report)
         if _stale(reply.fields, rule):
             # the resource holds another total (a reload here, or one stored by
             # an instance with other rules): the rule file in force here decides
             await coordinators.set(bucket.resource, rule.quota)
-            reply = await coordinators.refresh(bucket.resource, rule.quota, self.member, report)
+            reply = await coordinators.refresh(bucket.resource, self.member, report)
         held.has, held.pieces = reply.grant, reply.pieces
         held.told_ms = self.service.now_ms()
         new = assign(reply.grant / MILLI / rule.quota.rate.period)
@@ -432,6 +433,6 @@ class QuotaStream:
 
 
 def _stale(fields: Mapping[str, str], rule: BucketRule) -> bool:
-    wanted = rule.quota.fields()
+    wanted = rule.fields
     names = ("total", "window_ms", "algorithm", "lease_ms")
     return any(fields.get(name) != wanted[name] for name in names)
