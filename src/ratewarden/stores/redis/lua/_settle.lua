@@ -19,19 +19,7 @@ end
 
 MARK.sliding_window_counter = function(new) return new[1] - period end
 SETTLE.sliding_window_counter = function(state, now, delta, mark)
-  local window_end, prev, curr
-  if not state then
-    window_end, prev, curr = fdiv(now, period) * period + period, 0, 0
-  else
-    prev, curr = state[2], state[3]
-    window_end = state[1]
-    if curr > 0 then window_end = state[1] - period end
-    if now >= window_end then
-      if now < window_end + period then prev = curr else prev = 0 end
-      curr = 0
-      window_end = fdiv(now, period) * period + period
-    end
-  end
+  local window_end, prev, curr = swc_roll(state, now)
   if delta > 0 then
     local weighted = prev * (window_end - now)
     local room = limit - curr

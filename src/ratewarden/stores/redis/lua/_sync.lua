@@ -36,19 +36,7 @@ FORCE[1] = function(state, now, delta, dwin)  -- fixed window: {window_end, used
 end
 
 FORCE[2] = function(state, now, delta, dwin, pdelta)  -- sliding window counter
-  local window_end, prev, curr
-  if not state then
-    window_end, prev, curr = fdiv(now, period) * period + period, 0, 0
-  else
-    prev, curr = state[2], state[3]
-    window_end = state[1]
-    if curr > 0 then window_end = state[1] - period end
-    if now >= window_end then
-      if now < window_end + period then prev = curr else prev = 0 end
-      curr = 0
-      window_end = fdiv(now, period) * period + period
-    end
-  end
+  local window_end, prev, curr = swc_roll(state, now)
   if dwin >= window_end then
     curr = math.max(curr + delta, 0)
     if pdelta ~= 0 then prev = math.max(prev + pdelta, 0) end

@@ -1,6 +1,9 @@
 -- Sliding window counter. State: {full_at, prev, curr}; the window ends at
 -- full_at - period when curr > 0, else at full_at.
-local function step(state, now, cost)
+-- The state rolled to the window that holds now: that window's end, the
+-- previous window's count and this one's. The settle and the two-tier sync
+-- scripts, which hold this file, roll it the same way.
+local function swc_roll(state, now)
   local window_end, prev, curr
   if not state then
     window_end, prev, curr = fdiv(now, period) * period + period, 0, 0
@@ -14,6 +17,11 @@ local function step(state, now, cost)
       window_end = fdiv(now, period) * period + period
     end
   end
+  return window_end, prev, curr
+end
+
+local function step(state, now, cost)
+  local window_end, prev, curr = swc_roll(state, now)
   local weighted = prev * (window_end - now)
   local remaining = limit - curr
   if weighted > 0 then remaining = remaining + fdiv(-weighted, period) end
