@@ -360,3 +360,27 @@ def test_a_reload_that_drops_the_entry_has_the_proxies_abandon_the_bucket() -> N
 
     actions = run(go())
     assert [a.kind for a in actions] == ["abandon"]
+
+
+def test_a_proxy_whose_demand_rises_gets_its_share_before_the_others_report() -> None:
+    """A light proxy's demand grows while a busy one holds the rest: the busy
+    one is sent a smaller assignment at once, and the light one its share,
+    without waiting for the busy one's next report (5 s apart in Envoy 1.40)."""
+    svc, clock = service()
+
+    async def main() -> list[float]:
+        busy, light = svc.open(), svc.open()
+        pushed: list[float] = []
+        light.on_push = lambda actions: pushed.append(rate_of(actions))
+        await rounds([busy, light], clock, [400, 25], 3)
+        await asyncio.sleep(1.2)  # the joins' rebalance, and its once-a-second wait
+        pushed.clear()
+        clock.advance(1.0)
+        # 35 a second: past its grant, though not twice it
+        told = rate_of(await light.report("envoy", [Usage(API, 28, 7)]))
+        await asyncio.sleep(0.2)
+        return [told, *pushed]
+
+    told, *pushed = run(main())
+    assert told < 35  # the busy proxy still holds the rest
+    assert pushed == [pytest.approx(39.5, abs=0.5)]  # 35 a second, a tenth more and one

@@ -124,7 +124,7 @@ class _Held:
     early_allowed: int = 0  # reported within MIN_GAP_MS of the last refresh
     early_requests: int = 0
     told_ms: int = 0  # when its proxy was last sent an assignment
-    short: bool = False  # its grant is under half its share: the others hold the rest
+    short: bool = False  # its grant is short of its share: the others hold the rest
     reported: bool = False
     measured: bool = False  # its wants come from a measured demand
 
@@ -400,8 +400,8 @@ class QuotaStream:
 
     async def _refresh(self, held: _Held) -> bool:
         """Tell the coordinator what ``held`` wants, take its grant; whether the
-        grant is under half of what the allocation gives it (the others hold
-        the rest)."""
+        grant falls short of what the allocation gives it (the others hold the
+        rest)."""
         coordinators, bucket = self.service.coordinators, held.bucket
         rule = bucket.rule
         # with its configuration: a missing resource is made from it
@@ -416,7 +416,11 @@ class QuotaStream:
         held.told_ms = self.service.now_ms()
         new = assign(reply.grant / MILLI / rule.quota.rate.period)
         held.assignment = steady(held.assignment, new)
-        held.short = reply.target is not None and reply.grant * 2 < reply.target
+        # short of its share by more than a request a second or a twentieth: what
+        # the others hold keeps it below its share until they refresh
+        held.short = reply.target is not None and reply.target - reply.grant > max(
+            round(MILLI * rule.quota.rate.period), reply.target // 20
+        )
         return held.short
 
     def _short(self, key: BucketKey) -> bool:
