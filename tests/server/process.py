@@ -65,6 +65,8 @@ def serving(*args: str, tmp: Path, ready: float = 30) -> Iterator[Served]:
 def _start(args: tuple[str, ...], tmp: Path, ready: float) -> Served | None:
     """A started server, or None when one of its ports was taken meanwhile."""
     http, grpc = free_port(), free_port()
+    while grpc == http:  # each is free when asked, so both can be the same port
+        grpc = free_port()
     stderr = tmp / f"serve-{http}.log"
     command = [str(RATEWARDEN), "serve", "--http", f"127.0.0.1:{http}",
                "--grpc", f"127.0.0.1:{grpc}", *args]  # fmt: skip
