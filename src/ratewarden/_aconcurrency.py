@@ -20,7 +20,17 @@ import threading
 import time
 from types import TracebackType
 
-from ._concurrency_core import FIRST_POLL, HELD, LOST, POLL, RELEASED, Core, HoldBase
+from ._concurrency_core import (
+    FIRST_POLL,
+    HELD,
+    LOST,
+    POLL,
+    RELEASED,
+    TICKET_US,
+    Core,
+    HoldBase,
+    check_priority,
+)  # fmt: skip
 from ._errors import ConfigurationError, StoreError
 from ._waiting import check_max_wait
 from .stores import AsyncMemoryStore
@@ -38,8 +48,10 @@ class AsyncHold(HoldBase):
 
     __slots__ = ("_limiter",)
 
-    def __init__(self, limiter: AsyncConcurrencyLimiter, key: str, max_wait: float) -> None:
-        super().__init__(limiter, key, max_wait)
+    def __init__(
+        self, limiter: AsyncConcurrencyLimiter, key: str, max_wait: float, priority: int
+    ) -> None:
+        super().__init__(limiter, key, max_wait, priority)
         self._limiter = limiter
 
     async def __aenter__(self) -> AsyncHold:
@@ -101,12 +113,16 @@ class AsyncConcurrencyLimiter(Core):
         # self._wake = threading.Condition()
         # unasync: end
 
-    def hold(self, key: str, max_wait: float = 0.0) -> AsyncHold:
+    def hold(self, key: str, max_wait: float = 0.0, *, priority: int = 0) -> AsyncHold:
         """A hold of a slot of ``key``, taken on entering its block: it waits up to
-        ``max_wait`` seconds, then raises `RateLimitTimeout`."""
+        ``max_wait`` seconds, then raises `RateLimitTimeout`. Waiters are served in
+        line, across every process sharing the store: higher ``priority`` first,
+        then first come."""
         if max_wait or type(max_wait) is not float:  # the default needs no check
             check_max_wait(max_wait)
-        return AsyncHold(self, key, max_wait)
+        if priority:
+            check_priority(priority)
+        return AsyncHold(self, key, max_wait, priority)
 
     async def in_flight(self, key: str) -> int:
         """Holds of ``key`` the store counts now, of every process sharing it."""
@@ -126,7 +142,11 @@ class AsyncConcurrencyLimiter(Core):
         self._wake_waiters()
 
     async def _call(self, op: Op, hold: AsyncHold) -> Outcome:
-        return await self._leases.call(op, hold.store_key, hold.lease_id, self.limit, self.lease_us)
+        return await self._leases.call(
+            op, hold.store_key, hold.lease_id, self.limit, self.lease_us,
+            priority=hold.priority, queued_at=hold.queued_at,
+            ticket_us=TICKET_US if hold.max_wait > 0 else 0,
+        )  # fmt: skip
 
     async def _take(self, hold: AsyncHold) -> None:
         self._first_entry(hold)
@@ -167,12 +187,16 @@ class AsyncConcurrencyLimiter(Core):
             self.stats.waiting += 1
         try:
             while True:
+                hold.queued_at = outcome.queued_at  # its place in line, asking again
                 released = self._released
                 outcome = self._checked(hold, await self._call("take", hold))
                 if outcome.status == OK:
+                    hold.queued_at = 0
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    hold.queued_at = outcome.queued_at
+                    await self._leave(hold)
                     raise self._timeout(hold.key, hold.max_wait, outcome)
                 nap = min(left, pause, max(outcome.wait_us / 1e6, FIRST_POLL))
                 await self._nap(released, nap)
@@ -180,6 +204,15 @@ class AsyncConcurrencyLimiter(Core):
         finally:
             with self._lock:
                 self.stats.waiting -= 1
+
+    async def _leave(self, hold: AsyncHold) -> None:
+        """A waiter that gives up takes its ticket out of the line (else the line
+        holds its place until the ticket ends)."""
+        try:
+            await self._call("leave", hold)
+        except StoreError as exc:
+            log.warning("leaving the line for %r: %s", hold.key, exc)
+        self._wake_waiters()  # the next in line may go now
 
     async def _nap(self, released: int, nap: float) -> None:
         """Sleep ``nap`` seconds, or until a release, unless one came after the

@@ -19,7 +19,17 @@ import threading
 import time
 from types import TracebackType
 
-from ._concurrency_core import FIRST_POLL, HELD, LOST, POLL, RELEASED, Core, HoldBase
+from ._concurrency_core import (
+    FIRST_POLL,
+    HELD,
+    LOST,
+    POLL,
+    RELEASED,
+    TICKET_US,
+    Core,
+    HoldBase,
+    check_priority,
+)  # fmt: skip
 from ._errors import ConfigurationError, StoreError
 from ._waiting import check_max_wait
 from .stores import MemoryStore
@@ -37,8 +47,10 @@ class Hold(HoldBase):
 
     __slots__ = ("_limiter",)
 
-    def __init__(self, limiter: ConcurrencyLimiter, key: str, max_wait: float) -> None:
-        super().__init__(limiter, key, max_wait)
+    def __init__(
+        self, limiter: ConcurrencyLimiter, key: str, max_wait: float, priority: int
+    ) -> None:
+        super().__init__(limiter, key, max_wait, priority)
         self._limiter = limiter
 
     def __enter__(self) -> Hold:
@@ -94,12 +106,16 @@ class ConcurrencyLimiter(Core):
         self._closed = threading.Event()
         self._wake = threading.Condition()
 
-    def hold(self, key: str, max_wait: float = 0.0) -> Hold:
+    def hold(self, key: str, max_wait: float = 0.0, *, priority: int = 0) -> Hold:
         """A hold of a slot of ``key``, taken on entering its block: it waits up to
-        ``max_wait`` seconds, then raises `RateLimitTimeout`."""
+        ``max_wait`` seconds, then raises `RateLimitTimeout`. Waiters are served in
+        line, across every process sharing the store: higher ``priority`` first,
+        then first come."""
         if max_wait or type(max_wait) is not float:  # the default needs no check
             check_max_wait(max_wait)
-        return Hold(self, key, max_wait)
+        if priority:
+            check_priority(priority)
+        return Hold(self, key, max_wait, priority)
 
     def in_flight(self, key: str) -> int:
         """Holds of ``key`` the store counts now, of every process sharing it."""
@@ -119,7 +135,11 @@ class ConcurrencyLimiter(Core):
         self._wake_waiters()
 
     def _call(self, op: Op, hold: Hold) -> Outcome:
-        return self._leases.call(op, hold.store_key, hold.lease_id, self.limit, self.lease_us)
+        return self._leases.call(
+            op, hold.store_key, hold.lease_id, self.limit, self.lease_us,
+            priority=hold.priority, queued_at=hold.queued_at,
+            ticket_us=TICKET_US if hold.max_wait > 0 else 0,
+        )  # fmt: skip
 
     def _take(self, hold: Hold) -> None:
         self._first_entry(hold)
@@ -145,12 +165,16 @@ class ConcurrencyLimiter(Core):
             self.stats.waiting += 1
         try:
             while True:
+                hold.queued_at = outcome.queued_at  # its place in line, asking again
                 released = self._released
                 outcome = self._checked(hold, self._call("take", hold))
                 if outcome.status == OK:
+                    hold.queued_at = 0
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    hold.queued_at = outcome.queued_at
+                    self._leave(hold)
                     raise self._timeout(hold.key, hold.max_wait, outcome)
                 nap = min(left, pause, max(outcome.wait_us / 1e6, FIRST_POLL))
                 self._nap(released, nap)
@@ -158,6 +182,15 @@ class ConcurrencyLimiter(Core):
         finally:
             with self._lock:
                 self.stats.waiting -= 1
+
+    def _leave(self, hold: Hold) -> None:
+        """A waiter that gives up takes its ticket out of the line (else the line
+        holds its place until the ticket ends)."""
+        try:
+            self._call("leave", hold)
+        except StoreError as exc:
+            log.warning("leaving the line for %r: %s", hold.key, exc)
+        self._wake_waiters()  # the next in line may go now
 
     def _nap(self, released: int, nap: float) -> None:
         """Sleep ``nap`` seconds, or until a release, unless one came after the

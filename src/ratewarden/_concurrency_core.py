@@ -14,7 +14,11 @@ released stays locked.
 A caller that finds every slot taken waits up to ``max_wait``: it looks again
 at once when a hold of this limiter is released, and otherwise at growing
 intervals up to `POLL` (a slot freed by another process, or by a lease that
-ended). Waiters are not served in order of arrival.
+ended). Waiters are served in line, in every process sharing the store: the
+store keeps a ticket for each (see `ratewarden.stores.leases`), ranked by
+``priority`` (higher first), then by arrival, and a slot goes to the first in
+line. A ticket ends `TICKET` seconds after its waiter last looked, so a waiter
+that died holds up the line that long at most; one that gives up leaves it.
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ import time
 from typing import Final
 
 from ._errors import ConfigurationError, LeaseNotHeld, RateLimitTimeout, StoreError
-from .stores.leases import DUPLICATE, EXPIRED, Outcome
+from .stores.leases import DUPLICATE, EXPIRED, MAX_PRIORITY, MIN_PRIORITY, Outcome
 
 __all__ = [
-    "FIRST_POLL", "HELD", "LOST", "NEW", "POLL", "RELEASED", "ConcurrencyStats", "Core",
-    "HoldBase",
+    "FIRST_POLL", "HELD", "LOST", "NEW", "POLL", "RELEASED", "TICKET", "TICKET_US",
+    "ConcurrencyStats", "Core", "HoldBase", "check_priority",
 ]  # fmt: skip
 
 POLL: Final = 0.05  # the longest a waiter goes without looking again (seconds)
+TICKET: Final = 0.5  # a waiter's place in line outlives its last look by this (seconds)
+TICKET_US: Final = round(TICKET * 1_000_000)
 FIRST_POLL: Final = 0.001
 RENEW_AT: Final = 1 / 3  # a hold is renewed each time this part of its lease has passed
 MAX_LEASE: Final = 86_400.0  # a day: a longer lease outlives any holder worth waiting for
@@ -171,14 +177,24 @@ class Core:
         )
 
 
-class HoldBase:
-    __slots__ = ("key", "lease_id", "max_wait", "state", "store_key")
+def check_priority(priority: int) -> None:
+    if type(priority) is not int or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ConfigurationError(
+            f"priority is an integer from {MIN_PRIORITY} to {MAX_PRIORITY} (higher is served"
+            f" first), got {priority!r}"
+        )
 
-    def __init__(self, core: Core, key: str, max_wait: float) -> None:
+
+class HoldBase:
+    __slots__ = ("key", "lease_id", "max_wait", "priority", "queued_at", "state", "store_key")
+
+    def __init__(self, core: Core, key: str, max_wait: float, priority: int) -> None:
         self.key = key
         self.store_key = core._store_key(key)
         self.lease_id = core._new_id()
         self.max_wait = max_wait
+        self.priority = priority
+        self.queued_at = 0  # its place in line while it waits (the store's time, us)
         self.state = NEW
 
     @property

@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-OPS = ("take", "renew", "release", "count")
+OPS = ("take", "renew", "release", "count", "leave")
 # a few keys and lease ids, so that operations meet the same leases again
 KEYS = ("k1", "k2")
 IDS = ("a", "b", "c", "d", "e")
@@ -26,5 +26,25 @@ def lease_steps() -> st.SearchStrategy[list[tuple[Any, ...]]]:
         st.sampled_from(IDS),
         st.integers(1, 3),
         st.sampled_from([second, 2 * second]),
+    )
+    return st.lists(step, min_size=1, max_size=40)
+
+
+def queue_steps() -> st.SearchStrategy[list[tuple[Any, ...]]]:
+    """Steps with waiters: (gap_us, op, key, lease id, limit, lease_us, priority,
+    waits); a step that waits leaves a ticket of two seconds when refused. The
+    caller passes each id's place in line back as a client does (``queued_at``
+    of its last refusal, until its take is granted or it leaves)."""
+    second = 1_000_000
+    step = st.tuples(
+        st.sampled_from([0, 1, second // 2, 2 * second - 1, 2 * second, 2 * second + 1])
+        | st.integers(0, second),
+        st.sampled_from(("take", "take", "take", "release", "leave", "count", "renew")),
+        st.sampled_from(KEYS),
+        st.sampled_from(IDS),
+        st.integers(1, 3),
+        st.sampled_from([second, 2 * second]),
+        st.sampled_from([0, 0, 1, -1, 2**31 - 1, -(2**31) + 1]),
+        st.booleans(),
     )
     return st.lists(step, min_size=1, max_size=40)

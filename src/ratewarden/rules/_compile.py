@@ -226,8 +226,9 @@ class RuleSet:
                 out += rule.applicable(key, attributes)
         return out
 
-    def holds(self, attributes: Mapping[str, object]) -> list[tuple[CompiledRule, str]]:
-        """The concurrency rules that apply to a request, each with its key, in
+    def holds(self, attributes: Mapping[str, object]) -> list[tuple[CompiledRule, str, int]]:
+        """The concurrency rules that apply to a request, each with its key and
+        the request's priority class under it (`CompiledRule.priority_of`), in
         file order: those whose conditions hold and whose ``by`` attributes it has."""
         if not self.concurrent:
             return []
@@ -240,7 +241,7 @@ class RuleSet:
             if _mismatch(rule, attributes, method, path) is None:
                 key = rule.key(attributes)
                 if key is not None:
-                    out.append((rule, key))
+                    out.append((rule, key, rule.priority_of(attributes)))
         return out
 
     def explain(self, attributes: Mapping[str, object]) -> list[Explanation]:

@@ -16,7 +16,9 @@ rule's ``lease`` is therefore longer than its longest request.
 
 A full limit refuses the request (action ``reject``), or, for ``delay`` with
 ``wait``, the request waits up to ``max_wait`` for a slot, looking again at
-growing intervals (waiters are not served in order). A request that gets every
+growing intervals. Waiters are served in line, in every process sharing the
+store: by the class ``priority_from`` gives them (higher first), then first
+come (the store's tickets, `ratewarden.stores.leases`). A request that gets every
 slot is then counted against the rates; a request refused anywhere gives back
 the slots it took. A caller cancelled while a slot is on its way leaves that
 slot to its lease.
@@ -46,6 +48,8 @@ __all__ = ["Admission", "BadToken", "HoldStats", "Holds", "LeaseGone"]
 
 FIRST_POLL = 0.001  # a waiter's first look again (seconds), doubling up to POLL
 POLL = 0.05
+# a waiter's place in line outlives its last look by this (us): as a limiter's
+TICKET_US = 500_000
 MAX_TOKEN = 16_384  # characters: a token longer than this was never handed out
 MAX_HOLDS = 256  # slots one token names at most (one a concurrency rule that applies)
 
@@ -142,7 +146,7 @@ class Holds:
     def admitting(
         self,
         leases: Callable[[], Any],
-        applying: list[tuple[CompiledRule, str]],
+        applying: list[tuple[CompiledRule, str, int]],
         check: Callable[[], Any],
         wait: bool,
         sleep: Callable[[float], Any],
@@ -155,19 +159,19 @@ class Holds:
         lease_id, refused = yield from self.acquiring(table, applying, wait, sleep)
         if refused is not None:
             return Admission(refused)
-        holds = tuple((rule.name, key) for rule, key in applying)
+        holds = tuple((rule.name, key) for rule, key, _ in applying)
         token = token_of(lease_id, holds)
         outcome: Outcome = yield check
         if not outcome.allowed:
             with contextlib.suppress(LeaseGone):  # a slot that ended meanwhile is back already
                 yield from self.releasing(table, token)
             return Admission(outcome)
-        return Admission(outcome, token, holds, min(rule.lease for rule, _ in applying))
+        return Admission(outcome, token, holds, min(rule.lease for rule, _, _ in applying))
 
     def acquiring(
         self,
         leases: Any,
-        applying: list[tuple[CompiledRule, str]],
+        applying: list[tuple[CompiledRule, str, int]],
         wait: bool,
         sleep: Callable[[float], Any],
     ) -> Generator[Callable[[], Any], Any, tuple[str, Outcome | None]]:
@@ -180,15 +184,16 @@ class Holds:
         # unguessable: a token names its slots, so its id is what proves it is held
         lease_id = secrets.token_hex(12)
         taken: list[tuple[CompiledRule, str]] = []
-        for rule, key in applying:
-            call = functools.partial(
-                leases.call, "take", store_key(rule.name, key), lease_id,
-                rule.concurrency, round(rule.lease * 1_000_000),
+        for rule, key, priority in applying:
+            waits = wait and rule.action == "delay" and bool(rule.max_wait)
+            ask = _Asking(
+                leases.call, store_key(rule.name, key), lease_id, rule.concurrency or 0,
+                round(rule.lease * 1_000_000), priority, TICKET_US if waits else 0,
             )  # fmt: skip
-            answer: LeaseOutcome = yield call
+            answer: LeaseOutcome = yield ask("take", 0)
             self._reclaimed(rule.name, answer)
-            if answer.status == BUSY and wait and rule.action == "delay":
-                answer = yield from self._waiting(rule, call, answer, sleep)
+            if answer.status == BUSY and waits:
+                answer = yield from self._waiting(rule, ask, answer, sleep)
             if answer.status != OK:
                 self._count(self.stats.refused, rule.name)
                 for held, held_key in taken:  # refused: the slots taken go back
@@ -202,21 +207,25 @@ class Holds:
     def _waiting(
         self,
         rule: CompiledRule,
-        call: Callable[[], Any],
+        ask: Callable[[str, int], Callable[[], Any]],
         answer: LeaseOutcome,
         sleep: Callable[[float], Any],
     ) -> Generator[Callable[[], Any], Any, LeaseOutcome]:
+        """Ask again until a slot comes or ``max_wait`` ends, keeping the place in
+        line the first refusal gave; a waiter that gives up leaves the line."""
         deadline = self.clock.time_ns() / 1e9 + (rule.max_wait or 0.0)
         pause = FIRST_POLL
         self._count(self.stats.waiting, rule.name)
         try:
             while answer.status == BUSY:
+                place = answer.queued_at
                 left = deadline - self.clock.time_ns() / 1e9
                 if left <= 0:
+                    yield ask("leave", place)
                     break
                 yield functools.partial(sleep, min(left, pause, max(answer.wait_us / 1e6, pause)))
                 pause = min(pause * 2, POLL)
-                answer = yield call
+                answer = yield ask("take", place)
                 self._reclaimed(rule.name, answer)
         finally:
             self._count(self.stats.waiting, rule.name, -1)
@@ -291,6 +300,25 @@ class Holds:
         with self._lock:
             self._sweep(self.clock.time_ns() / 1e9)
             return dict(self.stats.in_flight)
+
+
+@dataclass(frozen=True, slots=True)
+class _Asking:
+    """The calls of one slot's take (or a waiter's leave), for the flow to yield."""
+
+    call: Callable[..., Any]
+    where: str
+    lease_id: str
+    limit: int
+    lease_us: int
+    priority: int
+    ticket_us: int
+
+    def __call__(self, op: str, queued_at: int) -> Callable[[], Any]:
+        return functools.partial(
+            self.call, op, self.where, self.lease_id, self.limit, self.lease_us,
+            priority=self.priority, queued_at=queued_at, ticket_us=self.ticket_us,
+        )  # fmt: skip
 
 
 def _refusal(rule: CompiledRule, answer: LeaseOutcome) -> Outcome:

@@ -64,10 +64,6 @@ def check_concurrency(rule: Rule, bad: _Bad) -> None:
         bad("group", "a concurrency rule holds a slot for each request it matches, so it does not"
             " compete in a group: leave 'group' out (a rate of the group goes in a rule of its"
             " own)")  # fmt: skip
-    if rule.priority_from is not None:
-        bad("priority_from", "requests waiting for a concurrency slot are not served by class:"
-            " leave 'priority_from' out, or put the rate that waits by class in a rule of its"
-            " own")  # fmt: skip
     if not rule.rate:
         if rule.cost != 1:
             bad("cost", "a request holds one slot of a concurrency limit: 'cost' counts against"

@@ -17,10 +17,25 @@ four integers, the same from both:
     held       the leases held once the call is done
     reclaimed  ended leases this call dropped (the lease released or renewed
                too, when its own had ended)
-    wait_us    a refused take: microseconds until the earliest lease ends; else 0
+    wait_us    a refused take: microseconds until the earliest lease ends (0 when
+               none is held); else 0
+    queued_at  a refused waiter's place in line: when it first asked (its ticket's
+               arrival); else 0
+
+**Waiters are served in order.** A take that may wait (``ticket_us`` > 0) and is
+refused leaves a ticket: its rank is its ``priority`` (higher first), then when
+it first asked, then its id. A take is granted only while the slots held plus
+the live tickets ranked before it are fewer than ``limit``, so a freed slot goes
+to the first in line, not to whoever asks next; a take that does not wait counts
+every ticket as before it. The waiter asks again with its ``queued_at``, which
+keeps its place even if its ticket ended meanwhile; a ticket ends ``ticket_us``
+after the waiter last asked (a waiter that died holds its place no longer), when
+its take is granted, and on ``leave`` (a waiter that gives up) or ``release``
+given its id, priority and ``queued_at``: a ticket is named by its whole rank,
+as the script's sorted set names it. Tickets are few: one per caller waiting now.
 
 Times are integer microseconds (the Redis server's clock, or a store's clock).
-A lease ends at its expiry: at ``now == expiry`` it is gone.
+A lease ends at its expiry: at ``now == expiry`` it is gone; so does a ticket.
 """
 
 from __future__ import annotations
@@ -45,11 +60,14 @@ __all__ = [
     "MemoryLeases",
     "Op",
     "Outcome",
+    "clamp_priority",
 ]
 
 OK, BUSY, UNKNOWN, EXPIRED, DUPLICATE = 1, 0, 0, 2, -1
 SWEEP_FLOOR = 1024
-Op: TypeAlias = Literal["take", "renew", "release", "count"]
+Op: TypeAlias = Literal["take", "renew", "release", "count", "leave"]
+# priorities are clamped to what a ticket's rank holds (eight hex digits in Lua)
+MIN_PRIORITY, MAX_PRIORITY = -(2**31) + 1, 2**31 - 1
 
 
 class Outcome(NamedTuple):
@@ -59,20 +77,28 @@ class Outcome(NamedTuple):
     held: int
     reclaimed: int
     wait_us: int
+    queued_at: int = 0
 
 
 class Leases(Protocol):
     """A store's lease table, as `ratewarden.ConcurrencyLimiter` calls it: one
     atomic call per operation. ``key`` is the whole key (the limiter's name in it);
-    ``limit`` and ``lease_us`` are read by take and renew."""
+    ``limit`` and ``lease_us`` are read by take and renew; ``priority``,
+    ``queued_at`` and ``ticket_us`` by a take that may wait (``ticket_us`` > 0)."""
 
-    def call(self, op: Op, key: str, lease_id: str, limit: int, lease_us: int) -> Outcome: ...
+    def call(
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
+        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
+    ) -> Outcome: ...  # fmt: skip
 
 
 class AsyncLeases(Protocol):
     """`Leases` for `ratewarden.AsyncConcurrencyLimiter`."""
 
-    async def call(self, op: Op, key: str, lease_id: str, limit: int, lease_us: int) -> Outcome: ...
+    async def call(
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
+        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
+    ) -> Outcome: ...  # fmt: skip
 
 
 class LeaseStore(Protocol):
@@ -87,28 +113,55 @@ class AsyncLeaseStore(Protocol):
     def leases(self) -> AsyncLeases: ...
 
 
+Rank: TypeAlias = tuple[int, int, str]  # (-priority, first asked, id): lowest first
+
+
+def clamp_priority(priority: int) -> int:
+    return min(max(priority, MIN_PRIORITY), MAX_PRIORITY)
+
+
 class LeaseTable:
     """The lease tables of many keys, time passed in, no lock (see the module's
     docstring). Memory stays bounded by the leases held: a key whose last lease
     goes is dropped, and whenever the number of keys has doubled since the last
     sweep (at least 1024 keys), every key's ended leases are swept (amortised
     O(1) a new key), so that the leases of dead holders on keys nobody touches
-    again do not pile up: at most twice the keys with live leases, or 1024."""
+    again do not pile up: at most twice the keys with live leases, or 1024.
+    Tickets go with their key's sweep the same way."""
 
     def __init__(self) -> None:
         self.keys: dict[str, dict[str, int]] = {}  # key -> lease id -> expiry (us)
+        self.tickets: dict[str, dict[Rank, int]] = {}  # key -> rank -> when it ends (us)
         self._sweep_at = SWEEP_FLOOR
 
     def call(
-        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int, *, now: int
-    ) -> Outcome:
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
+        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0, now: int,
+    ) -> Outcome:  # fmt: skip
+        rank = (-clamp_priority(priority), queued_at or now, lease_id)
+        tickets = self.tickets.get(key)
+        if tickets is not None:
+            for gone in [t for t, end in tickets.items() if end <= now]:
+                del tickets[gone]
+            mine = tickets.pop(rank, None) if op in ("leave", "release") and queued_at else None
+            if not tickets:
+                del self.tickets[key]
+                tickets = None
+            if op == "leave":
+                return Outcome(OK if mine is not None else UNKNOWN, self._live(key, now), 0, 0)
+        elif op == "leave":
+            return Outcome(UNKNOWN, self._live(key, now), 0, 0)
         leases = self.keys.get(key)
         if leases is None:
             if op == "take":
-                if len(self.keys) >= self._sweep_at:
-                    self.sweep(now)
-                self.keys[key] = {lease_id: now + lease_us}
-                return Outcome(OK, 1, 0, 0)
+                ahead = 0 if tickets is None else _ahead(tickets, rank, ticket_us)
+                if ahead < limit:
+                    if len(self.keys) >= self._sweep_at:
+                        self.sweep(now)
+                    self.keys[key] = {lease_id: now + lease_us}
+                    self._drop_ticket(key, rank)
+                    return Outcome(OK, 1, 0, 0)
+                return self._queued(key, rank, ticket_us, Outcome(BUSY, 0, 0, 0), now)
             return Outcome(OK if op == "count" else UNKNOWN, 0, 0, 0)
         own = leases.get(lease_id) if op in ("renew", "release") else None
         ended = [lease for lease, expiry in leases.items() if expiry <= now]
@@ -117,14 +170,19 @@ class LeaseTable:
         reclaimed = len(ended)
         if op == "take":
             held = len(leases)
-            if held < limit:
+            ahead = 0 if tickets is None else _ahead(tickets, rank, ticket_us)
+            if held + ahead < limit:
                 if lease_id in leases:
                     outcome = Outcome(DUPLICATE, held, reclaimed, 0)
                 else:
                     leases[lease_id] = now + lease_us
+                    self._drop_ticket(key, rank)
                     outcome = Outcome(OK, held + 1, reclaimed, 0)
             else:
-                outcome = Outcome(BUSY, held, reclaimed, min(leases.values()) - now)
+                wait = min(leases.values()) - now if leases else 0
+                outcome = self._queued(
+                    key, rank, ticket_us, Outcome(BUSY, held, reclaimed, wait), now
+                )
         elif op == "count":
             outcome = Outcome(OK, len(leases), reclaimed, 0)
         elif own is None:
@@ -141,8 +199,26 @@ class LeaseTable:
             del self.keys[key]
         return outcome
 
+    def _live(self, key: str, now: int) -> int:
+        """The leases of ``key`` held now, ended ones left for the next call to reclaim."""
+        leases = self.keys.get(key)
+        return 0 if leases is None else sum(1 for expiry in leases.values() if expiry > now)
+
+    def _queued(self, key: str, rank: Rank, ticket_us: int, busy: Outcome, now: int) -> Outcome:
+        """A refused take: a waiter's ticket is left, or kept, at its rank."""
+        if ticket_us <= 0:
+            return busy
+        self.tickets.setdefault(key, {})[rank] = now + ticket_us
+        return busy._replace(queued_at=rank[1])
+
+    def _drop_ticket(self, key: str, rank: Rank) -> None:
+        tickets = self.tickets.get(key)
+        if tickets is not None and tickets.pop(rank, None) is not None and not tickets:
+            del self.tickets[key]
+
     def sweep(self, now: int) -> int:
-        """Drop every ended lease, and the keys left empty; how many leases went."""
+        """Drop every ended lease and ticket, and the keys left empty; how many
+        leases went."""
         dropped = 0
         for key in list(self.keys):
             leases = self.keys[key]
@@ -151,8 +227,21 @@ class LeaseTable:
                 dropped += 1
             if not leases:
                 del self.keys[key]
+        for key in list(self.tickets):
+            tickets = self.tickets[key]
+            for gone in [t for t, end in tickets.items() if end <= now]:
+                del tickets[gone]
+            if not tickets:
+                del self.tickets[key]
         self._sweep_at = max(SWEEP_FLOOR, 2 * len(self.keys))
         return dropped
+
+
+def _ahead(tickets: dict[Rank, int], rank: Rank, ticket_us: int) -> int:
+    """The live tickets before ``rank``: all of them for a take that does not wait."""
+    if ticket_us <= 0:
+        return len(tickets)
+    return sum(1 for other in tickets if other < rank)
 
 
 class MemoryLeases:
@@ -164,15 +253,22 @@ class MemoryLeases:
         self.table = LeaseTable()
         self._lock = threading.Lock()
 
-    def call(self, op: Op, key: str, lease_id: str, limit: int, lease_us: int) -> Outcome:
+    def call(
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
+        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
+    ) -> Outcome:  # fmt: skip
         now = self.clock.time_ns() // 1000
         with self._lock:
-            return self.table.call(op, key, lease_id, limit, lease_us, now=now)
+            return self.table.call(
+                op, key, lease_id, limit, lease_us,
+                priority=priority, queued_at=queued_at, ticket_us=ticket_us, now=now,
+            )  # fmt: skip
 
     def clear(self) -> None:
         """Forget every lease (the store's `clear`: all its slots free)."""
         with self._lock:
             self.table.keys.clear()
+            self.table.tickets.clear()
 
 
 class AsyncMemoryLeases:
@@ -182,5 +278,11 @@ class AsyncMemoryLeases:
     def __init__(self, sync: MemoryLeases) -> None:
         self.sync = sync
 
-    async def call(self, op: Op, key: str, lease_id: str, limit: int, lease_us: int) -> Outcome:
-        return self.sync.call(op, key, lease_id, limit, lease_us)
+    async def call(
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
+        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
+    ) -> Outcome:  # fmt: skip
+        return self.sync.call(
+            op, key, lease_id, limit, lease_us,
+            priority=priority, queued_at=queued_at, ticket_us=ticket_us,
+        )  # fmt: skip

@@ -2,7 +2,8 @@
 # edit that file, then run the script.
 """`RedisLeases`: a concurrency limit's lease table in Redis, ``_leases.lua``.
 
-One script call per operation, on one key (a cluster keeps it on one node),
+One script call per operation, on one key and its waiters' two (a cluster keeps
+them on one node: the lease key is a hash tag whole),
 timed by the server's clock unless a test passes a `Clock`. The asyncio table
 sends its calls through the store's pipelines (see ``_batcher``); the sync one
 (``_leases``) is written from this module by scripts/unasync.py.
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...primitives import Clock
-from ..leases import Op, Outcome
+from ..leases import Op, Outcome, clamp_priority
 from .scripts import LEASES
 
 __all__ = ["RedisLeases"]
@@ -28,7 +29,13 @@ class RedisLeases:
         self._call = call
         self._clock = clock
 
-    def call(self, op: Op, key: str, lease_id: str, limit: int, lease_us: int) -> Outcome:
+    def call(
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
+        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
+    ) -> Outcome:  # fmt: skip
         now: int | str = "" if self._clock is None else self._clock.time_ns() // 1000
+        # the waiters' two sets share the lease set's hash tag (the whole key is one)
+        keys_args = [key, f"{key}:w", f"{key}:e", op, lease_id, limit, lease_us, now,
+                     clamp_priority(priority), queued_at, ticket_us]  # fmt: skip
         # the script's integers, as the client reads them
-        return Outcome._make(self._call(LEASES, 1, [key, op, lease_id, limit, lease_us, now]))
+        return Outcome._make(self._call(LEASES, 3, keys_args))
