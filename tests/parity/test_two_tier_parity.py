@@ -1,5 +1,7 @@
 """`_sync.lua` against the two-tier logic's Python (`force`, then the step), on a real
-Redis with the same explicit clock: the same state stored and the same answer."""
+Redis with the same explicit clock: the same state stored and the same answer. A call
+sent again under the id of one applied is, in Python, a call of nothing: no delta
+counted, no check made."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ steps = st.lists(
         st.integers(0, 5),  # the previous window's delta
         st.integers(0, 12),  # an exact check's cost (0: none)
         st.integers(0, 6),  # a lease asked with it
+        st.booleans(),  # the call before, sent again under its id (the rest unused)
     ),
     min_size=1,
     max_size=12,
@@ -48,11 +51,18 @@ def test_sync_script_matches_python(
     key = f"parity:{uuid.uuid4().hex}"
     now = EPOCH_US
     state = None
-    for gap, delta, window, pdelta, cost, lease in script:
+    call_id, payload = "", b""
+    for gap, sent_delta, window, sent_pdelta, sent_cost, lease, again in script:
         now += gap
-        dwin = limit.window(now) + window * limit.params.period if limit.windowed else 0
-        payload = struct.pack(">6d", limit.step_id, delta, dwin, pdelta, cost, lease) + limit.packed
-        reply = scripts.call(SYNC, 1, [key, now, payload, "one"])
+        delta, pdelta, cost = sent_delta, sent_pdelta, sent_cost
+        if again and call_id:  # applied already: the script counts and checks nothing
+            delta = pdelta = cost = 0
+        else:
+            call_id = f"{{{key}}}:call:{uuid.uuid4().hex}"
+            dwin = limit.window(now) + window * limit.params.period if limit.windowed else 0
+            payload = struct.pack(">6d", limit.step_id, delta, dwin, pdelta, cost, lease)
+            payload += limit.packed
+        reply = scripts.call(SYNC, 2, [key, call_id, now, payload, "one", 60_000])
         expected = state
         if delta or pdelta:
             expected = force(limit, expected, now, delta, dwin, pdelta=pdelta)

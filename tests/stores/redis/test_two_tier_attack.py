@@ -394,12 +394,6 @@ def test_async_redis_counts_a_lease_when_it_is_leased(redis_single: RedisServer)
     assert counted == admitted + held, f"{counted} counted, {admitted} passed, {held} leased"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a sync whose reply is lost after Redis applied it (a timeout) gives its hits back,"
-    " and the next sync counts them again: the calls carry nothing that makes a resend"
-    " idempotent",
-)
 def test_a_sync_that_landed_but_timed_out_is_not_counted_twice(redis_single: RedisServer) -> None:
     """The reply lost after the command ran, as the 50 ms timeout makes it: the wire
     drops the connection with the call in flight (a proxy that delays each way by

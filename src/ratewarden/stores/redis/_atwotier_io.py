@@ -157,7 +157,9 @@ class AsyncTwoTier(Engine):
         async def reset(key: str) -> None:
             await delete(limit.prefix + key)
             with lock:
-                limit.entries.pop(key, None)
+                entry = limit.entries.pop(key, None)
+                if entry is not None:  # its hits waiting to be sent again are dropped too
+                    self.forget(entry)
 
         limit.hit = hit
         return AsyncBound(hit, peek, reset, limit)
@@ -230,26 +232,34 @@ class AsyncTwoTier(Engine):
     # unasync: end
 
     async def sync(self) -> None:
-        """Sends every key's unsent hits now; a call that fails, in any way, gives
-        its hits back to be sent again."""
-        # unasync: async
-        batches = self.batches(self.lock)
-        if batches:  # every call in one pipeline
+        """Sends every key's unsent hits now, and those of calls whose reply was
+        lost again; a call that fails, in any way, keeps its hits to be sent again
+        as they were (`Engine.lost`)."""
+        for new in (False, True):  # the calls sent again first, then the new ones
+            # unasync: async
+            batches = self.batches(self.lock, new=new)
+            if not batches:
+                continue
             sent_at = time.time_ns()
-            replies = await asyncio.gather(
-                *(self.call(*call) for call, _ in batches), return_exceptions=True
-            )
-            for (_, chunk), reply in zip(batches, replies, strict=True):
-                self.synced(chunk, reply, self.lock, sent_at)
-        # unasync: sync
-        # for call, chunk in self.batches(self.lock):
-        #     sent_at = time.time_ns()
-        #     try:
-        #         reply = self.call(*call)
-        #     except Exception as exc:
-        #         reply = exc
-        #     self.synced(chunk, reply, self.lock, sent_at)
-        # unasync: end
+            try:  # every call in one pipeline
+                replies = await asyncio.gather(
+                    *(self.call(*batch[0]) for batch in batches), return_exceptions=True
+                )
+            except asyncio.CancelledError as exc:  # cut short: the calls' replies are lost
+                for batch in batches:
+                    self.synced(batch, exc, self.lock, sent_at)
+                raise
+            for batch, reply in zip(batches, replies, strict=True):
+                self.synced(batch, reply, self.lock, sent_at)
+            # unasync: sync
+            # for batch in self.batches(self.lock, new=new):
+            #     sent_at = time.time_ns()
+            #     try:
+            #         reply = self.call(*batch[0])
+            #     except Exception as exc:
+            #         reply = exc
+            #     self.synced(batch, reply, self.lock, sent_at)
+            # unasync: end
         self.trim(self.lock)
 
     async def aclose(self) -> None:

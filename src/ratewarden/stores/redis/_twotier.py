@@ -101,7 +101,8 @@ class Entry:
     __slots__ = (
         "allowance", "asking", "delta", "dwin", "grew", "key", "lease_until", "leased", "left",
         "others",
-        "own", "pdelta", "rate_at", "reset_at", "samples", "sdelta", "sdwin", "seen", "sent",
+        "own", "pdelta", "pending", "rate_at", "reset_at", "samples", "sdelta", "sdwin", "seen",
+        "sent",
         "spdelta", "state", "synced", "synced_us", "syncs", "taken", "until",
     )  # fmt: skip
 
@@ -119,6 +120,9 @@ class Entry:
         self.dwin = 0
         self.pdelta = 0  # admitted here in the window before `dwin` (sliding counter)
         self.sdelta = self.spdelta = self.sdwin = 0  # sent, reply not yet applied
+        # calls whose reply was lost with hits of the entry, to be sent again as they
+        # were (`Engine.lost`): until they are answered, the entry's new hits wait
+        self.pending = 0
         self.allowance = 0  # units the fast path may admit until `until`
         self.until = 0
         self.leased = 0  # units Redis counted for this process to hand out, until:
@@ -331,29 +335,38 @@ class LocalLimit:
     def send(self, entry: Entry, cost: int, lease: int = 0) -> tuple[bytes, Sent]:
         """`_sync.lua`'s 14 doubles for the entry with its unsent hits handed over,
         an exact check of ``cost`` (0: none) and a ``lease``; and what was sent, for
-        `applied` (or `unsent`, should the sync fail)."""
+        `applied` (or `lost`, should the call fail). An entry `pending` hands over
+        nothing: its new hits wait until the calls it is pending in are answered."""
         entry.sent += 1
         entry.asking += cost
-        sent = (entry.delta, entry.pdelta, entry.dwin, cost, lease, entry.sent)
-        entry.sdelta += entry.delta
-        entry.spdelta += entry.pdelta
-        entry.sdwin = entry.dwin
-        entry.delta = entry.pdelta = 0
-        # a cost past 2^53 is denied all the same, and would not pack as a double
-        head = _ENTRY.pack(self.step_id, sent[0], sent[2], sent[1], min(cost, EXACT), lease)
-        return head + self.packed, sent
+        if entry.pending:
+            sent = (0, 0, entry.dwin, cost, lease, entry.sent)
+        else:
+            sent = (entry.delta, entry.pdelta, entry.dwin, cost, lease, entry.sent)
+            entry.sdelta += entry.delta
+            entry.spdelta += entry.pdelta
+            entry.sdwin = entry.dwin
+            entry.delta = entry.pdelta = 0
+        return self.payload(sent), sent
 
-    def unsent(self, entry: Entry, sent: Sent) -> None:
-        """A sync failed: its hits are unsent again, nothing lost."""
-        delta, pdelta, dwin, cost, _, _ = sent
+    def payload(self, sent: Sent) -> bytes:
+        """What `_sync.lua` reads of one entry's part of a call."""
+        delta, pdelta, dwin, cost, lease, _ = sent
+        # a cost past 2^53 is denied all the same, and would not pack as a double
+        return _ENTRY.pack(self.step_id, delta, dwin, pdelta, min(cost, EXACT), lease) + self.packed
+
+    def lost(self, entry: Entry, sent: Sent) -> Sent | None:
+        """A call's reply is lost: it may have been applied (a timeout after Redis ran
+        it) or not. Its check is answered by the failure policy, so its cost is no
+        longer under way; its hits stay sent, to go again exactly as they were
+        under the same call id, which `_sync.lua` counts once. What to send again
+        (no check, no lease), or None when the call carried no hits of the entry."""
+        delta, pdelta, dwin, cost, _, number = sent
         entry.asking -= cost
-        entry.sdelta -= delta
-        entry.spdelta -= pdelta
-        if not self.windowed or dwin == entry.dwin:
-            entry.delta += delta
-            entry.pdelta += pdelta
-        elif self.counter and dwin == entry.dwin - self.params.period:
-            entry.pdelta += delta
+        if not delta and not pdelta:
+            return None
+        entry.pending += 1
+        return (delta, pdelta, dwin, 0, 0, number)
 
     def applied(
         self, entry: Entry, sent: Sent, reply: list[Any], server_us: int

@@ -5,11 +5,20 @@ calls of the checks and syncs that need Redis (the engines of `_atwotier_io` and
 A check that needs Redis is written as a generator that yields the script calls
 and is sent their replies, which each twin drives its own way (as the exact
 store's multi-tier calls are).
+
+Every `_sync.lua` call carries an id (a key of its own in the slot of the call's
+keys, kept `ID_TTL_AT_LEAST` or longer). A call whose reply is lost may have been
+applied or not: its hits are kept as they were sent, and sent again with the same
+id, which the script applies at most once (`Engine.lost`). Given back to the
+entries and merged with newer hits instead, they would be counted twice whenever
+the call had landed (a timeout with the call in flight).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
@@ -21,17 +30,27 @@ from ..failure import Breaker, LocalFallback, answer
 from ._twotier import Entry, LocalLimit, Sent, TwoTierSettings
 from .scripts import SYNC
 
-__all__ = ["CHUNK", "EXACT_TIERS", "Engine", "Step", "judge", "peeked"]
+__all__ = ["CHUNK", "EXACT_TIERS", "Engine", "Step", "hash_tag", "judge", "peeked"]
 
 log = logging.getLogger("ratewarden.stores")
 
 CHUNK = 512  # keys per sync script call: a call blocks Redis while it runs
 _ONE = 1
+# How long Redis keeps a call's id, at least, and in sync intervals: a call sent
+# again later than that (Redis unreachable all the while after taking it) may count
+# twice. The ids in Redis are about one a sync (and a cluster slot synced) for each
+# process, times this.
+ID_TTL_AT_LEAST = 10.0
+ID_TTL_SYNCS = 20
 
 # A script call for the shell to make, or the exact tiers of a request to check.
 Call = tuple[str, int, list[Any]]
 Step = Call | tuple[str, Sequence[Check]]
 EXACT_TIERS = "exact"
+# What one call carried, by entry; a sync's call with its id key and these, and
+# whether it is one sent again.
+Members = list[tuple[LocalLimit, Entry, Sent]]
+Batch = tuple[Call, str, Members, bool]
 
 
 class Engine:
@@ -53,6 +72,15 @@ class Engine:
         self.offset_us = 0  # the server's clock less ours, from the last sync
         self.timed = test_clock is not None  # the offset is known (a test clock has none)
         self.closed = False
+        # the calls' ids: this engine's, random, then a count
+        self.ids = itertools.count()
+        self.id_prefix = os.urandom(8).hex()
+        self.id_ttl_ms = round(max(ID_TTL_AT_LEAST, ID_TTL_SYNCS * settings.sync_interval) * 1000)
+        self.slot_tags: dict[int, str] = {}
+        # calls whose reply was lost, to send again as they were: their id keys and
+        # what they carried (bounded by the entries: one with hits in them sends no
+        # new ones until they are answered, `LocalLimit.send`)
+        self.pending: list[tuple[str, Members]] = []
 
     def now_us(self) -> int:
         """The server's time as this process reckons it."""
@@ -196,27 +224,22 @@ class Engine:
     ) -> Generator[Step, Any, list[Decision]]:
         """One `_sync.lua` call for ``group`` (one cluster slot): their unsent hits
         and their exact checks."""
-        keys: list[str] = []
         parts: list[bytes] = []
         sent: list[Sent] = []
         with lock:
             for limit, entry, _, cost in group:
                 lease = 0 if together or not cost else limit.lease(entry, cost)
                 payload, what = limit.send(entry, cost, lease)
-                keys.append(entry.key)
                 parts.append(payload)
                 sent.append(what)
+        keys = [entry.key for _, entry, _, _ in group]
+        key = self.id_key(keys[0])
         sent_at = time.time_ns()
         try:
-            reply = yield (
-                SYNC,
-                len(keys),
-                [*keys, self.now_arg(), b"".join(parts), "all" if together else "one"],
-            )
+            reply = yield self.sync_call(keys, key, parts, "all" if together else "one")
         except StoreError as exc:
             with lock:
-                for (limit, entry, _, _), what in zip(group, sent, strict=True):
-                    limit.unsent(entry, what)
+                self.lost(key, [(t[0], t[1], what) for t, what in zip(group, sent, strict=True)])
             return [self.failed(group, exc)]
         if self.breaker.failures:
             self.breaker.succeeded()
@@ -229,6 +252,52 @@ class Engine:
                 if answer is not None:  # None: a fetch, no check asked
                     answers.append(answer)
         return answers
+
+    def id_key(self, key: str) -> str:
+        """A new call id's key, in the hash slot of ``key`` (a call's first key): its
+        hash tag, or the key itself as one. A key that cannot serve as a tag (a
+        ``}`` outside one, or none at all) takes, on a cluster, a short tag found for
+        its slot."""
+        tag = hash_tag(key)
+        if not tag or "}" in tag:
+            tag = "" if self.keyslot is None else self.slot_tag(self.keyslot(key))
+        return f"{{{tag}}}:ratewarden:call:{self.id_prefix}:{next(self.ids)}"
+
+    def slot_tag(self, slot: int) -> str:
+        """The first number whose text hashes to ``slot`` (some 16,000 tries, once a
+        slot, for keys that cannot be their own tag)."""
+        tag = self.slot_tags.get(slot)
+        if tag is None:
+            assert self.keyslot is not None
+            keyslot = self.keyslot
+            tag = self.slot_tags[slot] = next(
+                t for t in map(str, itertools.count()) if keyslot(t) == slot
+            )
+        return tag
+
+    def sync_call(self, keys: list[str], id_key: str, parts: list[bytes], mode: str) -> Call:
+        """A `_sync.lua` call: the entries' keys, then the call's id key."""
+        args = [*keys, id_key, self.now_arg(), b"".join(parts), mode, self.id_ttl_ms]
+        return SYNC, len(keys) + 1, args
+
+    def lost(self, id_key: str, members: Members) -> None:
+        """A call's reply is lost (called with the lock held): its hits wait to be
+        sent again, as they were, under the same id (`LocalLimit.lost`)."""
+        again = []
+        for limit, entry, sent in members:
+            resend = limit.lost(entry, sent)
+            if resend is not None:
+                again.append((limit, entry, resend))
+        if again:
+            self.pending.append((id_key, again))
+
+    def forget(self, entry: Entry) -> None:
+        """A reset key: what it has pending is not sent again (called with the lock
+        held)."""
+        if entry.pending:
+            entry.pending = 0
+            kept = [(k, [m for m in ms if m[1] is not entry]) for k, ms in self.pending]
+            self.pending = [(k, ms) for k, ms in kept if ms]
 
     def refund(self, counted: list[tuple[LocalLimit, Entry, int, int]], lock: Any) -> None:
         """Takes back what tiers counted in Redis for a request another tier denied:
@@ -255,46 +324,56 @@ class Engine:
 
     # -- the periodic sync -----------------------------------------------------------
 
-    def batches(self, lock: Any) -> list[tuple[Call, list[tuple[LocalLimit, Entry, Sent]]]]:
-        """The sync's script calls: every entry with unsent hits, at most `CHUNK`
-        keys a call, one slot a call. Their hits are handed over here."""
+    def batches(self, lock: Any, *, new: bool) -> list[Batch]:
+        """The sync's script calls: those whose reply was lost, again (``new``
+        False: a sync sends these first, so that their entries' newer hits go in
+        the same sync once they are answered); or every other entry with unsent
+        hits, at most `CHUNK` keys a call, one slot a call, handed over here."""
+        if not new:
+            with lock:
+                again, self.pending = self.pending, []  # taken: no other sync sends them
+            calls: list[Batch] = []
+            for key, members in again:
+                parts = [limit.payload(sent) for limit, _, sent in members]
+                call = self.sync_call([m[1].key for m in members], key, parts, "one")
+                calls.append((call, key, members, True))
+            return calls
         groups: dict[int, list[tuple[LocalLimit, Entry, bytes, Sent]]] = {}
         with lock:
             for limit in self.limits:
                 for entry in limit.entries.values():
-                    if entry.delta or entry.pdelta:
+                    if (entry.delta or entry.pdelta) and not entry.pending:
                         payload, sent = limit.send(entry, 0)
                         slot = 0 if self.keyslot is None else self.keyslot(entry.key)
                         groups.setdefault(slot, []).append((limit, entry, payload, sent))
         calls = []
-        now = self.now_arg()
-        for members in groups.values():
-            for first in range(0, len(members), CHUNK):
-                chunk = members[first : first + CHUNK]
+        for grouped in groups.values():
+            for first in range(0, len(grouped), CHUNK):
+                chunk = grouped[first : first + CHUNK]
                 keys = [m[1].key for m in chunk]
-                payload = b"".join(m[2] for m in chunk)
-                calls.append(
-                    (
-                        (SYNC, len(keys), [*keys, now, payload, "one"]),
-                        [(m[0], m[1], m[3]) for m in chunk],
-                    )
-                )
+                key = self.id_key(keys[0])
+                call = self.sync_call(keys, key, [m[2] for m in chunk], "one")
+                calls.append((call, key, [(m[0], m[1], m[3]) for m in chunk], False))
         return calls
 
-    def synced(
-        self, chunk: list[tuple[LocalLimit, Entry, Sent]], reply: Any, lock: Any, sent_at: int
-    ) -> None:
-        """Takes in one sync call's reply (or, if it is an exception, gives the hits
-        back to be sent again: a failure of any kind loses none)."""
+    def synced(self, batch: Batch, reply: Any, lock: Any, sent_at: int) -> None:
+        """Takes in one sync call's reply, or, if it is an exception, keeps the hits
+        to send again under the same id (`lost`): a failure of any kind loses none,
+        and counts none twice."""
+        _, key, chunk, again = batch
         if isinstance(reply, Exception) and not isinstance(reply, StoreError):
             log.error("two-tier sync call failed", exc_info=reply)
         with lock:
             if isinstance(reply, BaseException):
-                for limit, entry, sent in chunk:
-                    limit.unsent(entry, sent)
+                if again:  # as it was, pending still
+                    self.pending.append((key, chunk))
+                else:
+                    self.lost(key, chunk)
                 return
             server_us = int(reply[0])
             for i, (limit, entry, sent) in enumerate(chunk):
+                if again:
+                    entry.pending -= 1
                 limit.applied(entry, sent, reply[6 * i + 1 : 6 * i + 7], server_us)
         self.heard(server_us, sent_at, time.time_ns())
 
@@ -335,12 +414,24 @@ class Engine:
             # One with hits to send stays, and so does one known full: dropped, it
             # would pass hits on no knowledge when it comes back.
             full = entry.synced >= 0 and entry.left <= 0
-            if not (entry.delta or entry.pdelta or entry.sdelta or entry.spdelta or full):
+            busy = entry.delta or entry.pdelta or entry.sdelta or entry.spdelta or entry.pending
+            if not (busy or full):
                 gone.append(key)
                 if len(gone) >= drop:
                     break
         for key in gone:
             del entries[key]
+
+
+def hash_tag(key: str) -> str:
+    """What Redis Cluster hashes of ``key``: the text between its first ``{`` and the
+    first ``}`` after it, if not empty, else the whole key."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
 
 
 def _checks(tiers: Sequence[tuple[LocalLimit, Entry, int, int]]) -> list[tuple[str, int]]:

@@ -103,7 +103,9 @@ class TwoTier(Engine):
         def reset(key: str) -> None:
             delete(limit.prefix + key)
             with lock:
-                limit.entries.pop(key, None)
+                entry = limit.entries.pop(key, None)
+                if entry is not None:  # its hits waiting to be sent again are dropped too
+                    self.forget(entry)
 
         limit.hit = hit
         return Bound(hit, peek, reset, limit)
@@ -144,15 +146,17 @@ class TwoTier(Engine):
             self.thread.start()
 
     def sync(self) -> None:
-        """Sends every key's unsent hits now; a call that fails, in any way, gives
-        its hits back to be sent again."""
-        for call, chunk in self.batches(self.lock):
-            sent_at = time.time_ns()
-            try:
-                reply = self.call(*call)
-            except Exception as exc:
-                reply = exc
-            self.synced(chunk, reply, self.lock, sent_at)
+        """Sends every key's unsent hits now, and those of calls whose reply was
+        lost again; a call that fails, in any way, keeps its hits to be sent again
+        as they were (`Engine.lost`)."""
+        for new in (False, True):  # the calls sent again first, then the new ones
+            for batch in self.batches(self.lock, new=new):
+                sent_at = time.time_ns()
+                try:
+                    reply = self.call(*batch[0])
+                except Exception as exc:
+                    reply = exc
+                self.synced(batch, reply, self.lock, sent_at)
         self.trim(self.lock)
 
     def close(self) -> None:

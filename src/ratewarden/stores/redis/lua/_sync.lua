@@ -1,7 +1,7 @@
 -- ratewarden: the two-tier store's sync. Adds what processes admitted on their own
 -- (deltas, counted whatever the limit says: those requests have passed), then tries
 -- the exact checks asked for, and returns every key's state for the local estimates.
--- KEYS     one key per entry (distinct)
+-- KEYS     one key per entry (distinct), then the call's id key, in the same hash slot
 -- ARGV[1]  now_us ("" = Redis server TIME)
 -- ARGV[2]  per key 14 big-endian doubles: step number, delta (may be negative: a
 --          refund), the tick of the end of the window the delta was admitted in (0 for
@@ -10,12 +10,18 @@
 --          they fit, for the process to hand out itself (0: none), then the limit's 8
 --          constants
 -- ARGV[3]  "all": the exact checks pass together or none counts (one request's tiers)
+-- ARGV[4]  the id key's time to live, ms. A call whose id key exists already is a
+--          resend of one applied (its reply was lost): it counts nothing and checks
+--          nothing, and answers with the states as they are, so that a sync sent
+--          again after a timeout is counted once
 -- returns  {now_us, then per key: allowed (-1: no check), remaining, reset_after,
 --          retry_after (-1 = never), the state as stored ("" = none), the lease
 --          counted (0 when it did not fit: then only the cost was tried)}
 local now_us, explicit = clock(ARGV[1])
 local entries = ARGV[2]
 local together = ARGV[3] == 'all'
+local n = #KEYS - 1
+local fresh = redis.call('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[4])
 
 -- Each algorithm's forced add: the state with delta counted in window dwin (and, for
 -- the sliding window counter, pdelta in the window before), at now. A delta for a
@@ -57,7 +63,6 @@ FORCE[4] = function(state, now, delta)  -- continuous bucket: {full_at, rem}
   return {now + wait, wait * scale - debt}
 end
 
-local n = #KEYS
 local nows, olds, counted, states, limits, leases = {}, {}, {}, {}, {}, {}
 local out = {now_us}
 local passed = true
@@ -65,6 +70,7 @@ for i = 1, n do
   local step_id, delta, dwin, pdelta, cost, lease
   step_id, delta, dwin, pdelta, cost, lease, tick, limit, period, burst, scale, unit, capacity,
     span = struct.unpack('>dddddddddddddd', entries, 112 * i - 111)
+  if not fresh then delta, pdelta, cost = 0, 0, 0 end  -- applied already: as it is
   local now = now_us
   if tick > 1 then now = fdiv(now_us, tick) end
   local old = load(KEYS[i])
