@@ -33,7 +33,7 @@ from ._concurrency_core import (
 from ._errors import ConfigurationError, StoreError
 from ._waiting import check_max_wait
 from .stores import MemoryStore
-from .stores.leases import EXPIRED, OK, LeaseStore, Op, Outcome
+from .stores.leases import EXPIRED, OK, LeaseStore, Op, Outcome, Place
 
 __all__ = ["ConcurrencyLimiter", "Hold"]
 
@@ -135,11 +135,10 @@ class ConcurrencyLimiter(Core):
         self._wake_waiters()
 
     def _call(self, op: Op, hold: Hold) -> Outcome:
+        place = Place(hold.priority, hold.queued_at, TICKET_US if hold.max_wait > 0 else 0)
         return self._leases.call(
-            op, hold.store_key, hold.lease_id, self.limit, self.lease_us,
-            priority=hold.priority, queued_at=hold.queued_at,
-            ticket_us=TICKET_US if hold.max_wait > 0 else 0,
-        )  # fmt: skip
+            op, hold.store_key, hold.lease_id, self.limit, self.lease_us, place=place
+        )
 
     def _take(self, hold: Hold) -> None:
         self._first_entry(hold)

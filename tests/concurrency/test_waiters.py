@@ -19,7 +19,7 @@ from ratewarden import (
     MemoryStore,
     RateLimitTimeout,
 )
-from ratewarden.stores.leases import BUSY, OK, LeaseTable, Outcome
+from ratewarden.stores.leases import BUSY, OK, LeaseTable, Outcome, Place
 from ratewarden.stores.redis import RedisStore
 from tests.redis_server import RedisServer
 
@@ -29,8 +29,8 @@ LEASE, TICKET = 60_000_000, 500_000
 
 def take(table: LeaseTable, lease_id: str, at: int, *, limit: int = 1, priority: int = 0,
          queued_at: int = 0, waits: bool = True) -> Outcome:  # fmt: skip
-    return table.call("take", "k", lease_id, limit, LEASE, priority=priority,
-                      queued_at=queued_at, ticket_us=TICKET if waits else 0, now=at)  # fmt: skip
+    place = Place(priority, queued_at, TICKET if waits else 0)
+    return table.call("take", "k", lease_id, limit, LEASE, place=place, now=at)
 
 
 def test_a_freed_slot_goes_to_the_first_in_line_not_to_who_asks_next() -> None:
@@ -87,10 +87,10 @@ def test_a_waiter_that_leaves_lets_the_next_go_at_once() -> None:
     b = take(table, "b", T0 + 1)
     c = take(table, "c", T0 + 2)
     table.call("release", "k", "a", 1, 0, now=T0 + 10)
-    left = table.call("leave", "k", "b", 1, 0, queued_at=b.queued_at, now=T0 + 11)
+    left = table.call("leave", "k", "b", 1, 0, place=Place(0, b.queued_at), now=T0 + 11)
     assert left.status == OK
     assert take(table, "c", T0 + 12, queued_at=c.queued_at).status == OK
-    assert table.call("leave", "k", "b", 1, 0, queued_at=b.queued_at, now=T0 + 13).status == 0
+    assert table.call("leave", "k", "b", 1, 0, place=Place(0, b.queued_at), now=T0 + 13).status == 0
 
 
 def test_a_waiter_whose_ticket_ended_keeps_its_place_when_it_asks_again() -> None:

@@ -13,7 +13,7 @@ import pytest
 import redis
 from hypothesis import given
 
-from ratewarden.stores.leases import LeaseTable
+from ratewarden.stores.leases import LeaseTable, Place
 from ratewarden.stores.redis.scripts import LEASES, Scripts
 from tests.concurrency.strategies import lease_steps, queue_steps
 from tests.redis_server import RedisCluster, RedisServer
@@ -66,8 +66,8 @@ def test_lua_equals_python_with_waiters_in_line(
         priority, queued_at = places.get((key, lease_id), (asked, 0))
         ticket_us = 2_000_000 if waits or queued_at else 0  # in line, it waits on
         args = (op, key, lease_id, limit, lease_us, priority, queued_at, ticket_us)
-        python = table.call(op, key, lease_id, limit, lease_us, priority=priority,
-                            queued_at=queued_at, ticket_us=ticket_us, now=now)  # fmt: skip
+        python = table.call(op, key, lease_id, limit, lease_us,
+                            place=Place(priority, queued_at, ticket_us), now=now)  # fmt: skip
         lua = tuple(scripts.call(LEASES, 3, [*keys(run, key), op, lease_id, limit, lease_us, now,
                                              priority, queued_at, ticket_us]))  # fmt: skip
         assert lua == tuple(python), f"{args} at +{now - EPOCH_US}us"

@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from ..primitives import Clock, ConfigurationError, Decision
-from ..stores.leases import BUSY, EXPIRED, OK
+from ..stores.leases import BUSY, EXPIRED, OK, Place
 from ..stores.leases import Outcome as LeaseOutcome
 from ._actions import Outcome
 from ._rule import CompiledRule
@@ -315,10 +315,10 @@ class _Asking:
     ticket_us: int
 
     def __call__(self, op: str, queued_at: int) -> Callable[[], Any]:
+        place = Place(self.priority, queued_at, self.ticket_us)
         return functools.partial(
-            self.call, op, self.where, self.lease_id, self.limit, self.lease_us,
-            priority=self.priority, queued_at=queued_at, ticket_us=self.ticket_us,
-        )  # fmt: skip
+            self.call, op, self.where, self.lease_id, self.limit, self.lease_us, place=place
+        )
 
 
 def _refusal(rule: CompiledRule, answer: LeaseOutcome) -> Outcome:

@@ -22,7 +22,8 @@ four integers, the same from both:
     queued_at  a refused waiter's place in line: when it first asked (its ticket's
                arrival); else 0
 
-**Waiters are served in order.** A take that may wait (``ticket_us`` > 0) and is
+**Waiters are served in order.** A take that may wait (its `Place`'s
+``ticket_us`` > 0) and is
 refused leaves a ticket: its rank is its ``priority`` (higher first), then when
 it first asked, then its id. A take is granted only while the slots held plus
 the live tickets ranked before it are fewer than ``limit``, so a freed slot goes
@@ -49,6 +50,7 @@ __all__ = [
     "BUSY",
     "DUPLICATE",
     "EXPIRED",
+    "NO_PLACE",
     "OK",
     "UNKNOWN",
     "AsyncLeaseStore",
@@ -60,6 +62,7 @@ __all__ = [
     "MemoryLeases",
     "Op",
     "Outcome",
+    "Place",
     "clamp_priority",
 ]
 
@@ -80,25 +83,37 @@ class Outcome(NamedTuple):
     queued_at: int = 0
 
 
+class Place(NamedTuple):
+    """A caller's place in line: its ``priority``, when it first asked
+    (``queued_at``, the store's time in us; 0 before it has a ticket), and how
+    long a ticket lasts after each ask (``ticket_us``; 0: a take that does not
+    wait, and leaves no ticket)."""
+
+    priority: int = 0
+    queued_at: int = 0
+    ticket_us: int = 0
+
+
+NO_PLACE = Place()
+
+
 class Leases(Protocol):
     """A store's lease table, as `ratewarden.ConcurrencyLimiter` calls it: one
     atomic call per operation. ``key`` is the whole key (the limiter's name in it);
-    ``limit`` and ``lease_us`` are read by take and renew; ``priority``,
-    ``queued_at`` and ``ticket_us`` by a take that may wait (``ticket_us`` > 0)."""
+    ``limit`` and ``lease_us`` are read by take and renew, ``place`` by a take
+    that may wait (and by leave and release, to find its ticket)."""
 
     def call(
-        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
-        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
-    ) -> Outcome: ...  # fmt: skip
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int, *, place: Place = NO_PLACE
+    ) -> Outcome: ...
 
 
 class AsyncLeases(Protocol):
     """`Leases` for `ratewarden.AsyncConcurrencyLimiter`."""
 
     async def call(
-        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
-        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
-    ) -> Outcome: ...  # fmt: skip
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int, *, place: Place = NO_PLACE
+    ) -> Outcome: ...
 
 
 class LeaseStore(Protocol):
@@ -136,21 +151,13 @@ class LeaseTable:
 
     def call(
         self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
-        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0, now: int,
+        *, place: Place = NO_PLACE, now: int,
     ) -> Outcome:  # fmt: skip
+        priority, queued_at, ticket_us = place
         rank = (-clamp_priority(priority), queued_at or now, lease_id)
-        tickets = self.tickets.get(key)
-        if tickets is not None:
-            for gone in [t for t, end in tickets.items() if end <= now]:
-                del tickets[gone]
-            mine = tickets.pop(rank, None) if op in ("leave", "release") and queued_at else None
-            if not tickets:
-                del self.tickets[key]
-                tickets = None
-            if op == "leave":
-                return Outcome(OK if mine is not None else UNKNOWN, self._live(key, now), 0, 0)
-        elif op == "leave":
-            return Outcome(UNKNOWN, self._live(key, now), 0, 0)
+        tickets, left = self._line(op, key, rank if queued_at else None, now)
+        if op == "leave":
+            return Outcome(OK if left else UNKNOWN, self._live(key, now), 0, 0)
         leases = self.keys.get(key)
         if leases is None:
             if op == "take":
@@ -198,6 +205,25 @@ class LeaseTable:
         if not leases:
             del self.keys[key]
         return outcome
+
+    def _line(
+        self, op: Op, key: str, rank: Rank | None, now: int
+    ) -> tuple[dict[Rank, int] | None, bool]:
+        """The live tickets of ``key`` (None: none), ended ones dropped, and whether
+        a leave or release took the caller's own (``rank``, when it has a place
+        in line) out of it."""
+        tickets = self.tickets.get(key)
+        if tickets is None:
+            return None, False
+        for gone in [t for t, end in tickets.items() if end <= now]:
+            del tickets[gone]
+        left = (
+            op in ("leave", "release") and rank is not None and tickets.pop(rank, None) is not None
+        )
+        if not tickets:
+            del self.tickets[key]
+            return None, left
+        return tickets, left
 
     def _live(self, key: str, now: int) -> int:
         """The leases of ``key`` held now, ended ones left for the next call to reclaim."""
@@ -254,15 +280,11 @@ class MemoryLeases:
         self._lock = threading.Lock()
 
     def call(
-        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
-        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
-    ) -> Outcome:  # fmt: skip
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int, *, place: Place = NO_PLACE
+    ) -> Outcome:
         now = self.clock.time_ns() // 1000
         with self._lock:
-            return self.table.call(
-                op, key, lease_id, limit, lease_us,
-                priority=priority, queued_at=queued_at, ticket_us=ticket_us, now=now,
-            )  # fmt: skip
+            return self.table.call(op, key, lease_id, limit, lease_us, place=place, now=now)
 
     def clear(self) -> None:
         """Forget every lease (the store's `clear`: all its slots free)."""
@@ -279,10 +301,6 @@ class AsyncMemoryLeases:
         self.sync = sync
 
     async def call(
-        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
-        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
-    ) -> Outcome:  # fmt: skip
-        return self.sync.call(
-            op, key, lease_id, limit, lease_us,
-            priority=priority, queued_at=queued_at, ticket_us=ticket_us,
-        )  # fmt: skip
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int, *, place: Place = NO_PLACE
+    ) -> Outcome:
+        return self.sync.call(op, key, lease_id, limit, lease_us, place=place)

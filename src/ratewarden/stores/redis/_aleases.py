@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...primitives import Clock
-from ..leases import Op, Outcome, clamp_priority
+from ..leases import NO_PLACE, Op, Outcome, Place, clamp_priority
 from .scripts import LEASES
 
 __all__ = ["AsyncRedisLeases"]
@@ -32,12 +32,11 @@ class AsyncRedisLeases:
         self._clock = clock
 
     async def call(
-        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
-        *, priority: int = 0, queued_at: int = 0, ticket_us: int = 0,
-    ) -> Outcome:  # fmt: skip
+        self, op: Op, key: str, lease_id: str, limit: int, lease_us: int, *, place: Place = NO_PLACE
+    ) -> Outcome:
         now: int | str = "" if self._clock is None else self._clock.time_ns() // 1000
         # the waiters' two sets share the lease set's hash tag (the whole key is one)
         keys_args = [key, f"{key}:w", f"{key}:e", op, lease_id, limit, lease_us, now,
-                     clamp_priority(priority), queued_at, ticket_us]  # fmt: skip
+                     clamp_priority(place.priority), place.queued_at, place.ticket_us]  # fmt: skip
         # the script's integers, as the client reads them
         return Outcome._make(await self._call(LEASES, 3, keys_args))
