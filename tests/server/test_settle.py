@@ -134,3 +134,23 @@ def test_the_settle_endpoint_is_in_the_openapi_document() -> None:
     schemas = document["components"]["schemas"]
     assert set(schemas["SettleRequest"]["properties"]) == {"token", "status", "cost"}
     assert "settle" in schemas["CheckResult"]["properties"]
+
+
+def test_auth_hands_the_token_to_the_gateway_in_a_header(app: App) -> None:
+    """A gateway sees only the request: /auth answers the token in
+    X-Ratewarden-Settle, for the gateway to pass on to the backend, which settles."""
+
+    async def main() -> None:
+        async with client_for(app) as client:
+            headers = {"X-Original-URI": "/login", "X-Original-Method": "POST",
+                       "X-Forwarded-For": "198.51.100.10"}  # fmt: skip
+            for _ in range(8):
+                answer = await client.get("/auth", headers=headers)
+                assert answer.status_code == 200
+                token = answer.headers["x-ratewarden-settle"]
+                settled = await client.post("/v1/settle", json={"token": token, "status": 200})
+                assert settled.json()["refunded"] == 1
+            plain = await client.get("/auth", headers={"X-Original-URI": "/"})
+            assert "x-ratewarden-settle" not in plain.headers
+
+    asyncio.run(main())

@@ -11,7 +11,8 @@ Routes (``openapi()`` documents the same, from the same msgspec types):
     POST   /v1/check/batch    up to 1000 checks -> {"results": [...]}
     POST   /v1/acquire        a check that takes the concurrency rules' slots -> lease_id
     POST   /v1/release        give an acquire's slots back
-    POST   /v1/settle         what a checked request counts, told after it ran
+    POST   /v1/settle         what a checked request counts, told after it ran (the token:
+                              a check's "settle", /auth's X-Ratewarden-Settle)
     GET    /v1/rules          the rules in force
     GET    /v1/quotas         the fleet quotas in the Redis store, summed up
     GET    /v1/quotas/{name}  one fleet quota and its members
@@ -423,6 +424,8 @@ class App:
         outcome = (await self._decide(AttributesCheck(attributes), wait=True)).outcome
         headers = [(k.lower().encode(), v.encode()) for k, v in outcome.headers()]
         if outcome.allowed:
+            if outcome.settle is not None:  # for the gateway to pass to the backend, which settles
+                headers.append((b"x-ratewarden-settle", outcome.settle.encode()))
             return 200, headers, b""
         if outcome.action == "shadow_ban" and outcome.response is not None:
             # A gateway passes any 2xx from here on to the backend: the rule's
