@@ -11,6 +11,8 @@ import textwrap
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ratewarden import Limiter
 from ratewarden.primitives import FakeClock
@@ -384,3 +386,31 @@ def test_the_statuses_of_count_are_checked() -> None:
         said[4]
         == "e.count: this rule counts a request by its response, and has no rate to count it in"
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0.0, 0.5, 7.0, 31.0, 60.0]),
+                  st.sampled_from([200, 204, 401, 403, 500])),
+        max_size=60,
+    )
+)  # fmt: skip
+def test_the_engine_counts_failures_as_a_naive_model_does(
+    steps: list[tuple[float, int]],
+) -> None:
+    """Fixed windows of a minute, each request settled at once: allowed while the
+    window's failures (and nothing else) are under the limit."""
+    clock = FakeClock(1_000_020.0)
+    engine = login_engine(clock)
+    failures: dict[int, int] = {}
+    for pause, status in steps:
+        clock.advance(pause)
+        window = clock.time_ns() // 60_000_000_000
+        outcome = engine.check(REQUEST)
+        assert outcome.allowed == (failures.get(window, 0) < 5)
+        if outcome.allowed:
+            assert outcome.settle is not None
+            engine.settle(outcome.settle, status=status)
+            if status in (401, 403):
+                failures[window] = failures.get(window, 0) + 1

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import secrets
 import weakref
@@ -51,7 +50,7 @@ from ..stores.leases import OK
 __all__ = ["BadSettle", "BadSettleToken", "SettleRefused", "Settled", "Settles"]
 
 MAX_TOKEN = 16_384  # characters: a token longer than this was never handed out
-WITHIN = 3600.0  # seconds a token can be settled in, by default
+WITHIN = 600.0  # seconds a token can be settled in, by default
 _SIGNATURE = 16  # bytes of the HMAC a token carries
 
 # (limit name, key, cost per request, cost taken, mark, CRC-32 of the limit's key prefix)
@@ -168,7 +167,7 @@ class Settles:
         hits = [(limiter.name, key, unit, charged, mark, _crc(limiter))
                 for _, limiter, key, unit, charged, mark in taken]  # fmt: skip
         body = _encode_body(_Body(secrets.token_hex(12), expires, hits))
-        signature = hmac.new(self.secret, body, hashlib.sha256).digest()[:_SIGNATURE]
+        signature = hmac.digest(self.secret, body, "sha256")[:_SIGNATURE]
         return f"{_b64(body)}.{_b64(signature)}"
 
     def _parse(self, token: object) -> _Body:
@@ -181,7 +180,7 @@ class Settles:
             body, signature = _unb64(text), _unb64(signed)
         except (ValueError, binascii.Error):
             body, signature = b"", b""
-        expected = hmac.new(self.secret, body, hashlib.sha256).digest()[:_SIGNATURE]
+        expected = hmac.digest(self.secret, body, "sha256")[:_SIGNATURE]
         if not body or not hmac.compare_digest(signature, expected):
             raise BadSettleToken(
                 f"settle token {token!r:.80} is not one a check here answered (garbled, or"
