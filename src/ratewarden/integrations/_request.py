@@ -28,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import msgspec
 
@@ -49,6 +49,7 @@ __all__ = [
     "LimitOutcome",
     "Reply",
     "Responder",
+    "Settled",
     "attributes",
     "check_any_engine",
     "check_engine",
@@ -57,6 +58,7 @@ __all__ = [
     "limit_policy",
     "mapping_or_none",
     "rule_engines",
+    "status_of",
 ]
 
 # Set (in the WSGI environ or the ASGI scope) by a per-route check that already put
@@ -286,6 +288,42 @@ def check_any_engine(engine: object, where: str) -> RuleEngine | AsyncRuleEngine
             f"{where} needs a RuleEngine or AsyncRuleEngine, got {type(engine).__name__}"
         )
     return engine
+
+
+def status_of(line: str) -> int:
+    """The code of a WSGI status line (``"401 Unauthorized"``); 500 for one that
+    has none."""
+    code = line.partition(" ")[0]
+    return int(code) if code.isdigit() and len(code) == 3 else 500
+
+
+class Settled:
+    """A request's settle (`ratewarden.rules._settle`), made once, by the first
+    status told: ``settle(token, status=...)`` is the engine's, called (a sync
+    engine's) or awaited (``told``). A settle that fails is logged, and the hits
+    stay counted: the response goes out as the app made it."""
+
+    __slots__ = ("done", "settle", "token")
+
+    def __init__(self, settle: Callable[..., Any], token: str) -> None:
+        self.settle, self.token, self.done = settle, token, False
+
+    def __call__(self, status: int) -> None:
+        if not self.done:
+            self.done = True
+            try:
+                self.settle(self.token, status=status)
+            except Exception:
+                log.exception("settling the request's hits failed; they stay counted")
+
+    async def told(self, status: int) -> None:
+        """``__call__`` for an awaited ``settle``."""
+        if not self.done:
+            self.done = True
+            try:
+                await self.settle(self.token, status=status)
+            except Exception:
+                log.exception("settling the request's hits failed; they stay counted")
 
 
 class Responder:

@@ -37,6 +37,7 @@ from ._request import (
     LimitOutcome,
     Reply,
     Responder,
+    Settled,
     attributes,
     check_any_engine,
     content_length,
@@ -253,6 +254,10 @@ class RateLimitMiddleware:
     have run). No slot within ``concurrency_wait`` seconds: 429 with
     Retry-After (the time until the earliest lease ends, at least 1 s).
 
+    A rule that counts by response (``count: {status: [...]}``) is settled at
+    the response start, with its status, before the response goes out (an app
+    that raises before it starts one settles as a 500).
+
     ``reserve``: a `Reserved` for a cost known only after the response (LLM
     tokens): the request reserves its estimate of a budget before the app runs,
     429 when the budget cannot hold it, and settles the actual cost the response
@@ -287,11 +292,13 @@ class RateLimitMiddleware:
             self._held = Held(concurrency, concurrency_key or _client, concurrency_wait)
         # a plain limiter or a rule engine, told apart once here rather than per request
         self._decide: Callable[[Mapping[str, object], bool], Awaitable[Outcome | LimitOutcome]]
+        self._settle: Callable[..., Awaitable[object]] | None = None  # a rule engine's
         if isinstance(engine, AsyncLimiter | Limiter):
             self._decide = partial(run_limiter, engine, limit_policy(engine))
         else:
             checked = check_any_engine(engine, "RateLimitMiddleware (ASGI)")
             self._decide = partial(run_engine, checked)
+            self._settle = settle_of(checked)
         self.identify = identify
         self.identify_failures = IdentifyFailures()
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
@@ -310,10 +317,18 @@ class RateLimitMiddleware:
             app = self.app
             if self._reserved is not None:
                 app = partial(self._reserved_app, self._reserved, app)
-            if self._held is None:
-                await app(scope, receive, send)
-            else:
-                await self._held.run(app, scope, receive, send)
+            token = getattr(outcome, "settle", None)
+            if token is not None and self._settle is not None:
+                settled = Settled(self._settle, token)
+                send = _settling(send, settled)
+            try:
+                if self._held is None:
+                    await app(scope, receive, send)
+                else:
+                    await self._held.run(app, scope, receive, send)
+            finally:
+                if token is not None and self._settle is not None:
+                    await settled.told(500)  # the app raised before its response started
             return
         await send_reply(send, self.responder.refused(outcome))
 
@@ -380,6 +395,36 @@ class Held:
 def _client(scope: Scope) -> str:
     client = scope.get("client")
     return str(client[0]) if client else ""
+
+
+def settle_of(engine: AsyncRuleEngine | RuleEngine) -> Callable[..., Awaitable[object]]:
+    """The engine's settle, awaitable: an `AsyncRuleEngine`'s, or a sync
+    `RuleEngine`'s as `run_engine` runs its checks (inline on a `MemoryStore`,
+    else on a worker thread)."""
+    from ..rules import AsyncRuleEngine  # noqa: PLC0415 (an engine imported it)
+
+    if isinstance(engine, AsyncRuleEngine):
+        return engine.asettle
+    inline = isinstance(engine.store, MemoryStore)
+
+    async def settle(token: str, *, status: int) -> object:
+        if inline:
+            return engine.settle(token, status=status)
+        return await asyncio.to_thread(partial(engine.settle, token, status=status))
+
+    return settle
+
+
+def _settling(send: Send, settled: Settled) -> Send:
+    """``send``, settling the request's hits by its status at the response start,
+    before it goes out: a client that reads the response finds its count settled."""
+
+    async def send_settling(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            await settled.told(int(message["status"]))
+        await send(message)
+
+    return send_settling
 
 
 def _busy(exc: RateLimitTimeout) -> Reply:

@@ -29,12 +29,14 @@ from ._request import (
     LimitOutcome,
     Reply,
     Responder,
+    Settled,
     attributes,
     check_engine,
     content_length,
     identity_of,
     limit_policy,
     rule_engines,
+    status_of,
 )
 
 if TYPE_CHECKING:
@@ -162,7 +164,9 @@ class RateLimitMiddleware:
     and the handling of each action are as for the ASGI middleware
     (`ratewarden.integrations.asgi.RateLimitMiddleware`), and so is an
     ``identify`` that raises; how much to degrade a response is
-    ``environ["ratewarden.degrade"]`` (0.0 to 1.0)."""
+    ``environ["ratewarden.degrade"]`` (0.0 to 1.0). A rule that counts by
+    response (``count``) is settled with the status the app starts its response
+    with, before that response goes out."""
 
     def __init__(
         self,
@@ -178,12 +182,14 @@ class RateLimitMiddleware:
         self.engine = engine
         # a plain limiter or a rule engine, told apart once here rather than per request
         self._decide: Callable[[Mapping[str, object], bool], Outcome | LimitOutcome | None]
+        self._engine: RuleEngine | None = None  # a rule engine's, for its settles
         if isinstance(engine, Limiter):
             self._decide = partial(check_limit, engine, limit_policy(engine))
         else:
             where = "RateLimitMiddleware (WSGI)"
             checked = check_engine(engine, rule_engines(engine, where)[0], where)
             self._decide = partial(check, checked)
+            self._engine = checked
         self.identify = identify
         self.identify_failures = IdentifyFailures()
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
@@ -195,6 +201,9 @@ class RateLimitMiddleware:
             if outcome is not None:
                 environ[DEGRADE_ENVIRON] = outcome.degrade
             extra = [] if outcome is None else self.responder.passed(outcome)
+            token = getattr(outcome, "settle", None)
+            if token is not None and self._engine is not None:
+                return self._settled(self._engine, token, extra, environ, start_response)
             if not extra:
                 return self.app(environ, start_response)
 
@@ -207,6 +216,32 @@ class RateLimitMiddleware:
         reply = self.responder.refused(outcome)
         start_response(status_line(reply.status), reply_headers(reply))
         return [reply.body]
+
+    def _settled(
+        self,
+        engine: RuleEngine,
+        token: str,
+        extra: list[tuple[str, str]],
+        environ: WSGIEnvironment,
+        start_response: StartResponse,
+    ) -> Iterable[bytes]:
+        """Run the app and settle the request's hits (``token``, see
+        `ratewarden.rules._settle`) by its status, as soon as the app starts its
+        response and before the response goes out, so that a client reading it
+        finds its count settled; an app that raises first settles as a 500."""
+        settled = Settled(engine.settle, token)
+
+        def start_settling(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Any:
+            settled(status_of(status))
+            return start_response(status, [*headers, *extra], exc_info)
+
+        try:
+            return self.app(environ, start_settling)
+        except BaseException:
+            settled(500)
+            raise
 
     def __repr__(self) -> str:
         return f"<RateLimitMiddleware {self.engine!r} headers={self.responder.mode!r}>"

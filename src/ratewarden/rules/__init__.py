@@ -51,8 +51,9 @@ from ._engine import AsyncRuleEngine, RuleEngine
 from ._holds import Admission, BadToken, HoldStats, LeaseGone
 from ._override_stores import LocalOverrides as LocalOverrides
 from ._override_stores import RedisOverrides as RedisOverrides
-from ._schema import ClientIP, CostFrom, Defaults, Match, Response, Rule, RuleFile
+from ._schema import ClientIP, CostFrom, CountBy, Defaults, Match, Response, Rule, RuleFile
 from ._schema import dump as dump
+from ._settle import BadSettle, BadSettleToken, Settled, SettleRefused
 from ._tally import LATENCY_BUCKETS as LATENCY_BUCKETS
 from ._tally import Tally
 from ._watcher import AsyncWatcher, Watcher
@@ -85,10 +86,13 @@ __all__ = [
     "AsyncRuleEngine",
     "AsyncWatcher",
     "AuditEntry",
+    "BadSettle",
+    "BadSettleToken",
     "BadToken",
     "ClientIP",
     "CompiledRule",
     "CostFrom",
+    "CountBy",
     "Defaults",
     "EnvoyConfig",
     "EnvoyLimit",
@@ -109,6 +113,8 @@ __all__ = [
     "RuleFileError",
     "RuleSet",
     "RuntimeOverride",
+    "SettleRefused",
+    "Settled",
     "ShadowLog",
     "Tally",
     "UnknownRule",

@@ -50,8 +50,10 @@ import msgspec
 
 from ..kernel import AsyncTurns, Turns, policy_item, rate_limit_fields
 from ..primitives import Call, Clock, ConfigurationError, Decision, Flow, Rate, adrive
+from ..stores import pick
 from ._compile import Applicable, CompiledRule, RuleSet, ceiling_start
 from ._schema import Response
+from ._settle import Settles
 
 __all__ = [
     "Counted",
@@ -95,7 +97,10 @@ class Outcome(msgspec.Struct, frozen=True):
                      ``shadow.rule`` names one that would have;
     ``limits``       every limit that applied;
     ``degrade``      how much to degrade the response, 0 (not at all) to 1, when a
-                     ``degrade`` rule's caller is over its limit.
+                     ``degrade`` rule's caller is over its limit;
+    ``settle``       when allowed and a rule that applied counts by response
+                     (``count``) or settles its cost (``settle``): the token that
+                     the engine's ``settle`` takes once the request ran (`_settle`).
     """
 
     allowed: bool
@@ -109,6 +114,7 @@ class Outcome(msgspec.Struct, frozen=True):
     shadow: Decision | None = None
     limits: tuple[Applicable, ...] = ()
     degrade: float = 0.0
+    settle: str | None = None
 
     def __bool__(self) -> bool:
         return self.allowed
@@ -215,10 +221,9 @@ def _released(outcome: Outcome) -> Outcome:
 
 
 Tier: TypeAlias = "tuple[Any, str, int]"  # (limiter, key, cost), sync or async
-# decision of the enforced tiers, of the shadow ones, of the queue, of degrade
-Counted: TypeAlias = (
-    "tuple[Decision | None, Decision | None, Decision | None, Decision | None, list[Tier]]"
-)
+# decision of the enforced tiers, of the shadow ones, of the queue, of degrade, the
+# queue's tiers, the token of the settled hits
+Counted: TypeAlias = "tuple[Decision | None, Decision | None, Decision | None, Decision | None, list[Tier], str | None]"  # noqa: E501
 
 
 def shaped(
@@ -227,34 +232,57 @@ def shaped(
     shadow: list[Tier],
     tiers: Callable[[list[Tier], list[Tier]], Any],
     many: Callable[[list[Tier]], Any],
+    *,
+    settles: Settles | None = None,
+    cost: int = 1,
 ) -> Flow[Counted]:
     """The store calls of a request with queue or degrade tiers, or adaptive or
-    sharded ones (see the module docstring), yielded; the Decisions they gave.
-    ``tiers`` and ``many`` are `hit_tiers` and `hit_many` of the engine's kind,
-    and the limiters' own ``peek`` looks at a queue. A Decision of the queue that denies means the
-    request is turned away; the enforced one denying, too."""
+    sharded ones, or tiers of rules that settle (see the module docstring),
+    yielded; the Decisions they gave. ``tiers`` and ``many`` are `hit_tiers` and
+    `hit_many` of the engine's kind, and the limiters' own ``peek`` looks at a
+    queue; ``settles`` reserves the tiers of rules that settle (`_settle`), first,
+    and gives them back if the request is refused after all (``cost``: the
+    request's). A Decision of the queue that denies means the request is turned
+    away; the enforced one denying, too."""
     by_limit = ruleset.by_limit_name
     plain: list[Tier] = []
     queue: list[Tier] = []
     degrade: list[Tier] = []
+    reserved: list[Tier] = []
     for tier in enforced:
         rule = by_limit.get(tier[0].name or "")
         action = "reject" if rule is None else rule.action
+        if rule is not None and rule.settles and settles is not None:
+            reserved.append(tier)
+            continue
         (queue if action == "queue" else degrade if action == "degrade" else plain).append(tier)
-    for limiter, key, cost in queue:
-        full: Decision = yield partial(limiter.peek, key, cost)
+    for limiter, key, charged in queue:
+        full: Decision = yield partial(limiter.peek, key, charged)
         if not full.allowed:
-            return None, None, full, None, queue
+            return None, None, full, None, queue, None
+    held: Decision | None = None
+    taken: list[Any] = []
+    if reserved and settles is not None:
+        held, taken = yield from settles.taking(reserved, cost)
+        if not held.allowed:
+            return held, None, None, None, queue, None
     decision = report = None
     if plain or shadow:
         decision, report = yield partial(tiers, plain, shadow)
         if decision is not None and not decision.allowed:
-            return decision, report, None, None, queue
+            if settles is not None:
+                yield from settles.giving_back(taken)
+            return decision, report, None, None, queue, None
+    if held is not None:
+        decision = held if decision is None else pick((held, decision))
     queued = (yield partial(many, queue)) if queue else None
     if queued is not None and not queued.allowed:
-        return decision, report, queued, None, queue
+        if settles is not None:
+            yield from settles.giving_back(taken)
+        return decision, report, queued, None, queue, None
     degraded = (yield partial(many, degrade)) if degrade else None
-    return decision, report, queued, degraded, queue
+    token = None if settles is None else settles.token(taken)
+    return decision, report, queued, degraded, queue, token
 
 
 def queue_wait(queued: Decision, tiers: list[Tier]) -> float:
@@ -311,13 +339,13 @@ def shaped_outcome(
     """The outcome of a request that met queue or degrade rules, from what
     `shaped` counted; ``outcome_of`` is the engine's for the plain tiers (a full
     queue is a denial of its rule, answered 429)."""
-    decision, report, queued, degraded, queue = counted
+    decision, report, queued, degraded, queue, token = counted
     if queued is not None and not queued.allowed:
         return outcome_of(ruleset, applicable, queued, None)
     outcome = outcome_of(ruleset, applicable, queued if decision is None else decision, report)
     if not outcome.allowed:
         return outcome
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {} if token is None else {"settle": token}
     if degraded is not None:
         level, rule = degrade_level(degraded, ruleset)
         if level > 0:

@@ -97,6 +97,8 @@ class RuleSet:
         self.limits: tuple[LimitSpec, ...] = tuple(s for r in rules for s in r.limits)
         # queue and degrade rules take more than the one store call (rules/_actions)
         self.shaping = any(r.action in ("queue", "degrade") for r in rules)
+        # rules whose hits are settled after the request ran (`_settle`)
+        self.settling = any(r.settles for r in rules)
         # the load signals the adaptive rules read
         self.signals = frozenset(
             r.rule.adaptive.signal for r in rules if r.rule.adaptive is not None

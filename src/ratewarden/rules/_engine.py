@@ -53,11 +53,13 @@ from ..kernel import (
 )
 from ..primitives import adrive, drive
 from ..stores import AsyncStore, Store
+from ..stores.reservations import areserver, reserver
 from . import _actions as act
 from ._actions import Outcome
 from ._engine_core import _HELD, _Core
 from ._engine_overrides import AsyncOverrides, Overrides
 from ._holds import Admission
+from ._settle import Settled
 from ._watcher import AsyncWatcher
 from .overrides import AuditEntry, RuntimeOverride
 
@@ -76,6 +78,7 @@ class RuleEngine(_Core[Limiter, Store]):
     _lines_class = Turns
     _overrides_class = Overrides
     _overrides: Overrides
+    _reserver_of = staticmethod(reserver)
 
     def set_override(
         self, rule: str, limits: Sequence[str] | str, *, duration: float | str, reason: str,
@@ -136,6 +139,13 @@ class RuleEngine(_Core[Limiter, Store]):
         (released already, or its lease ended): the others are released."""
         return drive(self.holds.releasing(self._leases(), token))
 
+    def settle(self, token: str, *, status: int | None = None, cost: int | None = None) -> Settled:
+        """Settle the hits of an `Outcome`'s ``settle`` token once the request ran:
+        give back those its response ``status`` does not count, charge a ``settle``
+        rule's actual ``cost``. `BadSettle` (`BadSettleToken`) for what it cannot
+        take, `SettleRefused` for a token settled already or expired."""
+        return drive(self.settles.settling(self._leases, token, status, cost, self._limit_in_force))
+
     def unidentified(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
     ) -> Outcome:
@@ -174,7 +184,7 @@ class RuleEngine(_Core[Limiter, Store]):
             return sorted_
         ruleset, applicable, enforced, shadow, plain = sorted_  # type: ignore[misc]
         if not plain:
-            counted = drive(act.shaped(ruleset, enforced, shadow, hit_tiers, hit_many))
+            counted = drive(self._shape(ruleset, enforced, shadow, cost, hit_tiers, hit_many))
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         decision, report = self.store.hit_tiers(enforced, shadow)
         return self._outcome(ruleset, applicable, decision, report)
@@ -188,6 +198,7 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
     _lines_class = AsyncTurns
     _overrides_class = AsyncOverrides
     _overrides: AsyncOverrides
+    _reserver_of = staticmethod(areserver)
 
     async def astart(self) -> None:
         """Read the store's overrides now and follow them from here on (the
@@ -240,6 +251,13 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
         """The twin of `RuleEngine.release`."""
         return await adrive(self.holds.releasing(self._leases(), token))
 
+    async def asettle(
+        self, token: str, *, status: int | None = None, cost: int | None = None
+    ) -> Settled:
+        """The twin of `RuleEngine.settle`."""
+        flow = self.settles.settling(self._leases, token, status, cost, self._limit_in_force)
+        return await adrive(flow)
+
     async def aunidentified(
         self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
     ) -> Outcome:
@@ -288,7 +306,9 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
             return sorted_
         ruleset, applicable, enforced, shadow, plain = sorted_  # type: ignore[misc]
         if not plain:
-            counted = await adrive(act.shaped(ruleset, enforced, shadow, ahit_tiers, ahit_many))
+            counted = await adrive(
+                self._shape(ruleset, enforced, shadow, cost, ahit_tiers, ahit_many)
+            )
             return act.shaped_outcome(self._outcome, ruleset, applicable, counted)
         now = self._hit_tiers_now
         if now is not None:

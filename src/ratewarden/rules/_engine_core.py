@@ -27,13 +27,14 @@ from ..kernel import (
 )
 from ..primitives import ConfigurationError, Decision
 from ..stores import AsyncMemoryStore, AsyncStore, Store
-from ._actions import Outcome, ShadowLog
+from ._actions import Outcome, ShadowLog, shaped
 from ._compile import Applicable, LimitSpec, RuleSet, load
 from ._engine_overrides import AsyncOverrides, Overrides
 from ._holds import Holds
 from ._limits_in_force import adaptive_of, in_force
 from ._override_stores import Snapshot
 from ._override_view import OverrideView
+from ._settle import Settles
 from ._unidentified import IdentityRules, refusal
 from ._watcher import Watcher
 from .overrides import UnknownRule
@@ -77,6 +78,7 @@ class _Core(Generic[L, S]):
     _limiter_class: type[L]
     _lines_class: type[Turns] | type[AsyncTurns]
     _overrides_class: type[Overrides] | type[AsyncOverrides]
+    _reserver_of: Callable[[Any, Any], Any]  # a limit's reservations, sync or async
 
     def __init__(
         self, source: RuleSet | str | os.PathLike[str], store: S, *, overrides: bool = True,
@@ -117,6 +119,8 @@ class _Core(Generic[L, S]):
         # the concurrency rules' slots: lease ids, waits and figures (`_holds`)
         self.holds = Holds(clock)
         self._lease_table: Any = None
+        # the hits settled after the request ran: their tokens and flows (`_settle`)
+        self.settles = Settles(clock, store, type(self)._reserver_of)
 
     def _leases(self) -> Any:
         """The store's lease table, where the concurrency rules keep their slots."""
@@ -129,6 +133,16 @@ class _Core(Generic[L, S]):
                 )
             self._lease_table = leases()
         return self._lease_table
+
+    def _limit_in_force(self, name: str) -> tuple[Any, L] | None:
+        """The rule and the limiter in force of the limit named ``name``, or None."""
+        bound = self._bound  # read once: a reload in between cannot mix two rule sets
+        rule = bound.ruleset.by_limit_name.get(name)
+        if rule is None:
+            return None
+        limits = bound.ruleset.limits
+        slot = next(slot for slot in rule.slots if limits[slot].name == name)
+        return rule, bound.limiters[slot]
 
     def _limiter(self, spec: LimitSpec) -> L:
         store: Any = self.store  # of the limiter's kind, as the shell's type says
@@ -331,6 +345,8 @@ class _Core(Generic[L, S]):
                     # path, whatever else the rule set holds: a flow costs a quarter
                     # of a check
                     plain = False
+        if plain and bound.ruleset.settling:  # reserved, then settled (`_settle`)
+            plain = not any(a.rule.settles for a in applicable)
         if not plain:  # the limiters themselves: rare enough to sort twice
             limiters = bound.limiters
             enforced = [(limiters[a.slot], a.key, a.cost * cost)
@@ -345,6 +361,13 @@ class _Core(Generic[L, S]):
         if not applicable:
             return self._outcome(ruleset, applicable, None, None)
         return ruleset, applicable, enforced, shadow, plain
+
+    def _shape(  # noqa: PLR0917 - the twins' one call, kept on one line each
+        self, ruleset: RuleSet, enforced: list[Any], shadow: list[Any], cost: int,
+        tiers: Callable[..., Any], many: Callable[..., Any],
+    ) -> Any:  # fmt: skip
+        """`_actions.shaped` for this engine: its settled hits too."""
+        return shaped(ruleset, enforced, shadow, tiers, many, settles=self.settles, cost=cost)
 
     def _refused_unidentified(
         self, ruleset: RuleSet, attributes: Mapping[str, object], applicable: list[Applicable]

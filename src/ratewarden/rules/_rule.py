@@ -25,6 +25,7 @@ from ._schema import (
     as_list,
     rule_algorithm,
 )
+from ._schema_settle import statuses
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -85,6 +86,14 @@ class LimitSpec:
         return Rate(self.degrade_from, self.rate.period)
 
 
+def _counted_statuses(rule: Rule) -> tuple[bool, tuple[tuple[int, int], ...]] | None:
+    """A ``count`` rule's statuses: whether they are the ones that count (True) or
+    all but them, and their ranges; None for a rule that counts every response."""
+    if rule.count is None:
+        return None
+    return bool(rule.count.status), statuses(rule.count.status or rule.count.not_status)
+
+
 class CompiledRule:
     """A rule ready to match; ``rule`` is the `Rule` as the file said it."""
 
@@ -95,6 +104,7 @@ class CompiledRule:
         "concurrency",
         "cost",
         "cost_attribute",
+        "counted_statuses",
         "degrade_header",
         "group",
         "group_key",
@@ -113,6 +123,7 @@ class CompiledRule:
         "rank",
         "response",
         "rule",
+        "settles",
         "slots",
         "specificity",
         "status",
@@ -145,6 +156,10 @@ class CompiledRule:
         # a lease of ``lease`` seconds unless released first (`_holds`)
         self.concurrency = rule.concurrency
         self.lease = DEFAULT_LEASE if rule.lease is None else float(rule.lease)
+        # whose hits a settle corrects (`_settle`): the statuses that count, and
+        # whether they are the ones listed (True) or all but those (False)
+        self.counted_statuses = _counted_statuses(rule)
+        self.settles = rule.settle or rule.count is not None
         match = rule.match
         self.paths: tuple[Pattern, ...] = ()
         self.methods: frozenset[str] | None = None
@@ -182,6 +197,15 @@ class CompiledRule:
         self.rank = 0
         path_spec = min((p.specificity for p in self.paths), default=(0, 0))
         self.specificity = (*path_spec, len(self.attributes), self.methods is not None)
+
+    def counts(self, status: int) -> bool:
+        """Whether a response of ``status`` counts against this rule (every
+        response does unless the rule says ``count``)."""
+        counted = self.counted_statuses
+        if counted is None:
+            return True
+        listed, ranges = counted
+        return any(low <= status <= high for low, high in ranges) is listed
 
     def entry(self) -> Entry:
         """What the index files: the fields evaluation reads, unpacked in one step."""

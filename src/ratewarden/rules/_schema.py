@@ -20,6 +20,7 @@ __all__ = [
     "CalendarSpec",
     "ClientIP",
     "CostFrom",
+    "CountBy",
     "Defaults",
     "Degrade",
     "FailurePolicy",
@@ -52,6 +53,17 @@ class CostFrom(_Base, frozen=True):
 
     attribute: str
     default: int = 1
+
+
+class CountBy(_Base, frozen=True):
+    """Which responses a request counts by (``count``): only those whose status
+    is in ``status``, or only those whose status is not in ``not_status``. A
+    status is a number or a range ``"500-599"``. The request is counted when it
+    is checked, and given back once its response says it does not count
+    (`ratewarden.rules._settle`)."""
+
+    status: list[int | str] = []
+    not_status: list[int | str] = []
 
 
 class Match(_Base, frozen=True):
@@ -142,6 +154,11 @@ class Rule(_Base, frozen=True):
     # requests of one key in flight at once, each holding a lease (`rules._holds`)
     concurrency: int | None = None
     lease: float | None = None  # seconds a hold lasts unless released first
+    # what the request counts, settled once it has run (`rules._settle`): only
+    # the responses ``count`` names; ``settle``: the check's cost is an estimate,
+    # corrected to the actual cost by the settle
+    count: CountBy | None = None
+    settle: bool = False
 
 
 class ClientIP(_Base, frozen=True):

@@ -41,6 +41,7 @@ from ._schema import (
 )
 from ._schema_concurrency import check_concurrency
 from ._schema_problems import Shape, in_order, nearest, type_problem
+from ._schema_settle import check_settle
 from .source import Document, Problem, RuleFileError
 
 __all__ = ["MAX_QUEUE", "from_document", "undeclared"]
@@ -366,8 +367,10 @@ def _check_action(rule: Rule, bad: _Bad) -> None:
 
 
 def _check_shaping(rule: Rule, defaults: Defaults, bad: _Bad) -> None:
-    """The options of the degrade and queue actions and of priority classes."""
+    """The options of the degrade and queue actions, of priority classes and of
+    the hits settled after the request (`check_settle`)."""
     action = rule.action
+    check_settle(rule, (rule.store or defaults.store) == "two_tier", bad)
     if rule.degrade is not None:
         if action != "degrade":
             bad("degrade", f"'degrade' goes with action 'degrade', not {action!r}")

@@ -11,6 +11,8 @@ Routes (``openapi()`` documents the same, from the same msgspec types):
     POST   /v1/check/batch    up to 1000 checks -> {"results": [...]}
     POST   /v1/acquire        a check that takes the concurrency rules' slots -> lease_id
     POST   /v1/release        give an acquire's slots back
+    POST   /v1/settle         what a checked request counts, told after it ran (the token:
+                              a check's "settle", /auth's X-Ratewarden-Settle)
     GET    /v1/rules          the rules in force
     GET    /v1/quotas         the fleet quotas in the Redis store, summed up
     GET    /v1/quotas/{name}  one fleet quota and its members
@@ -67,6 +69,8 @@ from ._quotas import MAX_LISTED, summary
 from ._readiness import store_problem
 from ._refusals import InvalidRequest
 from ._service import Service
+from ._settle_api import SettleError
+from ._settle_api import settle as settle_hits
 from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem, bearer_matches
 
 if TYPE_CHECKING:
@@ -132,6 +136,7 @@ class App:
             ("POST", "/v1/check/batch"): (self._batch, "batch", "check"),
             ("POST", "/v1/acquire"): (self._acquire, "acquire", "check"),
             ("POST", "/v1/release"): (self._release, "release", "check"),
+            ("POST", "/v1/settle"): (self._settle, "settle", "check"),
             ("GET", "/v1/rules"): (self._rules, "rules", "check"),
             ("GET", "/v1/quotas"): (self._quotas, "quotas", "check"),
             ("POST", "/v1/reload"): (self._reload, "reload", "admin"),
@@ -308,6 +313,13 @@ class App:
         except LeaseError as exc:
             return exc.status, _JSON, _encode(Problem(str(exc)))
 
+    async def _settle(self, scope: Scope, receive: Receive) -> _Answer:
+        body = await self._body(scope, receive)
+        try:
+            return 200, _JSON, await settle_hits(self._engine, body)
+        except SettleError as exc:
+            return exc.status, _JSON, _encode(Problem(str(exc)))
+
     async def _rules(self, scope: Scope, receive: Receive) -> _Answer:
         return 200, _JSON, _encode(self._rules_in_force.describe())
 
@@ -412,6 +424,8 @@ class App:
         outcome = (await self._decide(AttributesCheck(attributes), wait=True)).outcome
         headers = [(k.lower().encode(), v.encode()) for k, v in outcome.headers()]
         if outcome.allowed:
+            if outcome.settle is not None:  # for the gateway to pass to the backend, which settles
+                headers.append((b"x-ratewarden-settle", outcome.settle.encode()))
             return 200, headers, b""
         if outcome.action == "shadow_ban" and outcome.response is not None:
             # A gateway passes any 2xx from here on to the backend: the rule's

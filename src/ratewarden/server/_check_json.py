@@ -123,7 +123,7 @@ def outcome_result(outcome: Outcome) -> CheckResult:
         outcome.allowed, outcome.action, outcome.status, rule, limit, remaining, reset,
         retry if retry < _INF else None, outcome.wait, decision is not None and decision.degraded,
         outcome.header_fields(), None if shadow is None else Shadow(shadow.allowed, shadow.rule),
-        body=body, degrade=outcome.degrade,
+        body=body, degrade=outcome.degrade, settle=outcome.settle,
     )  # fmt: skip
 
 

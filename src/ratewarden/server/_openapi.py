@@ -12,6 +12,7 @@ from ._admin_api import override_openapi_paths as override_paths
 from ._http_input import AUTH_METHODS
 from ._lease_api import lease_openapi_paths as lease_paths
 from ._quotas import Quota, QuotaList
+from ._settle_api import settle_openapi_paths as settle_paths
 from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, Problem
 
 __all__ = ["openapi"]
@@ -255,7 +256,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
             },
         },
     }
-    for more in (override_paths, load_paths, lease_paths):
+    for more in (override_paths, load_paths, lease_paths, settle_paths):
         paths, schemas = more(problem)
         document["paths"].update(paths)
         document["components"]["schemas"].update(schemas)

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import secrets
 import signal
 import socket
 from dataclasses import replace
@@ -111,6 +112,8 @@ def run(options: ServeOptions) -> int:
         _run_loop(options, None)
         return 0
     http_socket = None if options.http is None else bind(options.http)
+    # one settle secret for every worker: a token one answered, another settles
+    os.environ.setdefault("RATEWARDEN_SETTLE_SECRET", secrets.token_hex(32))
     context = multiprocessing.get_context("fork")  # nothing threaded has started yet
     workers = [context.Process(target=_worker, args=(options, http_socket), daemon=False)
                for _ in range(options.workers)]  # fmt: skip

@@ -13,6 +13,7 @@ puts its rules in force after a newer one did. It also says what is in force
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -49,6 +50,11 @@ class RulesInForce:
     ) -> None:
         self.store = store
         self.engine = AsyncRuleEngine(rules, store)
+        # the key of the settle tokens (`_settle_api`): shared by the instances and
+        # the workers that are given it, so that one can settle another's token
+        shared = os.environ.get("RATEWARDEN_SETTLE_SECRET")
+        if shared:
+            self.engine.settles.secret = hashlib.sha256(shared.encode()).digest()
         # Envoy's quota buckets: coordinated in the store's Redis when there is
         # one (instances share them), else in this process
         client = getattr(store, "client", None)

@@ -134,6 +134,9 @@ class CheckResult(msgspec.Struct):
     statuses: list[DescriptorStatus] | None = None
     body: str | None = None  # what a shadow-banned request is answered
     degrade: float = 0.0  # how much to degrade the response: 0 (not at all) to 1
+    # allowed, with a rule that counts by response or settles its cost: the token
+    # for /v1/settle once the request ran
+    settle: str | None = None
 
 
 class BatchResult(msgspec.Struct):
