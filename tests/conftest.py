@@ -7,7 +7,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from ratewarden import FakeClock, MemoryStore
+from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 from tests.redis_server import (
+    LIVE,
     SERVER_ENV,
     RedisCluster,
     RedisServer,
@@ -16,6 +18,18 @@ from tests.redis_server import (
     redis_server,
     server_version,
 )
+
+PRODUCTION_TIMEOUT = 0.05  # the stores' own default
+
+# One test-wide default for the Redis stores' timeout (tests.redis_server.LIVE):
+# a store a test builds without a timeout of its own waits as long as a busy
+# machine needs for a healthy round trip. The tests of a timeout, and the fault
+# tests, give theirs; processes the tests start (serve, workers) set their own.
+for _store in (RedisStore, AsyncRedisStore):
+    _defaults = _store.__init__.__kwdefaults__
+    assert _defaults is not None
+    assert _defaults["timeout"] == PRODUCTION_TIMEOUT, _defaults
+    _defaults["timeout"] = LIVE
 
 settings.register_profile(
     "default", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]

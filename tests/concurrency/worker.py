@@ -20,11 +20,14 @@ import redis
 
 from ratewarden import ConcurrencyLimiter, RateLimitTimeout
 from ratewarden.stores.redis import RedisStore
+from tests.redis_server import LIVE
 
 
 def hammer(url: str, limit: int, seconds: float, threads: int) -> None:
     counter = redis.Redis.from_url(url)
-    limiter = ConcurrencyLimiter(limit, store=RedisStore(url), lease=5.0, name="hammer")
+    limiter = ConcurrencyLimiter(
+        limit, store=RedisStore(url, timeout=LIVE), lease=5.0, name="hammer"
+    )
     most, holds = [0], [0]
     lock = threading.Lock()
 
@@ -51,7 +54,9 @@ def hammer(url: str, limit: int, seconds: float, threads: int) -> None:
 
 
 def hold(url: str, limit: int, lease: float) -> None:
-    limiter = ConcurrencyLimiter(limit, store=RedisStore(url), lease=lease, name="killed")
+    limiter = ConcurrencyLimiter(
+        limit, store=RedisStore(url, timeout=LIVE), lease=lease, name="killed"
+    )
     with limiter.hold("k", max_wait=5.0):
         print("held", flush=True)
         while True:
