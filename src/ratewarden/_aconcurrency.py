@@ -34,7 +34,7 @@ from ._concurrency_core import (
 from ._errors import ConfigurationError, StoreError
 from ._waiting import check_max_wait
 from .stores import AsyncMemoryStore
-from .stores.leases import EXPIRED, OK, AsyncLeaseStore, Op, Outcome, Place
+from .stores.leases import EXPIRED, NO_PLACE, OK, AsyncLeaseStore, Op, Outcome, Place
 
 __all__ = ["AsyncConcurrencyLimiter", "AsyncHold"]
 
@@ -142,7 +142,11 @@ class AsyncConcurrencyLimiter(Core):
         self._wake_waiters()
 
     async def _call(self, op: Op, hold: AsyncHold) -> Outcome:
-        place = Place(hold.priority, hold.queued_at, TICKET_US if hold.max_wait > 0 else 0)
+        place = (
+            Place(hold.priority, hold.queued_at, TICKET_US)
+            if hold.max_wait > 0
+            else NO_PLACE  # it never waits, so it never has a place in line
+        )
         return await self._leases.call(
             op, hold.store_key, hold.lease_id, self.limit, self.lease_us, place=place
         )

@@ -33,7 +33,7 @@ from ._concurrency_core import (
 from ._errors import ConfigurationError, StoreError
 from ._waiting import check_max_wait
 from .stores import MemoryStore
-from .stores.leases import EXPIRED, OK, LeaseStore, Op, Outcome, Place
+from .stores.leases import EXPIRED, NO_PLACE, OK, LeaseStore, Op, Outcome, Place
 
 __all__ = ["ConcurrencyLimiter", "Hold"]
 
@@ -135,7 +135,11 @@ class ConcurrencyLimiter(Core):
         self._wake_waiters()
 
     def _call(self, op: Op, hold: Hold) -> Outcome:
-        place = Place(hold.priority, hold.queued_at, TICKET_US if hold.max_wait > 0 else 0)
+        place = (
+            Place(hold.priority, hold.queued_at, TICKET_US)
+            if hold.max_wait > 0
+            else NO_PLACE  # it never waits, so it never has a place in line
+        )
         return self._leases.call(
             op, hold.store_key, hold.lease_id, self.limit, self.lease_us, place=place
         )

@@ -153,9 +153,13 @@ class LeaseTable:
         self, op: Op, key: str, lease_id: str, limit: int, lease_us: int,
         *, place: Place = NO_PLACE, now: int,
     ) -> Outcome:  # fmt: skip
-        priority, queued_at, ticket_us = place
-        rank = (-clamp_priority(priority), queued_at or now, lease_id)
-        tickets, left = self._line(op, key, rank if queued_at else None, now)
+        ticket_us = place.ticket_us
+        rank: Rank | None = None
+        tickets: dict[Rank, int] | None = None
+        left = False
+        if place is not NO_PLACE or key in self.tickets:  # else nobody is in line
+            rank = (-clamp_priority(place.priority), place.queued_at or now, lease_id)
+            tickets, left = self._line(op, key, rank if place.queued_at else None, now)
         if op == "leave":
             return Outcome(OK if left else UNKNOWN, self._live(key, now), 0, 0)
         leases = self.keys.get(key)
@@ -166,7 +170,8 @@ class LeaseTable:
                     if len(self.keys) >= self._sweep_at:
                         self.sweep(now)
                     self.keys[key] = {lease_id: now + lease_us}
-                    self._drop_ticket(key, rank)
+                    if tickets is not None:
+                        self._drop_ticket(key, rank)
                     return Outcome(OK, 1, 0, 0)
                 return self._queued(key, rank, ticket_us, Outcome(BUSY, 0, 0, 0), now)
             return Outcome(OK if op == "count" else UNKNOWN, 0, 0, 0)
@@ -183,7 +188,8 @@ class LeaseTable:
                     outcome = Outcome(DUPLICATE, held, reclaimed, 0)
                 else:
                     leases[lease_id] = now + lease_us
-                    self._drop_ticket(key, rank)
+                    if tickets is not None:
+                        self._drop_ticket(key, rank)
                     outcome = Outcome(OK, held + 1, reclaimed, 0)
             else:
                 wait = min(leases.values()) - now if leases else 0
@@ -230,16 +236,21 @@ class LeaseTable:
         leases = self.keys.get(key)
         return 0 if leases is None else sum(1 for expiry in leases.values() if expiry > now)
 
-    def _queued(self, key: str, rank: Rank, ticket_us: int, busy: Outcome, now: int) -> Outcome:
+    def _queued(
+        self, key: str, rank: Rank | None, ticket_us: int, busy: Outcome, now: int
+    ) -> Outcome:
         """A refused take: a waiter's ticket is left, or kept, at its rank."""
-        if ticket_us <= 0:
+        if ticket_us <= 0 or rank is None:
             return busy
         self.tickets.setdefault(key, {})[rank] = now + ticket_us
         return busy._replace(queued_at=rank[1])
 
-    def _drop_ticket(self, key: str, rank: Rank) -> None:
+    def _drop_ticket(self, key: str, rank: Rank | None) -> None:
         tickets = self.tickets.get(key)
-        if tickets is not None and tickets.pop(rank, None) is not None and not tickets:
+        if tickets is None or rank is None:
+            return
+        tickets.pop(rank, None)
+        if not tickets:
             del self.tickets[key]
 
     def sweep(self, now: int) -> int:
@@ -263,9 +274,9 @@ class LeaseTable:
         return dropped
 
 
-def _ahead(tickets: dict[Rank, int], rank: Rank, ticket_us: int) -> int:
+def _ahead(tickets: dict[Rank, int], rank: Rank | None, ticket_us: int) -> int:
     """The live tickets before ``rank``: all of them for a take that does not wait."""
-    if ticket_us <= 0:
+    if ticket_us <= 0 or rank is None:
         return len(tickets)
     return sum(1 for other in tickets if other < rank)
 

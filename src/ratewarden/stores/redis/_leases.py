@@ -20,6 +20,8 @@ from .scripts import LEASES
 
 __all__ = ["RedisLeases"]
 
+_NOT_IN_LINE = (0, 0, 0)
+
 
 class RedisLeases:
     """The Redis store's lease table: ``call`` is the store's script call (name,
@@ -33,8 +35,14 @@ class RedisLeases:
         self, op: Op, key: str, lease_id: str, limit: int, lease_us: int, *, place: Place = NO_PLACE
     ) -> Outcome:
         now: int | str = "" if self._clock is None else self._clock.time_ns() // 1000
+        if place is NO_PLACE:
+            if op != "take":  # no ticket of its own to find: the lease key alone
+                reply = self._call(LEASES, 1, [key, op, lease_id, limit, lease_us, now])
+                return Outcome._make(reply)
+            line = _NOT_IN_LINE
+        else:
+            line = (clamp_priority(place.priority), place.queued_at, place.ticket_us)
         # the waiters' two sets share the lease set's hash tag (the whole key is one)
-        keys_args = [key, f"{key}:w", f"{key}:e", op, lease_id, limit, lease_us, now,
-                     clamp_priority(place.priority), place.queued_at, place.ticket_us]  # fmt: skip
+        keys_args = [key, f"{key}:w", f"{key}:e", op, lease_id, limit, lease_us, now, *line]
         # the script's integers, as the client reads them
         return Outcome._make(self._call(LEASES, 3, keys_args))

@@ -23,16 +23,21 @@ end
 local function int(x)
   return string.format("%d", x)
 end
-local queued_at, ticket_us = tonumber(ARGV[7]), tonumber(ARGV[8])
+-- a caller with no place in line (no ARGV[6..8]) and an op other than take sends
+-- the lease key alone: no ticket is its to find, and ended ones wait for a take
+local queued_at, ticket_us = tonumber(ARGV[7] or "0"), tonumber(ARGV[8] or "0")
 local arrival = queued_at
 if arrival == 0 then
   arrival = now
 end
 -- a ticket is its rank, ordered as bytes: higher priority first, then who asked
 -- first, then the id
-local ticket = string.format("%08x%014x", 2147483647 - tonumber(ARGV[6]), arrival) .. id
+local ticket = nil
+if queued_at > 0 or ticket_us > 0 then
+  ticket = string.format("%08x%014x", 2147483647 - tonumber(ARGV[6]), arrival) .. id
+end
 local waiting = 0 -- take: the tickets before this caller's; leave: whether its own went
-if redis.call("EXISTS", ends) == 1 then
+if #KEYS == 3 and redis.call("EXISTS", ends) == 1 then
   local ended = redis.call("ZRANGEBYSCORE", ends, "-inf", int(now), "LIMIT", 0, 1000)
   if #ended > 0 then
     redis.call("ZREM", ranks, unpack(ended))
