@@ -49,10 +49,27 @@ def pytest_configure(config: pytest.Config) -> None:
 SERIAL = ("tests/faults/",)
 
 
+# The parallel pass's longest tests (real Envoys, browsers, simulations, the docs'
+# commands: `--durations` in ./dev test names them), handed to the workers first:
+# collected last, they ran at the end while the other workers sat idle.
+FIRST = (
+    "tests/system/",
+    "tests/test_docs.py",
+    "tests/fleet/test_simulate.py",
+    "tests/fleet/test_example_fleet.py",
+    "tests/fleet/test_fallback.py",
+    "tests/testing/",
+    "tests/server/test_serve.py",
+    "tests/server/test_serve_start.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
+    # stable: each module's tests stay together and in order
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))
 
 
 def pytest_report_header(config: pytest.Config) -> str:
