@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from ..envoy import EnvoyResult
 from ..primitives import Decision
 from ..rules import Outcome
@@ -123,7 +125,8 @@ def outcome_result(outcome: Outcome) -> CheckResult:
         outcome.allowed, outcome.action, outcome.status, rule, limit, remaining, reset,
         retry if retry < _INF else None, outcome.wait, decision is not None and decision.degraded,
         outcome.header_fields(), None if shadow is None else Shadow(shadow.allowed, shadow.rule),
-        body=body, degrade=outcome.degrade, settle=outcome.settle,
+        body=body, degrade=outcome.degrade,
+        settle=msgspec.UNSET if outcome.settle is None else outcome.settle,
     )  # fmt: skip
 
 

@@ -135,8 +135,9 @@ class CheckResult(msgspec.Struct):
     body: str | None = None  # what a shadow-banned request is answered
     degrade: float = 0.0  # how much to degrade the response: 0 (not at all) to 1
     # allowed, with a rule that counts by response or settles its cost: the token
-    # for /v1/settle once the request ran
-    settle: str | None = None
+    # for /v1/settle once the request ran; absent otherwise, so that an answer
+    # without such a rule reads as it always did
+    settle: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class BatchResult(msgspec.Struct):
