@@ -64,9 +64,9 @@ in a window: the same figure whatever part of a window the period covers.
 Earlier periods join as above, whole, while each part's calls could come from
 their rate; a part that the periods joined did not see is read from the latest
 period that saw it while the other part's demand holds (its calls could come
-from the last report's rate), else at the other part's rate. What waiting hid would have been asked between the margins, for only a
-wait's part there counts (a caller still waiting at a report too), so it counts
-there.
+from the last report's rate), else at the other part's rate. What waiting hid
+would have been asked between the margins, for only a wait's part there counts
+(a caller still waiting at a report too), so it counts there.
 """
 
 from __future__ import annotations
