@@ -371,13 +371,11 @@ def test_blocking_threads_are_served_alike_by_a_real_coordinator(
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     start = time.time() + 5.0  # both processes up and joined by then
-    # settle 3 s (a few refreshes), then count 6 s. Two processes served 88.8-89.0% of
-    # the total in clean clones' serial passes (533 of 600 over 3 s, 1069 of 1200 over
-    # 6 s), one process 95%: the floor here is 85%, for a starved or wasted share.
-    # What is lost: a refresh whose period covers the paced margins around a window's
-    # edge reads the member of two threads as wanting a fraction of its grant, and
-    # the space it gives up is spent by nobody until the next window edge (see the
-    # strict xfail in test_share.py; about 100 permits a time)
+    # settle 3 s (a few refreshes), then count 6 s. Two processes serve 100.6-100.7% of
+    # the total (1207-1208 of 1200 over 6 s of wall clock, 8 runs): the floor here is
+    # 85%, for a starved or wasted share. A refresh whose period covers the paced
+    # margins around a window's edge must not read the member of two threads as
+    # wanting a fraction of its grant (test_share.py), else about 100 permits are lost
     counted = 6.0
     times = (start, start + 3.0, start + 3.0 + counted)
     processes = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from itertools import pairwise
 from random import Random
@@ -458,14 +459,6 @@ def _blocked_pool_reports(workers: int, report_at: int) -> list[int]:
         share.ask(asks[head], 1, head)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a report whose period covers the paced margins around a window's edge reads"
-    " a blocked pool of two as wanting a fraction of its grant: its callers cannot"
-    " ask again while nothing is spent, and their waits there are not held-back"
-    " demand (`_at_edges`); the coordinator then moves its space to another member,"
-    " which may spend it only from the next window edge",
-)
 @pytest.mark.parametrize("report_at_ms", [130, 150])
 def test_a_blocked_pool_of_two_wants_its_grant_whenever_it_reports(report_at_ms: int) -> None:
     """Two threads blocked in acquire always want at least what they hold. (Six
@@ -475,3 +468,69 @@ def test_a_blocked_pool_of_two_wants_its_grant_whenever_it_reports(report_at_ms:
     served 96 permits of that window's 200."""
     assert min(_blocked_pool_reports(6, report_at_ms * S // 1000)) >= 100_000
     assert min(_blocked_pool_reports(2, report_at_ms * S // 1000)) >= 100_000
+
+
+def _own_schedule_reports(work_ms: int, report_at_ms: int, *, comes_back: bool) -> list[float]:
+    """Calls on a paced grant of 1000 a window (far above what they ask): each
+    asks, waits for its slot (across a window's margins when it asks there) and
+    returns when it is due. ``comes_back``: one thread that asks again
+    ``work_ms`` after it returned; else a call every ``work_ms``, each its own
+    caller. A report every 250 ms from ``report_at_ms`` into a window on: the
+    wants (permits a window) of the reports after the first second, then the
+    permits spent a window."""
+    share = Share(S, pace=True, now=W0 * S)
+    given_grant(share, 1_000_000, W0 * S)
+    start, end = W0 * S, (W0 + 4) * S
+    work, wants, spent = work_ms * S // 1000, [], 0
+    events = [(start, 0, "ask", 0), (start + report_at_ms * S // 1000, 1, "report", 0)]
+    seq = 2
+    while (event := heapq.heappop(events))[0] < end:
+        t, _, kind, caller = event
+        if kind == "report":
+            reported = share.report(t)[0]
+            if t >= start + S:
+                wants.append(reported / 1000)
+            kind, t = "report", t + S // 4
+        elif kind in {"ask", "try"}:
+            if kind == "ask":
+                share.ask(t, 1, caller)
+                if not comes_back:
+                    heapq.heappush(events, (t + work, seq, "ask", seq))
+                    seq += 1
+            held, wait = share.reserve(t, 1, 10 * S)
+            kind, t = ("done" if held else "try"), t + wait
+        else:
+            share.done(t, caller)
+            spent += 1
+            if not comes_back:
+                continue
+            kind, t = "ask", t + work
+        heapq.heappush(events, (t, seq, kind, caller))
+        seq += 1
+    return [*wants, spent / 4]
+
+
+@pytest.mark.parametrize("report_at_ms", [0, 60, 100, 130, 150, 200])
+def test_a_caller_that_comes_back_reads_alike_whenever_it_reports(report_at_ms: int) -> None:
+    """A thread that works 10 ms between calls spends about 76 permits a window
+    paced (it waits through both margins); every report says so, whichever part
+    of a window its period covers: one that covers the margins does not read as
+    wanting a few permits (the coordinator would take its space at once and give
+    it back from the next window edge), nor one that ends inside them as wanting
+    the whole line (a period mostly in its margins reads a little more: its few
+    calls between them come in a burst)."""
+    *wants, spent = _own_schedule_reports(10, report_at_ms, comes_back=True)
+    assert spent == pytest.approx(76, abs=1)
+    assert 0.95 * spent <= min(wants), wants
+    assert max(wants) <= 1.2 * spent, wants
+
+
+@pytest.mark.parametrize("report_at_ms", [0, 60, 100, 130, 150, 200])
+def test_calls_on_their_own_schedule_read_alike_whenever_it_reports(report_at_ms: int) -> None:
+    """Calls every 10 ms, each its own caller: those near a window's edge wait
+    for the first slots after it, and every report says 100 a window, whichever
+    part of a window its period covers: calls asked within the margins count
+    for the margins' part of a window, and a call still waiting at a report is
+    not held back by the time it waited there."""
+    *wants, _ = _own_schedule_reports(10, report_at_ms, comes_back=False)
+    assert wants == pytest.approx([100] * len(wants), rel=0.05)
