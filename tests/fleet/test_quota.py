@@ -373,9 +373,10 @@ def test_blocking_threads_are_served_alike_by_a_real_coordinator(
     start = time.time() + 5.0  # both processes up and joined by then
     # settle 3 s (a few refreshes), then count 6 s. Two processes serve 100.6-100.7% of
     # the total (1207-1208 of 1200 over 6 s of wall clock, 8 runs): the floor here is
-    # 85%, for a starved or wasted share. A refresh whose period covers the paced
-    # margins around a window's edge must not read the member of two threads as
-    # wanting a fraction of its grant (test_share.py), else about 100 permits are lost
+    # 95%. A refresh whose period covers the paced margins around a window's edge must
+    # not read the member of two threads as wanting a fraction of its grant
+    # (test_share.py): when it did, about 100 permits a time were lost, and two
+    # processes served 89%
     counted = 6.0
     times = (start, start + 3.0, start + 3.0 + counted)
     processes = [
@@ -392,7 +393,7 @@ def test_blocking_threads_are_served_alike_by_a_real_coordinator(
             process.join(10)
             if process.is_alive():
                 process.kill()
-    assert served["m0"] + served["m1"] >= 0.85 * 200 * counted, served
+    assert served["m0"] + served["m1"] >= 0.95 * 200 * counted, served
     assert served["m0"] == pytest.approx(served["m1"], rel=0.25), served
 
 
