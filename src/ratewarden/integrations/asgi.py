@@ -47,6 +47,7 @@ from ._request import (
     too_many,
 )
 from ._reserved import Reserved
+from ._slots import aadmit, agive_back, holds_slots
 
 if TYPE_CHECKING:
     from ..rules import AsyncRuleEngine, Outcome, RuleEngine
@@ -254,6 +255,14 @@ class RateLimitMiddleware:
     have run). No slot within ``concurrency_wait`` seconds: 429 with
     Retry-After (the time until the earliest lease ends, at least 1 s).
 
+    A rule file's concurrency rules (``concurrency: N``) bound the requests in
+    flight the same way, each by its own key: with such rules in force a request
+    takes a slot of each that applies (the engine's ``acquire``), holds it until
+    the app returns (a streaming response's last chunk sent), raises or is
+    cancelled (the client went away), and gives it back then. A slot refused
+    answers as the rule says (its status, 429 or 503, with Retry-After); a
+    ``delay`` rule's request waits up to its ``max_wait`` for one.
+
     A rule that counts by response (``count: {status: [...]}``) is settled at
     the response start, with its status, before the response goes out (an app
     that raises before it starts one settles as a 500).
@@ -293,12 +302,14 @@ class RateLimitMiddleware:
         # a plain limiter or a rule engine, told apart once here rather than per request
         self._decide: Callable[[Mapping[str, object], bool], Awaitable[Outcome | LimitOutcome]]
         self._settle: Callable[..., Awaitable[object]] | None = None  # a rule engine's
+        self._engine: AsyncRuleEngine | RuleEngine | None = None  # a rule engine, for its slots
         if isinstance(engine, AsyncLimiter | Limiter):
             self._decide = partial(run_limiter, engine, limit_policy(engine))
         else:
             checked = check_any_engine(engine, "RateLimitMiddleware (ASGI)")
             self._decide = partial(run_engine, checked)
             self._settle = settle_of(checked)
+            self._engine = checked
         self.identify = identify
         self.identify_failures = IdentifyFailures()
         self.responder = Responder(headers, legacy=legacy, ietf=ietf)
@@ -307,30 +318,42 @@ class RateLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        outcome = await self.check(scope)
+        outcome, slots = await self._admit(scope)
+        if slots is not None and self._engine is not None:
+            try:  # the slots are held until the app is done: its last chunk sent, or it raised
+                await self._allowed(outcome, scope, receive, send)
+            finally:  # or it was cancelled (the client went away)
+                await agive_back(self._engine, slots)
+            return
         if outcome is None or outcome.allowed:
-            if outcome is not None:
-                tell_degrade(scope, outcome.degrade)
-            extra = [] if outcome is None else self.responder.passed(outcome)
-            if extra:
-                send = _adding(scope, send, extra)
-            app = self.app
-            if self._reserved is not None:
-                app = partial(self._reserved_app, self._reserved, app)
-            token = getattr(outcome, "settle", None)
-            if token is not None and self._settle is not None:
-                settled = Settled(self._settle, token)
-                send = _settling(send, settled)
-            try:
-                if self._held is None:
-                    await app(scope, receive, send)
-                else:
-                    await self._held.run(app, scope, receive, send)
-            finally:
-                if token is not None and self._settle is not None:
-                    await settled.told(500)  # the app raised before its response started
+            await self._allowed(outcome, scope, receive, send)
             return
         await send_reply(send, self.responder.refused(outcome))
+
+    async def _allowed(
+        self, outcome: Outcome | LimitOutcome | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Run the app for a request allowed (``outcome`` None: the limiter failed)."""
+        if outcome is not None:
+            tell_degrade(scope, outcome.degrade)
+        extra = [] if outcome is None else self.responder.passed(outcome)
+        if extra:
+            send = _adding(scope, send, extra)
+        app = self.app
+        if self._reserved is not None:
+            app = partial(self._reserved_app, self._reserved, app)
+        token = getattr(outcome, "settle", None)
+        if token is not None and self._settle is not None:
+            settled = Settled(self._settle, token)
+            send = _settling(send, settled)
+        try:
+            if self._held is None:
+                await app(scope, receive, send)
+            else:
+                await self._held.run(app, scope, receive, send)
+        finally:
+            if token is not None and self._settle is not None:
+                await settled.told(500)  # the app raised before its response started
 
     @staticmethod
     async def _reserved_app(
@@ -339,6 +362,20 @@ class RateLimitMiddleware:
         refused = await reserved.run(app, scope, receive, send)
         if refused is not None:
             await send_reply(send, refused)
+
+    async def _admit(self, scope: Scope) -> tuple[Outcome | LimitOutcome | None, str | None]:
+        """`check`, or with concurrency rules in force the engine's ``acquire``:
+        the outcome, and the token of the slots an allowed request holds."""
+        engine = self._engine
+        if engine is None or not holds_slots(engine):
+            return await self.check(scope), None
+        identity, identified = await aidentity_of(self.identify, scope, self.identify_failures)
+        try:
+            admission = await aadmit(engine, scope_attributes(scope, identity), identified)
+        except Exception:
+            log.exception("rate limiter failed; the request goes through unchecked")
+            return None, None
+        return admission.outcome, admission.token
 
     async def check(self, scope: Scope) -> Outcome | LimitOutcome | None:
         """The engine's outcome for ``scope``, delays waited out; None when the

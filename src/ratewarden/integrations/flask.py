@@ -11,6 +11,9 @@ rules see the ``route`` (``/items/<int:id>``); allowed responses get the
 rate-limit headers on their way out (the extension wraps ``app.wsgi_app``).
 The engine is the sync `RuleEngine`. A view asks `degrade_level()` how much
 to degrade its response when a ``degrade`` rule says the caller is over.
+A rule file's concurrency rules hold their slots until the server closes the
+response (its body sent, or the client gone), for the extension and `limit`
+alike.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from ._request import (
     check_engine,
     identity_of,
 )
-from .wsgi import check, environ_attributes, reply_headers
+from ._slots import give_back, holds_slots
+from .wsgi import Releasing, admitted, check, environ_attributes, reply_headers
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -43,6 +47,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 IdentifyRequest = Callable[[Request], "Mapping[str, object] | None"]
 _KEY = "ratewarden.headers"
+_SLOTS = "ratewarden.slots"  # what releases the slots the extension's check took
 
 
 def _outcome(
@@ -50,11 +55,16 @@ def _outcome(
     identify: IdentifyRequest | None,
     failures: IdentifyFailures,
     current: Request,
-) -> Outcome | None:
+) -> tuple[Outcome | None, Callable[[], None] | None]:
+    """The request's outcome, and with concurrency rules in force what releases
+    the slots it holds (None: it holds none)."""
     identity, identified = identity_of(identify, current, failures)
     rule = current.url_rule
     attributes = environ_attributes(current.environ, identity, None if rule is None else rule.rule)
-    return check(engine, attributes, identified)
+    if not holds_slots(engine):
+        return check(engine, attributes, identified), None
+    outcome, slots = admitted(engine, attributes, identified)
+    return outcome, None if slots is None else functools.partial(give_back, engine, slots)
 
 
 def _tell_degrade(outcome: Outcome | None) -> None:
@@ -115,7 +125,9 @@ class RateLimiter:
     def _before(self) -> Response | None:
         if self.engine is None:  # init_app refuses that
             return None
-        outcome = _outcome(self.engine, self.identify, self.identify_failures, request)
+        outcome, release = _outcome(self.engine, self.identify, self.identify_failures, request)
+        if release is not None:  # released when the server closes the response
+            request.environ[_SLOTS] = release
         if outcome is None or outcome.allowed:
             _tell_degrade(outcome)
             extra = [] if outcome is None else self.responder.passed(outcome)
@@ -140,7 +152,15 @@ class _AddHeaders:
                 headers = [*headers, *extra]
             return start_response(status, headers, exc_info)
 
-        return self.app(environ, start)
+        try:
+            body = self.app(environ, start)
+        except BaseException:  # an exception Flask propagates (testing, debug)
+            release = environ.pop(_SLOTS, None)
+            if release is not None:
+                release()
+            raise
+        release = environ.pop(_SLOTS, None)
+        return body if release is None else Releasing(body, release)
 
 
 def limit(
@@ -160,18 +180,26 @@ def limit(
     def decorate(view: Callable[P, Any]) -> Callable[P, Any]:
         @functools.wraps(view)
         def limited(*args: P.args, **kwargs: P.kwargs) -> Any:
-            outcome = _outcome(engine, identify, failures, request)
+            outcome, release = _outcome(engine, identify, failures, request)
             _tell_degrade(outcome)
             if outcome is not None and not outcome.allowed:
                 request.environ[ROUTE_SPOKE] = True
                 return _response(responder.refused(outcome))
             extra = [] if outcome is None else responder.passed(outcome)
-            if not extra:
+            if not extra and release is None:
                 return view(*args, **kwargs)
-            response = make_response(view(*args, **kwargs))
+            try:
+                response = make_response(view(*args, **kwargs))
+            except BaseException:
+                if release is not None:
+                    release()
+                raise
+            if release is not None:  # held until the server closes the response
+                response.call_on_close(release)
             for name, value in extra:
                 response.headers.add(name, value)
-            request.environ[ROUTE_SPOKE] = True  # the extension adds none of its own
+            if extra:
+                request.environ[ROUTE_SPOKE] = True  # the extension adds none of its own
             return response
 
         return limited

@@ -38,6 +38,7 @@ from ._request import (
     rule_engines,
     status_of,
 )
+from ._slots import admit, give_back, holds_slots
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -152,6 +153,60 @@ def check_limit(
         return None
 
 
+def admitted(
+    engine: RuleEngine, attributes: Mapping[str, object], identified: bool
+) -> tuple[Outcome | None, str | None]:
+    """`check` with the slots of the concurrency rules: the outcome and the token
+    of the slots an allowed request holds; (None, None) when the limiter failed."""
+    try:
+        admission = admit(engine, attributes, identified)
+    except Exception:
+        log.exception("rate limiter failed; the request goes through unchecked")
+        return None, None
+    return admission.outcome, admission.token
+
+
+def holding(
+    app: WSGIApplication,
+    engine: RuleEngine,
+    slots: str,
+    environ: WSGIEnvironment,
+    start_response: StartResponse,
+) -> Iterable[bytes]:
+    """``app``'s response, holding the request's ``slots`` until the server closes
+    it (PEP 3333 has every server close what the app returned, however the
+    response ended), or until the app raises."""
+    try:
+        body = app(environ, start_response)
+    except BaseException:
+        give_back(engine, slots)
+        raise
+    return Releasing(body, partial(give_back, engine, slots))
+
+
+class Releasing:
+    """A response body that releases its request's slots when it is closed (once)."""
+
+    __slots__ = ("body", "release")
+
+    def __init__(self, body: Iterable[bytes], release: Callable[[], None]) -> None:
+        self.body: Iterable[bytes] = body
+        self.release: Callable[[], None] | None = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.body)
+
+    def close(self) -> None:
+        release, self.release = self.release, None
+        try:
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if release is not None:
+                release()
+
+
 def reply_headers(reply: Reply) -> list[tuple[str, str]]:
     return [*reply.headers, ("Content-Length", str(len(reply.body)))]
 
@@ -166,7 +221,9 @@ class RateLimitMiddleware:
     ``identify`` that raises; how much to degrade a response is
     ``environ["ratewarden.degrade"]`` (0.0 to 1.0). A rule that counts by
     response (``count``) is settled with the status the app starts its response
-    with, before that response goes out."""
+    with, before that response goes out. A rule file's concurrency rules hold
+    their slots (the engine's ``acquire``) until the server closes the
+    response: its body sent, or the client gone."""
 
     def __init__(
         self,
@@ -196,7 +253,24 @@ class RateLimitMiddleware:
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         identity, identified = identity_of(self.identify, environ, self.identify_failures)
-        outcome = self._decide(environ_attributes(environ, identity), identified)
+        found = environ_attributes(environ, identity)
+        engine = self._engine
+        if engine is not None and holds_slots(engine):
+            outcome, slots = admitted(engine, found, identified)
+            if slots is not None:
+                return holding(partial(self._answer, outcome), engine, slots, environ,
+                               start_response)  # fmt: skip
+            return self._answer(outcome, environ, start_response)
+        return self._answer(self._decide(found, identified), environ, start_response)
+
+    def _answer(
+        self,
+        outcome: Outcome | LimitOutcome | None,
+        environ: WSGIEnvironment,
+        start_response: StartResponse,
+    ) -> Iterable[bytes]:
+        """Run the app for an allowed request (``outcome`` None: the limiter
+        failed), or answer in its place."""
         if outcome is None or outcome.allowed:
             if outcome is not None:
                 environ[DEGRADE_ENVIRON] = outcome.degrade

@@ -121,14 +121,18 @@ class RuleEngine(_Core[Limiter, Store]):
         return self._hold(outcome, attributes, cost, True)
 
     def acquire(
-        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
-    ) -> Admission:
+        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1,
+        identified: bool = True,
+    ) -> Admission:  # fmt: skip
         """`check`, and a slot of each concurrency rule that applies, taken first:
         a full one refuses the request (``delay`` with ``wait``: after up to its
         ``max_wait``), a refused request gives back what it took. Allowed, the
         `Admission`'s ``token`` names the slots; `release` them when the request
-        ends, or they end with their rule's ``lease``. `check` takes no slot."""
-        check = functools.partial(self.check, attributes, wait=wait, cost=cost)
+        ends (`renew` them while it lasts), or they end with their rule's
+        ``lease``. `check` takes no slot. Not ``identified``: the rates are
+        `unidentified`'s to decide."""
+        decide = self.check if identified else self.unidentified
+        check = functools.partial(decide, attributes, wait=wait, cost=cost)
         applying = self.ruleset.holds(attributes)
         sleep = self.store.clock.sleep
         return drive(self.holds.admitting(self._leases, applying, check, wait, sleep))
@@ -138,6 +142,11 @@ class RuleEngine(_Core[Limiter, Store]):
         for a token no acquire handed out, `LeaseGone` for a slot not held
         (released already, or its lease ended): the others are released."""
         return drive(self.holds.releasing(self._leases(), token))
+
+    def renew(self, token: str) -> float:
+        """Push every slot of ``token`` on by its rule's ``lease``; the seconds until the first
+        ends. `BadToken`, `LeaseGone` as `release` says (the others are renewed)."""
+        return drive(self.holds.renewing(self._leases(), token, self.ruleset))
 
     def settle(self, token: str, *, status: int | None = None, cost: int | None = None) -> Settled:
         """Settle the hits of an `Outcome`'s ``settle`` token once the request ran:
@@ -239,10 +248,12 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
         return await self._ahold(outcome, attributes, cost, True)
 
     async def aacquire(
-        self, attributes: Mapping[str, object], *, wait: bool = False, cost: int = 1
-    ) -> Admission:
+        self, attributes: Mapping[str, object], *, wait: bool = False, identified: bool = True,
+        cost: int = 1,
+    ) -> Admission:  # fmt: skip
         """The twin of `RuleEngine.acquire`; waiting never blocks the event loop."""
-        check = functools.partial(self.acheck, attributes, wait=wait, cost=cost)
+        decide = self.acheck if identified else self.aunidentified
+        check = functools.partial(decide, attributes, wait=wait, cost=cost)
         applying = self.ruleset.holds(attributes)
         sleep = self.store.clock.asleep
         return await adrive(self.holds.admitting(self._leases, applying, check, wait, sleep))
@@ -250,6 +261,10 @@ class AsyncRuleEngine(_Core[AsyncLimiter, AsyncStore]):
     async def arelease(self, token: str) -> tuple[tuple[str, str], ...]:
         """The twin of `RuleEngine.release`."""
         return await adrive(self.holds.releasing(self._leases(), token))
+
+    async def arenew(self, token: str) -> float:
+        """The twin of `RuleEngine.renew`."""
+        return await adrive(self.holds.renewing(self._leases(), token, self.ruleset))
 
     async def asettle(
         self, token: str, *, status: int | None = None, cost: int | None = None

@@ -9,10 +9,11 @@ rule reads too. Every slot one request holds shares one lease id, so one
 `release` reads back. A token is opaque to its holder; it names slots, not the
 rules in force, so a slot is released after a reload has removed its rule too.
 
-Nothing renews a rule's lease: its holder is often another process (a client of
-the service) that may die, so a hold ends ``lease`` seconds after it was taken
-unless released first, and the next call on its key reclaims the slot. The
-rule's ``lease`` is therefore longer than its longest request.
+A hold ends ``lease`` seconds after it was taken unless released first (its
+holder is often another process, a client of the service, that may die), and
+the next call on its key reclaims the slot. A holder whose request runs longer
+than the rule's ``lease`` renews its token (`Holds.renewing`): each slot's lease
+then ends ``lease`` seconds after the renewal, by the lease of its rule in force.
 
 A full limit refuses the request (action ``reject``), or, for ``delay`` with
 ``wait``, the request waits up to ``max_wait`` for a slot, looking again at
@@ -34,7 +35,7 @@ import secrets
 import threading
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -43,6 +44,9 @@ from ..stores.leases import BUSY, EXPIRED, OK, Place
 from ..stores.leases import Outcome as LeaseOutcome
 from ._actions import Outcome
 from ._rule import CompiledRule
+
+if TYPE_CHECKING:
+    from ._compile import RuleSet
 
 __all__ = ["Admission", "BadToken", "HoldStats", "Holds", "LeaseGone"]
 
@@ -249,18 +253,40 @@ class Holds:
             if answer.status != OK and gone is None:
                 gone = (rule, key, answer.status)
         if gone is not None:
-            rule, key, status = gone
-            expired = status == EXPIRED
-            why = (
-                "its lease had ended, and its slot is reclaimed"
-                if expired
-                else "released already, or its lease ended and another call reclaimed its slot"
-            )
-            raise LeaseGone(
-                f"lease {lease_id!r} of rule {rule!r} key {key!r} is not held: {why}",
-                expired=expired,
-            )
+            raise _gone(lease_id, *gone)
         return holds
+
+    def renewing(
+        self, leases: Any, token: object, ruleset: RuleSet
+    ) -> Generator[Callable[[], Any], Any, float]:
+        """Push every slot a token names on by the ``lease`` of its rule in
+        ``ruleset`` (the `RuleSet` in force); the seconds until the first of them
+        ends. `BadToken` for what no acquire handed out; `LeaseGone` (after
+        renewing what is held) when a slot is not held, or its rule is no longer
+        in force (it keeps the lease it had)."""
+        lease_id, holds = parse_token(token)
+        gone: tuple[str, str, int | str] | None = None
+        renewed: list[CompiledRule] = []
+        for name, key in holds:
+            rule = ruleset.by_name.get(name)
+            if rule is None or rule.concurrency is None:
+                gone = gone or (name, key, "its rule is no longer in force: it keeps its lease")
+                continue
+            answer: LeaseOutcome = yield functools.partial(
+                leases.call, "renew", store_key(name, key), lease_id, rule.concurrency,
+                round(rule.lease * 1_000_000),
+            )  # fmt: skip
+            self._reclaimed(name, answer)
+            if answer.status == OK:
+                renewed.append(rule)
+            else:
+                with self._lock:
+                    self._forget(lease_id, (name,))
+                gone = gone or (name, key, answer.status)
+        self._pushed(lease_id, renewed)
+        if gone is not None:
+            raise _gone(lease_id, *gone)
+        return min(rule.lease for rule in renewed)
 
     def _reclaimed(self, rule: str, answer: LeaseOutcome) -> None:
         if answer.reclaimed:
@@ -274,6 +300,18 @@ class Holds:
             for rule, _ in taken:
                 self._ends.setdefault(rule.lease, {})[lease_id, rule.name] = now + rule.lease
                 flying[rule.name] = flying.get(rule.name, 0) + 1
+
+    def _pushed(self, lease_id: str, renewed: list[CompiledRule]) -> None:
+        """Renewed slots end later: each moves to the end of its lease length's
+        table (where it is the last to end), if this process counts it."""
+        now = self.clock.time_ns() / 1e9
+        with self._lock:
+            for rule in renewed:
+                slot = (lease_id, rule.name)
+                for ending in self._ends.values():
+                    if ending.pop(slot, None) is not None:
+                        self._ends.setdefault(rule.lease, {})[slot] = now + rule.lease
+                        break
 
     def _forget(self, lease_id: str, rules: Iterable[str]) -> None:
         for rule in rules:
@@ -319,6 +357,20 @@ class _Asking:
         return functools.partial(
             self.call, op, self.where, self.lease_id, self.limit, self.lease_us, place=place
         )
+
+
+def _gone(lease_id: str, rule: str, key: str, status: int | str) -> LeaseGone:
+    """What a release or renew of a slot not held says: ``status`` the store's
+    answer, or why the slot was not asked for."""
+    where = f"lease {lease_id!r} of rule {rule!r} key {key!r}"
+    if isinstance(status, str):
+        return LeaseGone(f"{where} is not renewed: {status}", expired=False)
+    expired = status == EXPIRED
+    if expired:
+        why = "its lease had ended, and its slot is reclaimed"
+    else:
+        why = "released already, or its lease ended and another call reclaimed its slot"
+    return LeaseGone(f"{where} is not held: {why}", expired=expired)
 
 
 def _refusal(rule: CompiledRule, answer: LeaseOutcome) -> Outcome:
