@@ -9,6 +9,7 @@ import asyncio
 import base64
 import textwrap
 import uuid
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -380,3 +381,82 @@ def test_waiters_for_a_slot_are_served_by_their_class_then_first_come() -> None:
     for thread in threads:
         thread.join(20)
     assert order == [1, 3, 0, 2]
+
+
+RENEWED = """
+rules:
+  - name: in-flight
+    concurrency: 2
+    lease: 10
+    by: user
+"""
+
+
+async def renewal_story(engine: RuleEngine | AsyncRuleEngine, clock: FakeClock) -> None:
+    """Two slots taken; one renewed at 6 s outlives its first lease end (10 s) to
+    16 s, the other's ends at 10 s; a renew of an ended lease says so."""
+
+    async def run(method: str, *args: object) -> Any:
+        if isinstance(engine, AsyncRuleEngine):
+            return await getattr(engine, "a" + method)(*args)
+        return getattr(engine, method)(*args)
+
+    request = {"user": f"u-{uuid.uuid4().hex}"}
+    kept, lapsed = [await run("acquire", request) for _ in range(2)]
+    assert kept.token is not None
+    assert lapsed.token is not None
+    clock.advance(6.0)
+    assert await run("renew", kept.token) == 10.0
+    assert engine.holds.in_flight() == {"in-flight": 2}
+    clock.advance(5.0)  # 11 s: past the first lease end, before the renewed one
+    assert engine.holds.in_flight() == {"in-flight": 1}  # the renewed slot still counts
+    with pytest.raises(LeaseGone, match="its lease had ended") as ended:
+        await run("renew", lapsed.token)
+    assert ended.value.expired
+    assert (await run("acquire", request)).allowed  # the lapsed slot is back
+    assert not (await run("acquire", request)).allowed  # the renewed one is held
+    clock.advance(4.0)  # 15 s: renewed again, pushed to 25 s
+    assert await run("renew", kept.token) == 10.0
+    clock.advance(9.0)  # 24 s
+    assert engine.holds.in_flight() == {"in-flight": 1}
+    assert await run("release", kept.token) == (("in-flight", request["user"]),)
+    with pytest.raises(LeaseGone, match="released already") as twice:
+        await run("renew", kept.token)
+    assert not twice.value.expired
+    with pytest.raises(BadToken):
+        await run("renew", "nope")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_renewed_slot_outlives_its_first_lease(kind: str, clock: FakeClock) -> None:
+    engine: RuleEngine | AsyncRuleEngine
+    if kind == "sync":
+        engine = RuleEngine(loads(RENEWED), MemoryStore(clock=clock))
+    else:
+        engine = AsyncRuleEngine(loads(RENEWED), AsyncMemoryStore(clock=clock))
+    asyncio.run(renewal_story(engine, clock))
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_renewed_slot_outlives_its_first_lease_on_redis(kind: str, redis_url: str) -> None:
+    clock = FakeClock(1_700_000_000)
+    if kind == "sync":
+        with RedisStore(redis_url, clock=clock) as store:
+            asyncio.run(renewal_story(RuleEngine(loads(RENEWED), store, overrides=False), clock))
+        return
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_url, clock=clock) as store:
+            await renewal_story(AsyncRuleEngine(loads(RENEWED), store, overrides=False), clock)
+
+    asyncio.run(main())
+
+
+def test_a_slot_whose_rule_is_gone_is_not_renewed(clock: FakeClock) -> None:
+    engine = RuleEngine(loads(RENEWED), MemoryStore(clock=clock))
+    token = engine.acquire({"user": "u"}).token
+    assert token is not None
+    engine.use(loads(RULES.replace("in-flight", "other")))
+    with pytest.raises(LeaseGone, match="is not renewed: its rule is no longer in force"):
+        engine.renew(token)
+    assert engine.release(token) == (("in-flight", "u"),)  # still held: released

@@ -1,7 +1,8 @@
-"""``POST /v1/acquire`` and ``POST /v1/release``: a concurrency rule's slots over
-HTTP, refused at the limit with the rule's status and Retry-After, a release of
-what is not held answered 404 (unknown, released already) or 409 (its lease had
-ended), never a 500; and the slots in /metrics by rule, never by key."""
+"""``POST /v1/acquire``, ``/v1/renew`` and ``/v1/release``: a concurrency rule's
+slots over HTTP, refused at the limit with the rule's status and Retry-After, a
+release or renew of what is not held answered 404 (unknown, released already)
+or 409 (its lease had ended), never a 500; a renewed slot outlives its first
+lease; and the slots in /metrics by rule, never by key."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import base64
 import textwrap
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ratewarden import AsyncMemoryStore
 from ratewarden.primitives import FakeClock
 from ratewarden.server import App, Service, openapi
 from tests.server.conftest import client_for
+from tests.server.process import serving
 
 RULES = textwrap.dedent("""
     rules:
@@ -177,6 +180,66 @@ def test_the_document_describes_the_endpoints() -> None:
     assert {"200", "429"} <= set(acquire)
     release = paths["/v1/release"]["post"]["responses"]
     assert {"200", "404", "409"} <= set(release)
+    renew = paths["/v1/renew"]["post"]
+    assert {"200", "404", "409"} <= set(renew["responses"])
+    assert renew["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ReleaseRequest"
+    }
     schemas = openapi()["components"]["schemas"]
     assert {"lease_id", "lease", "holds"} <= set(schemas["AcquireResult"]["properties"])
     assert schemas["ReleaseRequest"]["required"] == ["lease_id"]
+
+
+def test_a_renewed_lease_outlives_its_first_end(app: App, clock: FakeClock) -> None:
+    async def main() -> None:
+        async with client_for(app) as client:
+            kept, lapsed = [
+                (await client.post("/v1/acquire", json=acquire_body("ann"))).json()["lease_id"]
+                for _ in range(2)
+            ]
+            clock.advance(45.0)
+            renewed = await client.post("/v1/renew", json={"lease_id": kept})
+            assert renewed.status_code == 200, renewed.text
+            assert renewed.json() == {"lease": 60.0}
+            clock.advance(30.0)  # 75 s: past the first end (60 s), before the renewed (105 s)
+            text = (await client.get("/metrics")).text
+            assert 'ratewarden_concurrency_in_flight{rule="reports"} 1.0' in text
+            ended = await client.post("/v1/renew", json={"lease_id": lapsed})
+            assert ended.status_code == 409
+            assert (
+                "of rule 'reports' key 'ann' is not held: its lease had ended"
+                in (ended.json()["error"])
+            )
+            again = await client.post("/v1/acquire", json=acquire_body("ann"))
+            assert again.status_code == 200  # the lapsed slot is back
+            full = await client.post("/v1/acquire", json=acquire_body("ann"))
+            assert full.status_code == 429  # the renewed one is held
+            released = await client.post("/v1/release", json={"lease_id": kept})
+            assert released.status_code == 200
+            twice = await client.post("/v1/renew", json={"lease_id": kept})
+            assert twice.status_code == 404
+            for lease_id in ("nope", "x.e30"):
+                unknown = await client.post("/v1/renew", json={"lease_id": lease_id})
+                assert unknown.status_code == 404, unknown.text
+                assert "no such lease" in unknown.json()["error"]
+            for body in ({}, {"lease_id": ""}, {"lease_id": 5}, {"token": kept}):
+                bad = await client.post("/v1/renew", json=body)
+                assert bad.status_code in (400, 422), (body, bad.text)
+
+    asyncio.run(main())
+
+
+def test_renew_in_the_served_process(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    with (
+        serving("--config", str(rules), "--grpc", "off", tmp=tmp_path) as served,
+        httpx.Client(base_url=served.url) as client,
+    ):
+        lease_id = client.post("/v1/acquire", json=acquire_body("ann")).json()["lease_id"]
+        renewed = client.post("/v1/renew", json={"lease_id": lease_id})
+        assert renewed.status_code == 200, renewed.text
+        assert renewed.json() == {"lease": 60.0}
+        assert client.post("/v1/release", json={"lease_id": lease_id}).status_code == 200
+        assert client.post("/v1/renew", json={"lease_id": lease_id}).status_code == 404
+        assert client.post("/v1/renew", json={"lease_id": "nope"}).status_code == 404

@@ -10,6 +10,7 @@ Routes (``openapi()`` documents the same, from the same msgspec types):
     POST   /v1/check          one check -> CheckResult
     POST   /v1/check/batch    up to 1000 checks -> {"results": [...]}
     POST   /v1/acquire        a check that takes the concurrency rules' slots -> lease_id
+    POST   /v1/renew          push an acquire's slots on by their rules' lease
     POST   /v1/release        give an acquire's slots back
     POST   /v1/settle         what a checked request counts, told after it ran (the token:
                               a check's "settle", /auth's X-Ratewarden-Settle)
@@ -63,6 +64,7 @@ from ._http_input import (
 from ._lease_api import LeaseError
 from ._lease_api import acquire as acquire_slots
 from ._lease_api import release as release_slots
+from ._lease_api import renew as renew_slots
 from ._metrics import CONTENT_TYPE_LATEST
 from ._openapi import openapi
 from ._quotas import MAX_LISTED, summary
@@ -135,6 +137,7 @@ class App:
             ("POST", "/v1/check"): (self._check, "check", "check"),
             ("POST", "/v1/check/batch"): (self._batch, "batch", "check"),
             ("POST", "/v1/acquire"): (self._acquire, "acquire", "check"),
+            ("POST", "/v1/renew"): (self._renew, "renew", "check"),
             ("POST", "/v1/release"): (self._release, "release", "check"),
             ("POST", "/v1/settle"): (self._settle, "settle", "check"),
             ("GET", "/v1/rules"): (self._rules, "rules", "check"),
@@ -310,6 +313,13 @@ class App:
         body = await self._body(scope, receive)
         try:
             return 200, _JSON, await release_slots(self._engine, body)
+        except LeaseError as exc:
+            return exc.status, _JSON, _encode(Problem(str(exc)))
+
+    async def _renew(self, scope: Scope, receive: Receive) -> _Answer:
+        body = await self._body(scope, receive)
+        try:
+            return 200, _JSON, await renew_slots(self._engine, body)
         except LeaseError as exc:
             return exc.status, _JSON, _encode(Problem(str(exc)))
 

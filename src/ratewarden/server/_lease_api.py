@@ -1,5 +1,6 @@
-"""``POST /v1/acquire`` and ``POST /v1/release``: the concurrency rules' slots
-over HTTP, for a caller that can say when its request ends.
+"""``POST /v1/acquire``, ``POST /v1/renew`` and ``POST /v1/release``: the
+concurrency rules' slots over HTTP, for a caller that can say when its request
+ends.
 
 An acquire is a check (the same attributes, the rates counted the same way)
 that also takes a slot of every concurrency rule the request meets. Allowed,
@@ -8,7 +9,9 @@ it answers the ``lease_id`` that gives the slots back and the ``lease``
 it says 503) with Retry-After. A release answers 404 for a lease id no
 acquire handed out or one released already, and 409 for a lease that had
 ended (its slots are reclaimed): the caller learns that its request outlived
-the rule's ``lease``.
+the rule's ``lease``. A caller whose request may outlive the ``lease``
+renews its lease id before it ends: each slot then ends a rule's ``lease``
+after the renewal; a renew answers 404 and 409 as a release does.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ __all__ = [
     "AcquireResult",
     "ReleaseRequest",
     "ReleaseResult",
+    "RenewResult",
     "acquire",
     "lease_openapi_paths",
     "release",
+    "renew",
 ]
 
 MAX_LEASE_ID = 16_384  # characters; an acquire's lease ids are far shorter
@@ -70,13 +75,20 @@ class ReleaseResult(msgspec.Struct):
     rules: list[str]
 
 
+class RenewResult(msgspec.Struct):
+    """``lease``: seconds until the first of the renewed slots ends (renew again
+    before then)."""
+
+    lease: float
+
+
 _decode_acquire = msgspec.json.Decoder(AcquireRequest).decode
 _decode_release = msgspec.json.Decoder(ReleaseRequest).decode
 _encode = msgspec.json.Encoder().encode
 
 
 class LeaseError(Exception):
-    """A release the service refuses: ``status`` (404 or 409) and why."""
+    """A release or renew the service refuses: ``status`` (404 or 409) and why."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -113,18 +125,34 @@ async def release(engine: AsyncRuleEngine, body: bytes) -> bytes:
     scan_duplicates(body)
     try:
         holds = await engine.arelease(request.lease_id)
-    except BadToken:
-        raise LeaseError(404, "no such lease: give the lease_id /v1/acquire answered") from None
-    except LeaseGone as exc:
-        raise LeaseError(409 if exc.expired else 404, str(exc)) from None
+    except (BadToken, LeaseGone) as exc:
+        raise _refused(exc) from None
     return _encode(ReleaseResult(len(holds), [rule for rule, _ in holds]))
+
+
+async def renew(engine: AsyncRuleEngine, body: bytes) -> bytes:
+    """The body of a renew; `LeaseError` when a slot is not held (the others
+    are renewed)."""
+    request: ReleaseRequest = parse(_decode_release, body)
+    scan_duplicates(body)
+    try:
+        lease = await engine.arenew(request.lease_id)
+    except (BadToken, LeaseGone) as exc:
+        raise _refused(exc) from None
+    return _encode(RenewResult(lease))
+
+
+def _refused(exc: BadToken | LeaseGone) -> LeaseError:
+    if isinstance(exc, BadToken):
+        return LeaseError(404, "no such lease: give the lease_id /v1/acquire answered")
+    return LeaseError(409 if exc.expired else 404, str(exc))
 
 
 def lease_openapi_paths(problem: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The paths of these endpoints for the OpenAPI document, and their schemas."""
-    (acquire_request, acquired, release_request, released), components = (
+    (acquire_request, acquired, release_request, released, renewed), components = (
         msgspec.json.schema_components(
-            [AcquireRequest, AcquireResult, ReleaseRequest, ReleaseResult],
+            [AcquireRequest, AcquireResult, ReleaseRequest, ReleaseResult, RenewResult],
             ref_template="#/components/schemas/{name}",
         )
     )
@@ -153,6 +181,23 @@ def lease_openapi_paths(problem: dict[str, Any]) -> tuple[dict[str, Any], dict[s
                             **json_of(acquired)},
                     "429": {"description": "Refused (Retry-After says when to try again)",
                             **json_of(acquired)},
+                    **bad,
+                },
+            }
+        },
+        "/v1/renew": {
+            "post": {
+                "operationId": "renew",
+                "summary": "Push the slots of an acquire on: each ends its rule's lease after"
+                " this (a request that may outlive the lease renews before it ends)",
+                "requestBody": {"required": True, **json_of(release_request)},
+                "responses": {
+                    "200": {"description": "Renewed; lease is the seconds until the first"
+                            " slot ends", **json_of(renewed)},
+                    "404": {"description": "No such lease, released already, or a slot's"
+                            " rule is no longer in force", **error},
+                    "409": {"description": "A slot's lease had ended: its slot is reclaimed"
+                            " (the detail says which; the others are renewed)", **error},
                     **bad,
                 },
             }

@@ -267,8 +267,8 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
         for operation in _operations(document):
             operation.pop("security", None)
     elif open_checks:
-        for path in ("/v1/check", "/v1/check/batch", "/v1/acquire", "/v1/release", "/v1/settle",
-                     "/v1/rules", "/v1/quotas",
+        for path in ("/v1/check", "/v1/check/batch", "/v1/acquire", "/v1/renew", "/v1/release",
+                     "/v1/settle", "/v1/rules", "/v1/quotas",
                      "/v1/quotas/{name}", "/auth", "/metrics", "/openapi.json"):  # fmt: skip
             for operation in document["paths"][path].values():
                 operation["security"] = []
