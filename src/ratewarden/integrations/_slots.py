@@ -17,9 +17,9 @@ and the slot was reclaimed) is logged: the response is the client's already.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping
-from functools import partial
 from typing import TYPE_CHECKING
 
 from ..stores import MemoryStore
@@ -42,7 +42,9 @@ def holds_slots(engine: RuleEngine | AsyncRuleEngine) -> bool:
     return bool(engine.ruleset.concurrent)
 
 
+@functools.lru_cache(maxsize=4)  # the rule sets in force lately: one, but for reloads
 def _waits(ruleset: RuleSet) -> bool:
+    """Whether a rule in force can make a request wait (for a slot, or out a rate)."""
     return any(rule.action in ("delay", "queue") for rule in ruleset.rules)
 
 
@@ -58,7 +60,7 @@ async def aadmit(
 
     if isinstance(engine, AsyncRuleEngine):
         return await engine.aacquire(attributes, wait=True, identified=identified)
-    admit_ = partial(engine.acquire, attributes, wait=True, identified=identified)
+    admit_ = functools.partial(engine.acquire, attributes, wait=True, identified=identified)
     if isinstance(engine.store, MemoryStore) and not _waits(engine.ruleset):
         return admit_()
     return await asyncio.to_thread(admit_)
