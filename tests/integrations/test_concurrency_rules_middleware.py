@@ -8,14 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import anyio
 import pytest
 
-from ratewarden import AsyncMemoryStore, FakeClock, MemoryStore
+from ratewarden import AsyncConcurrencyLimiter, AsyncMemoryStore, FakeClock, MemoryStore
 from ratewarden.integrations import asgi, wsgi
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, loads
+from ratewarden.stores.redis import AsyncRedisStore
+from tests.redis_server import RedisServer
 
 RULES = """
 rules:
@@ -419,3 +423,39 @@ def test_flask_holds_the_slot_until_the_response_is_closed(decorated: bool) -> N
     body.close()
     assert in_flight(engine) == 0
     assert serve(app, dict(env))[0] == "200 OK"
+
+
+class SlowRelease(AsyncRuleEngine):
+    """A release that takes a few turns of the loop, as over a slow network."""
+
+    async def arelease(self, token: str) -> tuple[tuple[str, str], ...]:
+        for _ in range(3):
+            await asyncio.sleep(0.005)
+        return await super().arelease(token)
+
+
+def test_asgi_on_redis_a_cancelled_request_gives_its_slot_back(redis_single: RedisServer) -> None:
+    """On Redis the release suspends: it runs in a task of its own, which the
+    request's cancellation leaves to finish, also when the request runs in an
+    anyio task group (as Starlette's streaming responses do) whose cancelled
+    scope cancels every await inside it again."""
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_single.url) as store:
+            engine = SlowRelease(loads(RULES), store, overrides=False)
+            inner = Streaming()
+            app = asgi.RateLimitMiddleware(inner, engine)
+            ip = f"10.9.{uuid.uuid4().int % 250}.{uuid.uuid4().int % 250}"
+            async with anyio.create_task_group() as group:
+                for _ in range(2):
+                    group.start_soon(call, app, scope(ip))
+                await until(lambda: inner.started == 2)
+                assert (await refused(app, scope(ip)))[0]["status"] == 429
+                group.cancel_scope.cancel()  # the client went away
+            await until(lambda: in_flight(engine) == 0)
+            limiter = AsyncConcurrencyLimiter(2, store=store, name="in-flight")
+            assert await limiter.in_flight(ip) == 0  # given back in the store
+            inner.go.set()
+            assert (await call(app, scope(ip)))[0]["status"] == 200
+
+    asyncio.run(main())

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..stores import MemoryStore
+from ..stores import AsyncMemoryStore, MemoryStore
 
 if TYPE_CHECKING:
     from ..rules import Admission, AsyncRuleEngine, RuleEngine, RuleSet
@@ -74,7 +74,11 @@ def admit(engine: RuleEngine, attributes: Mapping[str, object], identified: bool
 async def agive_back(engine: RuleEngine | AsyncRuleEngine, token: str) -> None:
     """Release the slots of ``token``, even when the request's task is being
     cancelled: the release runs in a task of its own, which a cancellation of
-    this one leaves to finish."""
+    this one leaves to finish. A memory store's release never suspends, so no
+    cancellation can cut it short: it runs here, without the task's loop turn."""
+    if isinstance(engine.store, MemoryStore | AsyncMemoryStore):
+        await _release(engine, token)
+        return
     task = asyncio.ensure_future(_release(engine, token))
     _releasing.add(task)
     task.add_done_callback(_releasing.discard)
