@@ -4,17 +4,19 @@ decorator on sync and async views, with settings configured here."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import django
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.urls import path
 
 from ratewarden import AsyncMemoryStore, ConfigurationError, FakeClock, MemoryStore
-from ratewarden.integrations.django import limit
+from ratewarden.integrations.django import RateLimitMiddleware, limit
 from ratewarden.rules import AsyncRuleEngine, RuleEngine, RuleSet, loads
 from ratewarden.stores.redis import AsyncRedisStore
 
@@ -72,7 +74,20 @@ async def async_degraded_view(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"level": request.ratewarden_degrade})  # type: ignore[attr-defined]
 
 
+def streamed(request: HttpRequest) -> StreamingHttpResponse:
+    return StreamingHttpResponse(iter([b"a", b"b"]))
+
+
+async def astreamed(request: HttpRequest) -> StreamingHttpResponse:
+    async def chunks() -> AsyncIterator[bytes]:
+        for chunk in (b"a", b"b"):
+            yield chunk
+
+    return StreamingHttpResponse(chunks())
+
+
 urlpatterns = [
+    path("report", astreamed),
     path("video", degraded_view),
     path("avideo", async_degraded_view),
     path("api/items", view),
@@ -321,3 +336,100 @@ def test_the_view_decorator_follows_the_rule_policy_when_identify_raises(
     limited = limit(engine, identify=broken_identify)(view)
     factory = RequestFactory(REMOTE_ADDR="203.0.113.7")
     expect_unidentified(lambda path: limited(factory.get(path)).status_code, caplog)
+
+
+SLOT_RULES = """
+rules:
+  - {name: in-flight, concurrency: 1, lease: 30, by: ip}
+"""
+
+
+def test_sync_middleware_holds_a_slot_until_the_response_is_closed(clock: FakeClock) -> None:
+    engine = RuleEngine(loads(SLOT_RULES), MemoryStore(clock=clock))
+    factory = RequestFactory(REMOTE_ADDR="192.0.2.7")
+    with override_settings(RATEWARDEN={"ENGINE": engine}):
+        middleware = RateLimitMiddleware(streamed)
+    first = middleware(factory.get("/report"))
+    assert first.status_code == 200
+    assert engine.holds.in_flight() == {"in-flight": 1}  # streaming: held
+    refused = middleware(factory.get("/report"))
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == "30"
+    assert b"".join(first.streaming_content) == b"ab"
+    assert engine.holds.in_flight() == {"in-flight": 1}  # sent, not closed yet
+    first.close()  # as the WSGI server does once the response is done
+    assert engine.holds.in_flight() == {"in-flight": 0}
+    assert middleware(factory.get("/report")).status_code == 200
+
+
+def test_async_middleware_holds_a_slot_until_the_response_is_closed(clock: FakeClock) -> None:
+    engine = AsyncRuleEngine(loads(SLOT_RULES), AsyncMemoryStore(clock=clock))
+    factory = RequestFactory(REMOTE_ADDR="192.0.2.8")
+
+    async def boom(request: HttpRequest) -> HttpResponse:
+        raise RuntimeError("the view failed")
+
+    async def main() -> None:
+        with override_settings(RATEWARDEN={"ENGINE": engine}):
+            middleware = RateLimitMiddleware(astreamed)
+            failing = RateLimitMiddleware(boom)
+        first = await middleware(factory.get("/report"))
+        assert first.status_code == 200
+        assert engine.holds.in_flight() == {"in-flight": 1}
+        refused = await middleware(factory.get("/report"))
+        assert refused.status_code == 429
+        assert refused.headers["Retry-After"] == "30"
+        await sync_to_async(first.close)()  # as Django's ASGI handler does once it is sent
+        assert engine.holds.in_flight() == {"in-flight": 0}
+        with pytest.raises(RuntimeError):
+            await failing(factory.get("/report"))
+        assert engine.holds.in_flight() == {"in-flight": 0}
+        assert (await middleware(factory.get("/report"))).status_code == 200
+
+    asyncio.run(main())
+
+
+def test_under_django_asgi_the_slot_is_held_until_the_stream_is_sent(clock: FakeClock) -> None:
+    from django.core.handlers.asgi import ASGIHandler  # noqa: PLC0415
+
+    engine = AsyncRuleEngine(loads(SLOT_RULES), AsyncMemoryStore(clock=clock))
+
+    async def request(go: asyncio.Event) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+        asked = [False]
+
+        async def receive() -> dict[str, Any]:
+            if not asked[0]:
+                asked[0] = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.Event().wait()  # the client stays
+            raise AssertionError
+
+        async def send(message: Mapping[str, Any]) -> None:
+            sent.append(dict(message))
+            if message["type"] == "http.response.body":
+                await go.wait()
+
+        scope = {"type": "http", "method": "GET", "path": "/report", "query_string": b"",
+                 "headers": [], "client": ("192.0.2.9", 1), "server": ("x", 80)}  # fmt: skip
+        await ASGIHandler()(scope, receive, send)
+        return sent
+
+    async def main() -> None:
+        go = asyncio.Event()
+        first = asyncio.create_task(request(go))
+        for _ in range(500):  # until the first chunk is on its way
+            if engine.holds.in_flight().get("in-flight"):
+                break
+            await asyncio.sleep(0.002)
+        free = asyncio.Event()
+        free.set()
+        refused = await asyncio.wait_for(request(free), 10)
+        assert refused[0]["status"] == 429
+        assert engine.holds.in_flight() == {"in-flight": 1}
+        go.set()
+        assert (await first)[0]["status"] == 200
+        assert engine.holds.in_flight() == {"in-flight": 0}
+
+    with override_settings(MIDDLEWARE=MIDDLEWARE, RATEWARDEN={"ENGINE": engine}):
+        asyncio.run(main())

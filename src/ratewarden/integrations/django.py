@@ -18,6 +18,10 @@ either mode: an `AsyncRuleEngine` is awaited (or run to completion from sync
 code); a sync `RuleEngine` runs as it is under WSGI, and under ASGI inline on
 a `MemoryStore` but on a worker thread for other stores and for delays, so
 nothing that blocks or sleeps stalls the event loop.
+
+A rule file's concurrency rules hold their slots from before the view runs until
+Django closes the response (its handlers do once it is sent, a streaming body's
+last chunk too, or once the client went away), under WSGI and ASGI alike.
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ from ._request import (
     content_length,
     identity_of,
 )
+from ._slots import aadmit, agive_back, give_back, holds_slots
 from .asgi import run_engine
-from .wsgi import EnvironHeaders, log
+from .wsgi import EnvironHeaders, admitted, log
 
 __all__ = ["RateLimitMiddleware", "limit", "request_attributes"]
 
@@ -109,6 +114,66 @@ async def _check_async(
         return None
 
 
+Release = Callable[[], None]
+
+
+def _admit_sync(
+    engine: Engine, attrs: Mapping[str, object], identified: bool
+) -> tuple[Outcome | None, Release | None]:
+    """`_check_sync` with the slots of the concurrency rules: the outcome, and what
+    releases the slots an allowed request holds (from any thread but the loop's)."""
+    if isinstance(engine, RuleEngine):
+        outcome, token = admitted(engine, attrs, identified)
+        return outcome, None if token is None else functools.partial(give_back, engine, token)
+    try:
+        admission = async_to_sync(engine.aacquire)(attrs, wait=True, identified=identified)
+    except Exception:
+        log.exception("rate limiter failed; the request goes through unchecked")
+        return None, None
+    return admission.outcome, _releaser(engine, admission.token)
+
+
+async def _admit_async(
+    engine: Engine, attrs: Mapping[str, object], identified: bool
+) -> tuple[Outcome | None, str | None]:
+    """`_check_async` with the slots: the outcome and their token."""
+    try:
+        admission = await aadmit(engine, attrs, identified)
+    except Exception:
+        log.exception("rate limiter failed; the request goes through unchecked")
+        return None, None
+    return admission.outcome, admission.token
+
+
+def _releaser(engine: Engine, token: str | None) -> Release | None:
+    """What releases ``token``'s slots from sync code: Django closes a response
+    on a thread of the server's (WSGI) or of ``sync_to_async`` (ASGI), never on the
+    event loop's, so an `AsyncRuleEngine`'s release goes back to the loop."""
+    if token is None:
+        return None
+    if isinstance(engine, RuleEngine):
+        return functools.partial(give_back, engine, token)
+    return functools.partial(async_to_sync(agive_back), engine, token)
+
+
+def _holding(response: HttpResponseBase, release: Release) -> HttpResponseBase:
+    """``response``, releasing the request's slots when it is closed: Django's
+    handlers close it once it is sent (a streaming body's last chunk too), or
+    once the client went away while it was sent, under WSGI and ASGI alike."""
+    close = response.close
+    held = [release]
+
+    def close_and_release() -> None:
+        try:
+            close()
+        finally:
+            if held:  # closed once, released once
+                held.pop()()
+
+    response.close = close_and_release  # type: ignore[method-assign]
+    return response
+
+
 def _http_response(reply: Reply) -> HttpResponse:
     return HttpResponse(reply.body, status=reply.status, headers=dict(reply.headers))
 
@@ -155,19 +220,46 @@ class _Limits:
         return self.responder.passed(outcome)
 
     def run(self, request: HttpRequest, handler: Handler) -> HttpResponseBase:
-        verdict = self.before(_check_sync(self.engine, *self.attributes(request)), request)
+        if not holds_slots(self.engine):
+            verdict = self.before(_check_sync(self.engine, *self.attributes(request)), request)
+            if isinstance(verdict, HttpResponse):
+                return verdict
+            return _with_headers(handler(request), verdict)
+        outcome, release = _admit_sync(self.engine, *self.attributes(request))
+        verdict = self.before(outcome, request)
         if isinstance(verdict, HttpResponse):
             return verdict
-        return _with_headers(handler(request), verdict)
+        if release is None:
+            return _with_headers(handler(request), verdict)
+        try:
+            response = handler(request)
+        except BaseException:
+            release()
+            raise
+        return _holding(_with_headers(response, verdict), release)
 
     async def arun(
         self, request: HttpRequest, handler: Callable[[HttpRequest], Awaitable[Any]]
     ) -> HttpResponseBase:
-        outcome = await _check_async(self.engine, *self.attributes(request))
+        if not holds_slots(self.engine):
+            outcome = await _check_async(self.engine, *self.attributes(request))
+            verdict = self.before(outcome, request)
+            if isinstance(verdict, HttpResponse):
+                return verdict
+            return _with_headers(await handler(request), verdict)
+        outcome, token = await _admit_async(self.engine, *self.attributes(request))
         verdict = self.before(outcome, request)
         if isinstance(verdict, HttpResponse):
             return verdict
-        return _with_headers(await handler(request), verdict)
+        release = _releaser(self.engine, token)
+        if token is None or release is None:
+            return _with_headers(await handler(request), verdict)
+        try:
+            response = await handler(request)
+        except BaseException:  # cancelled too: the client went away before the response
+            await agive_back(self.engine, token)
+            raise
+        return _holding(_with_headers(response, verdict), release)
 
 
 def _from_settings() -> _Limits:

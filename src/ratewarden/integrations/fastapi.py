@@ -80,6 +80,11 @@ class RateLimit:
     the attributes only the application knows; one that raises is logged and
     the request decided without its identity, as the middleware does. A limiter
     that fails lets the request through (logged), as the middleware does.
+
+    A concurrency rule's rates count here, but not its slots: a dependency has no
+    point that is reached once the response is sent, whatever FastAPI's version,
+    so a slot it took would outlive the request or end before it; the ASGI
+    middleware holds them (docs/concurrency.md, "Which middleware holds the slots").
     """
 
     def __init__(
