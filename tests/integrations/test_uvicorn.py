@@ -6,7 +6,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
 import httpx
@@ -14,7 +14,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ratewarden import AsyncMemoryStore
@@ -104,3 +104,37 @@ rules:
     assert status == 200
     assert held_done >= 0.2  # it was held about one emission interval (0.25 s)
     assert free_done < held_done  # ...while the other request went through
+
+
+def test_a_client_that_goes_away_mid_stream_gives_its_slot_back() -> None:
+    """A concurrency rule's slot, held while Starlette streams a response, comes
+    back when the client closes the connection mid-stream (Starlette cancels the
+    stream when it hears the disconnect)."""
+    engine = AsyncRuleEngine(loads("""
+        rules:
+          - {name: in-flight, concurrency: 1, lease: 60, by: ip}
+        """), AsyncMemoryStore())  # fmt: skip
+
+    async def endless() -> AsyncIterator[bytes]:
+        while True:
+            yield b"x" * 1024
+            await asyncio.sleep(0.01)
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(endless())
+
+    app = Starlette(routes=[Route("/stream", stream), Route("/free", hello)],
+                    middleware=[Middleware(RateLimitMiddleware, engine=engine)])  # fmt: skip
+    with serving(app) as url, httpx.Client(base_url=url) as client:
+        with client.stream("GET", "/stream") as streaming:
+            assert streaming.status_code == 200
+            chunks = streaming.iter_bytes()  # kept: a dropped one closes the response
+            next(chunks)  # the stream is flowing: the slot is held
+            assert engine.holds.in_flight() == {"in-flight": 1}
+            assert client.get("/free").status_code == 429
+        with httpx.Client(base_url=url) as other:  # the first connection is closed
+            deadline = time.monotonic() + 10  # for the server to hear it, not a clock edge
+            while engine.holds.in_flight() != {"in-flight": 0}:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert other.get("/free").status_code == 200
