@@ -156,7 +156,11 @@ def test_the_rls_comparison_holds_the_total_each_second(tmp_path: Path) -> None:
     assert per_second == [200, 200, 200], summary(result)
     assert [t.sent for t in result.tallies] == [750, 75, 75]
     assert all(t.errors == 0 and not t.other for t in result.tallies), summary(result)
-    assert sum(t.allowed for t in result.tallies) == 600
+    # every request allowed reached the upstream (the Envoys' warm-up requests come
+    # before the load): on a busy machine one sent late falls into the next second,
+    # a window of its own, so the count is not always 600
+    reached = sum(n for second, n in result.upstream.items() if second >= result.first)
+    assert sum(t.allowed for t in result.tallies) == reached, summary(result)
     assert all(0.2 < t.denied_share < 0.45 for t in result.tallies), summary(result)
 
 
