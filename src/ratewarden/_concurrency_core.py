@@ -30,7 +30,7 @@ import time
 from typing import Final
 
 from ._errors import ConfigurationError, LeaseNotHeld, RateLimitTimeout, StoreError
-from .stores.leases import DUPLICATE, EXPIRED, MAX_PRIORITY, MIN_PRIORITY, Outcome
+from .stores.leases import DUPLICATE, EXPIRED, MAX_PRIORITY, MIN_PRIORITY, TICKET_US, Outcome
 
 __all__ = [
     "FIRST_POLL", "HELD", "LOST", "NEW", "POLL", "RELEASED", "TICKET", "TICKET_US",
@@ -38,8 +38,7 @@ __all__ = [
 ]  # fmt: skip
 
 POLL: Final = 0.05  # the longest a waiter goes without looking again (seconds)
-TICKET: Final = 0.5  # a waiter's place in line outlives its last look by this (seconds)
-TICKET_US: Final = round(TICKET * 1_000_000)
+TICKET: Final = TICKET_US / 1_000_000  # a waiter's place in line outlives its last look
 FIRST_POLL: Final = 0.001
 RENEW_AT: Final = 1 / 3  # a hold is renewed each time this part of its lease has passed
 MAX_LEASE: Final = 86_400.0  # a day: a longer lease outlives any holder worth waiting for

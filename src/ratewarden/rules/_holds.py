@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..primitives import Clock, ConfigurationError, Decision
-from ..stores.leases import BUSY, EXPIRED, OK, Place
+from ..stores.leases import BUSY, EXPIRED, OK, TICKET_US, Place
 from ..stores.leases import Outcome as LeaseOutcome
 from ._actions import Outcome
 from ._rule import CompiledRule
@@ -52,8 +52,6 @@ __all__ = ["Admission", "BadToken", "HoldStats", "Holds", "LeaseGone"]
 
 FIRST_POLL = 0.001  # a waiter's first look again (seconds), doubling up to POLL
 POLL = 0.05
-# a waiter's place in line outlives its last look by this (us): as a limiter's
-TICKET_US = 500_000
 MAX_TOKEN = 16_384  # characters: a token longer than this was never handed out
 MAX_HOLDS = 256  # slots one token names at most (one a concurrency rule that applies)
 

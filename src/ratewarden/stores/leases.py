@@ -52,6 +52,7 @@ __all__ = [
     "EXPIRED",
     "NO_PLACE",
     "OK",
+    "TICKET_US",
     "UNKNOWN",
     "AsyncLeaseStore",
     "AsyncLeases",
@@ -69,6 +70,9 @@ __all__ = [
 OK, BUSY, UNKNOWN, EXPIRED, DUPLICATE = 1, 0, 0, 2, -1
 SWEEP_FLOOR = 1024
 Op: TypeAlias = Literal["take", "renew", "release", "count", "leave"]
+# a waiter's place in line outlives its last look by this (us): a waiter that died
+# holds up the line this long at most; waiters look again every 50 ms at most
+TICKET_US = 500_000
 # priorities are clamped to what a ticket's rank holds (eight hex digits in Lua)
 MIN_PRIORITY, MAX_PRIORITY = -(2**31) + 1, 2**31 - 1
 
