@@ -14,6 +14,11 @@ import pytest
 from ratewarden import AsyncMemoryStore
 from ratewarden.server import App, Service
 
+# Sliding logs, not fixed windows: the service runs on the wall clock, and a fixed
+# window's edge falls on the minute, so a test whose checks straddle it would see a
+# fresh window (seen: a fourth login allowed out of 3/minute). A log counts the last
+# minute whenever the test runs. ENVOY's descriptors are fixed windows by Envoy's own
+# meaning: an hour's, whose edge a test straddles sixty times less often.
 RULES = textwrap.dedent("""
     version: 1
     client_ip:
@@ -21,29 +26,29 @@ RULES = textwrap.dedent("""
     rules:
       - name: login
         rate: 3/minute
-        algorithm: fixed_window
+        algorithm: sliding_window_log
         by: ip
         match: {paths: /api/login, methods: POST}
       - name: per-user
         rate: 10/minute
-        algorithm: fixed_window
+        algorithm: sliding_window_log
         by: user
       - name: search
         rate: 2/minute
-        algorithm: fixed_window
+        algorithm: sliding_window_log
         by: user
         status: 503
         match: {paths: /api/search}
       - name: comments
         rate: 1/hour
-        algorithm: fixed_window
+        algorithm: sliding_window_log
         by: user
         action: shadow_ban
         response: {status: 202, body: queued, headers: {x-queued: "yes"}}
         match: {paths: /api/comments, methods: POST}
       - name: watched
         rate: 4/minute
-        algorithm: fixed_window
+        algorithm: sliding_window_log
         action: log_only
         match: {paths: /api/watched}
 """)
@@ -52,7 +57,7 @@ ENVOY = textwrap.dedent("""
     domain: edge
     descriptors:
       - key: remote_address
-        rate_limit: {unit: minute, requests_per_unit: 2}
+        rate_limit: {unit: hour, requests_per_unit: 2}
       - key: path
         value: /blocked
         rate_limit: {unit: hour, requests_per_unit: 0}
