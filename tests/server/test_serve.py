@@ -3,9 +3,12 @@ SIGTERM, and refuses what it cannot do well."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
+import signal
 import socket
 import subprocess
 import textwrap
@@ -148,6 +151,47 @@ def test_workers_share_a_redis_store(
         codes = [grpc_check(served.grpc, "8.8.8.8") for _ in range(5)]
         assert codes == [1, 1, 1, 2, 2]
         assert served.terminate() == 0
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:  # a zombie is gone too: it only waits to be reaped
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+def test_workers_stop_when_their_parent_is_killed(
+    rules_file: Path, tmp_path: Path, redis_single: RedisServer
+) -> None:
+    """SIGKILL forwards nothing: the workers see their parent gone and stop, as on
+    SIGTERM, and leave the ports free for the next server."""
+    args = ("--config", str(rules_file), "--store", redis_single.url, "--workers", "2")
+    with serving(*args, tmp=tmp_path) as served:
+        deadline = time.monotonic() + 10
+        while len(workers := _children(served.process.pid)) < 2:
+            assert time.monotonic() < deadline, "the two workers did not start"
+            time.sleep(0.05)
+        served.process.kill()
+        served.process.wait()
+        deadline = time.monotonic() + 10  # a second's poll, then the drain
+        try:
+            while alive := [pid for pid in workers if _alive(pid)]:
+                assert time.monotonic() < deadline, f"workers {alive} outlived their parent"
+                time.sleep(0.05)
+        finally:  # none is left behind by a failure
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        with socket.socket() as sock:  # the port is free again
+            sock.bind(("127.0.0.1", served.http))
+    log = served.stderr.read_text()
+    assert log.count("is gone: this worker stops") == 2, log
 
 
 def grpc_check(port: int, ip: str, token: str | None = None) -> int:

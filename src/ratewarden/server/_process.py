@@ -1,6 +1,7 @@
 """The process ``ratewarden serve`` runs in: its open-file limit fitted to the
 listeners, the event loop (uvloop when installed), and with ``--workers`` the
-forked processes that share the HTTP socket and the gRPC port.
+forked processes that share the HTTP socket and the gRPC port, each of which
+stops when the process that forked it is gone.
 
 Both listeners take one `ConnectionLimits` (``--max-connections``, the timeouts,
 ``--max-header-bytes``), and the process's file-descriptor limit is raised to
@@ -17,6 +18,8 @@ import os
 import secrets
 import signal
 import socket
+import threading
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -82,9 +85,26 @@ def fit_descriptors(limits: ConnectionLimits, listeners: int) -> ConnectionLimit
     return replace(limits, max_connections=fitted)
 
 
-def _worker(options: ServeOptions, http_socket: socket.socket | None) -> None:
+# How often a worker looks for its parent: a parent killed outright (SIGKILL, the
+# OOM killer) forwards no signal, and workers left behind would keep serving its
+# ports, on rules no one reloads, beside the next `ratewarden serve`
+PARENT_POLL = 1.0
+
+
+def _worker(options: ServeOptions, http_socket: socket.socket | None, parent: int) -> None:
     setup_logging(options.log_format, options.log_level, _secrets(options))
+    threading.Thread(target=_stop_without, args=(parent,), name="ratewarden-parent",
+                     daemon=True).start()  # fmt: skip
     _run_loop(options, http_socket)
+
+
+def _stop_without(parent: int) -> None:
+    """Stop this worker as SIGTERM does (calls in flight finish) once ``parent`` is
+    gone: the worker is then another process's child."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL)
+    log.warning("the parent process %d is gone: this worker stops", parent)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _secrets(options: ServeOptions) -> tuple[str, ...]:
@@ -115,7 +135,9 @@ def run(options: ServeOptions) -> int:
     # one settle secret for every worker: a token one answered, another settles
     os.environ.setdefault("RATEWARDEN_SETTLE_SECRET", secrets.token_hex(32))
     context = multiprocessing.get_context("fork")  # nothing threaded has started yet
-    workers = [context.Process(target=_worker, args=(options, http_socket), daemon=False)
+    parent = os.getpid()
+    workers = [context.Process(target=_worker, args=(options, http_socket, parent),
+                               daemon=False)
                for _ in range(options.workers)]  # fmt: skip
     for worker in workers:
         worker.start()
