@@ -173,10 +173,7 @@ def test_workers_stop_when_their_parent_is_killed(
     SIGTERM, and leave the ports free for the next server."""
     args = ("--config", str(rules_file), "--store", redis_single.url, "--workers", "2")
     with serving(*args, tmp=tmp_path) as served:
-        deadline = time.monotonic() + 10
-        while len(workers := _children(served.process.pid)) < 2:
-            assert time.monotonic() < deadline, "the two workers did not start"
-            time.sleep(0.05)
+        workers = _two_workers(served.process.pid)
         served.process.kill()
         served.process.wait()
         deadline = time.monotonic() + 10  # a second's poll, then the drain
@@ -192,6 +189,65 @@ def test_workers_stop_when_their_parent_is_killed(
             sock.bind(("127.0.0.1", served.http))
     log = served.stderr.read_text()
     assert log.count("is gone: this worker stops") == 2, log
+
+
+def _two_workers(pid: int) -> list[int]:
+    deadline = time.monotonic() + 10
+    while len(workers := _children(pid)) < 2:
+        assert time.monotonic() < deadline, "the two workers did not start"
+        time.sleep(0.05)
+    return workers
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_is_replaced(
+    rules_file: Path, tmp_path: Path, redis_single: RedisServer
+) -> None:
+    args = ("--config", str(rules_file), "--store", redis_single.url, "--workers", "2")
+    with serving(*args, tmp=tmp_path) as served:
+        first = _two_workers(served.process.pid)
+        deadline = time.monotonic() + 10
+        while served.stderr.read_text().count('"serving: ') < 2:  # both serve
+            assert time.monotonic() < deadline, served.stderr.read_text()
+            time.sleep(0.05)
+        os.kill(first[0], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while True:
+            now = _children(served.process.pid)
+            if len(now) == 2 and first[0] not in now:
+                break
+            assert time.monotonic() < deadline, f"not replaced: {now}"
+            time.sleep(0.05)
+        assert first[1] in now  # the other one was left alone
+        body = {"attributes": {"path": "/other", "method": "GET", "ip": "6.6.6.6"}}
+        for _ in range(8):  # new connections: both workers answer
+            with httpx.Client(base_url=served.url) as client:
+                assert client.post("/v1/check", json=body).status_code == 200
+        assert served.terminate() == 0
+    log = served.stderr.read_text()
+    assert f"a worker (pid {first[0]}) died (exit code -9): starting another" in log, log
+
+
+@pytest.mark.slow
+def test_a_worker_that_cannot_start_stops_serve_with_its_code(
+    rules_file: Path, tmp_path: Path, redis_single: RedisServer
+) -> None:
+    """The gRPC port taken by a socket without SO_REUSEPORT: no worker can listen."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [str(RATEWARDEN), "serve", "--config", str(rules_file), "--store",
+             redis_single.url, "--workers", "2", "--http", "127.0.0.1:0",
+             "--grpc", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr  # as `serve` alone exits
+    assert "before it served: stopping the others" in done.stderr
+    assert "gRPC cannot listen on" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "starting another" not in done.stderr
 
 
 def grpc_check(port: int, ip: str, token: str | None = None) -> int:

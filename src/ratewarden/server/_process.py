@@ -1,7 +1,6 @@
 """The process ``ratewarden serve`` runs in: its open-file limit fitted to the
 listeners, the event loop (uvloop when installed), and with ``--workers`` the
-forked processes that share the HTTP socket and the gRPC port, each of which
-stops when the process that forked it is gone.
+forked processes that share the HTTP socket and the gRPC port (`_workers`).
 
 Both listeners take one `ConnectionLimits` (``--max-connections``, the timeouts,
 ``--max-header-bytes``), and the process's file-descriptor limit is raised to
@@ -12,14 +11,11 @@ process that may open a thousand files.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import multiprocessing
 import os
 import secrets
-import signal
 import socket
-import threading
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -28,6 +24,7 @@ from ._addresses import bind
 from ._connection_limits import ConnectionLimits
 from ._logging import setup_logging
 from ._serve import DEFAULT_LIMITS, ServeOptions, check_options, serve
+from ._workers import Ready, supervise
 
 __all__ = ["SPARE_DESCRIPTORS", "fit_descriptors", "run"]
 
@@ -85,40 +82,25 @@ def fit_descriptors(limits: ConnectionLimits, listeners: int) -> ConnectionLimit
     return replace(limits, max_connections=fitted)
 
 
-# How often a worker looks for its parent: a parent killed outright (SIGKILL, the
-# OOM killer) forwards no signal, and workers left behind would keep serving its
-# ports, on rules no one reloads, beside the next `ratewarden serve`
-PARENT_POLL = 1.0
-
-
-def _worker(options: ServeOptions, http_socket: socket.socket | None, parent: int) -> None:
+def _worker(options: ServeOptions, http_socket: socket.socket | None, ready: Ready) -> None:
     setup_logging(options.log_format, options.log_level, _secrets(options))
-    threading.Thread(target=_stop_without, args=(parent,), name="ratewarden-parent",
-                     daemon=True).start()  # fmt: skip
-    _run_loop(options, http_socket)
-
-
-def _stop_without(parent: int) -> None:
-    """Stop this worker as SIGTERM does (calls in flight finish) once ``parent`` is
-    gone: the worker is then another process's child."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL)
-    log.warning("the parent process %d is gone: this worker stops", parent)
-    os.kill(os.getpid(), signal.SIGTERM)
+    _run_loop(options, http_socket, ready)
 
 
 def _secrets(options: ServeOptions) -> tuple[str, ...]:
     return () if options.token is None else (options.token,)
 
 
-def _run_loop(options: ServeOptions, http_socket: socket.socket | None) -> None:
+def _run_loop(
+    options: ServeOptions, http_socket: socket.socket | None, ready: Ready | None = None
+) -> None:
     try:
         import uvloop  # noqa: PLC0415 - optional speed-up
 
         runner: Any = uvloop.run
     except ImportError:
         runner = asyncio.run
-    runner(serve(options, http_socket))
+    runner(serve(options, http_socket, ready))
 
 
 def run(options: ServeOptions) -> int:
@@ -134,28 +116,12 @@ def run(options: ServeOptions) -> int:
     http_socket = None if options.http is None else bind(options.http)
     # one settle secret for every worker: a token one answered, another settles
     os.environ.setdefault("RATEWARDEN_SETTLE_SECRET", secrets.token_hex(32))
-    context = multiprocessing.get_context("fork")  # nothing threaded has started yet
-    parent = os.getpid()
-    workers = [context.Process(target=_worker, args=(options, http_socket, parent),
-                               daemon=False)
-               for _ in range(options.workers)]  # fmt: skip
-    for worker in workers:
-        worker.start()
+    started = None
     if http_socket is not None:
         host, port = http_socket.getsockname()[:2]
-        print(f"ratewarden: {options.workers} workers, HTTP on http://{host}:{port}", flush=True)
-
-    def forward(signum: int, frame: object) -> None:
-        for worker in workers:
-            if worker.pid is not None and worker.is_alive():
-                os.kill(worker.pid, signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
-    code = 0
-    for worker in workers:
-        worker.join()
-        code = code or (worker.exitcode or 0)
+        banner = f"ratewarden: {options.workers} workers, HTTP on http://{host}:{port}"
+        started = functools.partial(print, banner, flush=True)
+    code = supervise(options.workers, functools.partial(_worker, options, http_socket), started)
     if http_socket is not None:
         http_socket.close()
     return code

@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -437,9 +438,14 @@ class _Servers:
             await self.grpc.server.stop(0)
 
 
-async def serve(options: ServeOptions, http_socket: socket.socket | None = None) -> None:
+async def serve(
+    options: ServeOptions,
+    http_socket: socket.socket | None = None,
+    ready: Callable[[], None] | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT, then drain: health says 503 / NOT_SERVING,
-    listeners close, requests in flight get ``options.drain`` seconds."""
+    listeners close, requests in flight get ``options.drain`` seconds. ``ready``
+    is called once the listeners are open."""
     from prometheus_client import disable_created_metrics  # noqa: PLC0415
 
     from ._service import Service  # noqa: PLC0415
@@ -485,6 +491,8 @@ async def serve(options: ServeOptions, http_socket: socket.socket | None = None)
         print(f"ratewarden (pid {os.getpid()}): {', '.join(servers.where)}; {rules}; "
               f"store {_redact(options.store)}{memory}", flush=True)  # fmt: skip
         log.info("serving: %s", ", ".join(servers.where))
+        if ready is not None:
+            ready()
         await servers.run_until(stop, service.health)
         log.info("stopped")
     finally:

@@ -1,0 +1,124 @@
+"""The workers of ``ratewarden serve --workers N``: processes forked from
+``serve``, sharing its HTTP socket and, through SO_REUSEPORT, the gRPC port.
+
+- SIGTERM and SIGINT sent to ``serve`` go on to every worker, which drains;
+  SIGHUP goes on too, and each worker reloads its rules.
+- A worker that dies after it began serving is replaced, at most one a second:
+  a crash costs the service one process's share for a moment, not for good.
+- A worker that dies before it served failed to start (its rules, its store, a
+  port): the others are stopped and ``serve`` exits with that worker's code, as
+  a single process that cannot start does.
+- Each worker stops, as on SIGTERM, once the process that forked it is gone: a
+  ``serve`` killed outright (SIGKILL, the OOM killer) forwards no signal, and
+  workers left behind would go on serving its ports, on rules no one reloads,
+  beside the next ``serve``.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
+from multiprocessing.context import ForkContext
+from multiprocessing.synchronize import Event
+
+from ..primitives import ConfigurationError, RatewardenError
+
+__all__ = ["PARENT_POLL", "RESTART_GAP", "Ready", "supervise"]
+
+log = logging.getLogger("ratewarden.server")
+
+PARENT_POLL = 1.0  # seconds between a worker's looks for the process that forked it
+RESTART_GAP = 1.0  # seconds at least between two replacements: no fork loop
+
+Ready = Callable[[], None]  # what a worker calls once it serves (its listeners open)
+Target = Callable[[Ready], None]  # a worker's body: it serves until told to stop
+
+
+class _Worker:
+    def __init__(self, context: ForkContext, target: Target) -> None:
+        self.ready = context.Event()
+        self.process = context.Process(
+            target=_main, args=(target, os.getpid(), self.ready), daemon=False
+        )
+        self.process.start()
+
+    def signal(self, number: int) -> None:
+        if self.process.pid is not None and self.process.is_alive():
+            os.kill(self.process.pid, number)
+
+
+def _main(target: Target, parent: int, ready: Event) -> None:
+    threading.Thread(target=_stop_without, args=(parent,), name="ratewarden-parent",
+                     daemon=True).start()  # fmt: skip
+    try:
+        target(ready.set)
+    except ConfigurationError as exc:  # said as `serve` alone says it, with its code
+        print(f"ratewarden serve: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except (RatewardenError, OSError) as exc:
+        print(f"ratewarden serve: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _stop_without(parent: int) -> None:
+    """Stop this worker as SIGTERM does (calls in flight finish) once ``parent`` is
+    gone: the worker is then another process's child."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL)
+    log.warning("the parent process %d is gone: this worker stops", parent)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def supervise(count: int, target: Target, started: Callable[[], None] | None = None) -> int:
+    """Run ``count`` workers of ``target`` until they stop (``started`` is called
+    once they are forked); the exit code of the first that failed, 0 if none did.
+    Call before anything starts a thread: the workers are forked."""
+    context = multiprocessing.get_context("fork")
+    workers = [_Worker(context, target) for _ in range(count)]
+    if started is not None:
+        started()
+    stopping = False
+
+    def forward(number: int, frame: object) -> None:
+        nonlocal stopping
+        if number != signal.SIGHUP:
+            stopping = True
+        for worker in workers:
+            worker.signal(number)
+
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, forward)
+    code = 0
+    replaced = -RESTART_GAP
+    while workers:
+        ended = wait([worker.process.sentinel for worker in workers])
+        for worker in [w for w in workers if w.process.sentinel in ended]:
+            worker.process.join()
+            workers.remove(worker)
+            exitcode = worker.process.exitcode or 0
+            if stopping:
+                code = code or exitcode
+            elif not worker.ready.is_set():
+                log.error("a worker (pid %s) exited with code %d before it served: stopping "
+                          "the others", worker.process.pid, exitcode)  # fmt: skip
+                code = code or exitcode or 1
+                stopping = True
+                for other in workers:
+                    other.signal(signal.SIGTERM)
+            else:
+                log.error("a worker (pid %s) died (exit code %d): starting another",
+                          worker.process.pid, exitcode)  # fmt: skip
+                pause = replaced + RESTART_GAP - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                replaced = time.monotonic()
+                if not stopping:  # a signal may have come meanwhile
+                    workers.append(_Worker(context, target))
+    return code
