@@ -288,7 +288,7 @@ class AsyncConcurrencyLimiter(Core):
 
     async def _renew(self) -> None:
         """The renewer: renews each hold as it falls due; ends when the limiter
-        holds nothing (the next hold starts another)."""
+        has held nothing for `LINGER` (the next hold starts another)."""
         while True:
             with self._lock:
                 hold, wait = self._renewal_due()

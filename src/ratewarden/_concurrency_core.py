@@ -41,6 +41,10 @@ POLL: Final = 0.05  # the longest a waiter goes without looking again (seconds)
 TICKET: Final = TICKET_US / 1_000_000  # a waiter's place in line outlives its last look
 FIRST_POLL: Final = 0.001
 RENEW_AT: Final = 1 / 3  # a hold is renewed each time this part of its lease has passed
+# The renewer stays this long with nothing held (and never past the first renewal a
+# hold taken meanwhile falls due for): holds one after another would each start a
+# thread otherwise, which cost a sync hold on Redis more than its two round trips' CPU
+LINGER: Final = 1.0
 MAX_LEASE: Final = 86_400.0  # a day: a longer lease outlives any holder worth waiting for
 
 # a hold's states
@@ -90,6 +94,8 @@ class Core:
         self.stats = ConcurrencyStats()
         self._stats_lock = threading.Lock()
         self._live: dict[HoldBase, float] = {}  # held holds -> when last taken/renewed
+        self._linger = min(LINGER, self.lease * RENEW_AT)
+        self._idle_until: float | None = None  # the renewer ends then, if nothing is held
 
     def _store_key(self, key: str) -> str:
         if not isinstance(key, str):
@@ -152,15 +158,24 @@ class Core:
 
     def _renewal_due(self) -> tuple[HoldBase | None, float]:
         """The hold to renew now, taken out of the live ones, or None and how long
-        until the first is due; ``(None, -1)`` when none is held. Holds sit in the
-        order they were taken or renewed, which is the order they fall due (every
-        hold of a limiter has one lease), so only the first is looked at."""
+        to wait before looking again; ``(None, -1)`` when the renewer ends: nothing
+        has been held for `LINGER`. Holds sit in the order they were taken or
+        renewed, which is the order they fall due (every hold of a limiter has one
+        lease), so only the first is looked at."""
+        now = time.monotonic()
         for hold, since in self._live.items():
-            wait = since + self.lease * RENEW_AT - time.monotonic()
+            self._idle_until = None
+            wait = since + self.lease * RENEW_AT - now
             if wait > 0:
                 return None, wait
             del self._live[hold]
             return hold, 0.0
+        if self._idle_until is None:
+            self._idle_until = now + self._linger
+        wait = self._idle_until - now
+        if wait > 0:
+            return None, wait
+        self._idle_until = None
         return None, -1.0
 
     def in_flight_here(self) -> int:

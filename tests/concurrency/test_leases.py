@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -249,3 +251,40 @@ def test_a_store_without_lease_tables_is_refused() -> None:
 
     with pytest.raises(ConfigurationError, match="DictStore keeps no lease tables"):
         ConcurrencyLimiter(1, store=DictStore(FakeClock()))  # type: ignore[arg-type]
+
+
+def test_holds_one_after_another_share_one_renewer_thread_which_ends_when_idle() -> None:
+    """The renewer outlives a release by `LINGER` (here a third of the lease):
+    holds one after another each started a thread of their own before."""
+    limiter = ratewarden.ConcurrencyLimiter(2, lease=0.3, name="renewer-reuse")
+    started = threading.active_count()
+    renewers = set()
+    for _ in range(200):
+        with limiter.hold("k"):
+            renewers.add(limiter._renewer)
+    assert len(renewers) == 1
+    assert threading.active_count() <= started + 1
+    deadline = time.monotonic() + 5
+
+    def renewer() -> threading.Thread | None:  # read anew each time (mypy narrows a field)
+        return limiter._renewer
+
+    while renewer() is not None:  # nothing held for 0.1 s: it ends
+        assert time.monotonic() < deadline, "the renewer did not end with nothing held"
+        time.sleep(0.01)
+    with limiter.hold("k"):  # and the next hold starts another
+        assert renewer() is not None
+    limiter.close()
+
+
+def test_a_hold_taken_while_the_renewer_lingers_is_renewed() -> None:
+    limiter = ratewarden.ConcurrencyLimiter(1, lease=0.3, name="renewer-linger")
+    with limiter.hold("k"):
+        pass
+    time.sleep(0.05)  # the renewer lingers, nothing held
+    with limiter.hold("k") as hold:
+        time.sleep(1.0)  # three leases: renewed all along
+        assert hold.held
+        assert limiter.in_flight("k") == 1
+    assert limiter.in_flight("k") == 0
+    limiter.close()
