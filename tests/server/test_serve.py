@@ -225,7 +225,7 @@ def test_a_worker_that_dies_is_replaced(
                 assert client.post("/v1/check", json=body).status_code == 200
         assert served.terminate() == 0
     log = served.stderr.read_text()
-    assert f"a worker (pid {first[0]}) died (exit code -9): starting another" in log, log
+    assert f"a worker (pid {first[0]}) died (killed by SIGKILL): starting another" in log, log
 
 
 @pytest.mark.slow
@@ -244,7 +244,7 @@ def test_a_worker_that_cannot_start_stops_serve_with_its_code(
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
     assert done.returncode == 2, done.stderr  # as `serve` alone exits
-    assert "before it served: stopping the others" in done.stderr
+    assert "ended (exit code 2) before it served: stopping the others" in done.stderr
     assert "gRPC cannot listen on" in done.stderr
     assert "Traceback" not in done.stderr
     assert "starting another" not in done.stderr

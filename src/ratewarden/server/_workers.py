@@ -106,15 +106,15 @@ def supervise(count: int, target: Target, started: Callable[[], None] | None = N
             if stopping:
                 code = code or exitcode
             elif not worker.ready.is_set():
-                log.error("a worker (pid %s) exited with code %d before it served: stopping "
-                          "the others", worker.process.pid, exitcode)  # fmt: skip
+                log.error("a worker (pid %s) ended (%s) before it served: stopping the "
+                          "others", worker.process.pid, _how(exitcode))  # fmt: skip
                 code = code or exitcode or 1
                 stopping = True
                 for other in workers:
                     other.signal(signal.SIGTERM)
             else:
-                log.error("a worker (pid %s) died (exit code %d): starting another",
-                          worker.process.pid, exitcode)  # fmt: skip
+                log.error("a worker (pid %s) died (%s): starting another",
+                          worker.process.pid, _how(exitcode))  # fmt: skip
                 pause = replaced + RESTART_GAP - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
@@ -122,3 +122,13 @@ def supervise(count: int, target: Target, started: Callable[[], None] | None = N
                 if not stopping:  # a signal may have come meanwhile
                     workers.append(_Worker(context, target))
     return code
+
+
+def _how(exitcode: int) -> str:
+    """How a process ended, as an operator reads it: its code, or the signal."""
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"
