@@ -170,8 +170,12 @@ class AsyncConcurrencyLimiter(Core):
             hold.state = HELD
             self._live[hold] = time.monotonic()
             # unasync: async
-            if self._renewer is None or self._renewer.done():
-                self._renewer = asyncio.get_running_loop().create_task(self._renew())
+            loop = asyncio.get_running_loop()
+            renewer = self._renewer
+            # a renewer of a loop that ended (one closed without ending its tasks)
+            # renews nothing: this loop gets its own
+            if renewer is None or renewer.done() or renewer.get_loop() is not loop:
+                self._renewer = loop.create_task(self._renew())
             # unasync: sync
             # if self._renewer is None:
             #     self._renewer = threading.Thread(

@@ -288,3 +288,24 @@ def test_a_hold_taken_while_the_renewer_lingers_is_renewed() -> None:
         assert limiter.in_flight("k") == 1
     assert limiter.in_flight("k") == 0
     limiter.close()
+
+
+def test_an_async_hold_in_a_new_loop_is_renewed_though_an_old_loop_left_its_renewer() -> None:
+    """A loop closed without ending its tasks keeps its lingering renewer pending
+    for ever: the next loop's holds get a renewer of their own."""
+    limiter = ratewarden.AsyncConcurrencyLimiter(1, lease=0.3, name="renewer-loops")
+
+    async def quick() -> None:
+        async with limiter.hold("k"):
+            pass
+
+    old = asyncio.new_event_loop()
+    old.run_until_complete(quick())
+    old.close()  # its renewer lingers, pending, never to run again
+
+    async def long() -> tuple[bool, int]:
+        async with limiter.hold("k") as hold:
+            await asyncio.sleep(1.0)  # three leases
+            return hold.held, await limiter.in_flight("k")
+
+    assert asyncio.run(long()) == (True, 1)
