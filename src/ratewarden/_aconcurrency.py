@@ -113,6 +113,17 @@ class AsyncConcurrencyLimiter(Core):
         # self._wake = threading.Condition()
         # unasync: end
 
+    def _forked(self) -> None:
+        super()._forked()
+        self._lock = threading.Lock()
+        self._renewer = None
+        # unasync: async
+        self._wakers = set()
+        self._background = set()
+        # unasync: sync
+        # self._wake = threading.Condition()
+        # unasync: end
+
     def hold(self, key: str, max_wait: float = 0.0, *, priority: int = 0) -> AsyncHold:
         """A hold of a slot of ``key``, taken on entering its block: it waits up to
         ``max_wait`` seconds, then raises `RateLimitTimeout`. Waiters are served in
@@ -177,7 +188,9 @@ class AsyncConcurrencyLimiter(Core):
             if renewer is None or renewer.done() or renewer.get_loop() is not loop:
                 self._renewer = loop.create_task(self._renew())
             # unasync: sync
-            # if self._renewer is None:
+            # # a renewer that is not alive is one of the process this one was forked
+            # # from (or one an error ended): this process gets its own
+            # if self._renewer is None or not self._renewer.is_alive():
             #     self._renewer = threading.Thread(
             #         target=self._renew, name=f"ratewarden-leases-{self.name}", daemon=True
             #     )

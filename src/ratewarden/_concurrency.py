@@ -106,6 +106,12 @@ class ConcurrencyLimiter(Core):
         self._closed = threading.Event()
         self._wake = threading.Condition()
 
+    def _forked(self) -> None:
+        super()._forked()
+        self._lock = threading.Lock()
+        self._renewer = None
+        self._wake = threading.Condition()
+
     def hold(self, key: str, max_wait: float = 0.0, *, priority: int = 0) -> Hold:
         """A hold of a slot of ``key``, taken on entering its block: it waits up to
         ``max_wait`` seconds, then raises `RateLimitTimeout`. Waiters are served in
@@ -152,7 +158,9 @@ class ConcurrencyLimiter(Core):
         with self._lock:
             hold.state = HELD
             self._live[hold] = time.monotonic()
-            if self._renewer is None:
+            # a renewer that is not alive is one of the process this one was forked
+            # from (or one an error ended): this process gets its own
+            if self._renewer is None or not self._renewer.is_alive():
                 self._renewer = threading.Thread(
                     target=self._renew, name=f"ratewarden-leases-{self.name}", daemon=True
                 )

@@ -24,9 +24,11 @@ that died holds up the line that long at most; one that gives up leaves it.
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 import threading
 import time
+import weakref
 from typing import Final
 
 from ._errors import ConfigurationError, LeaseNotHeld, RateLimitTimeout, StoreError
@@ -96,6 +98,15 @@ class Core:
         self._live: dict[HoldBase, float] = {}  # held holds -> when last taken/renewed
         self._linger = min(LINGER, self.lease * RENEW_AT)
         self._idle_until: float | None = None  # the renewer ends then, if nothing is held
+        _LIMITERS.add(self)
+
+    def _forked(self) -> None:
+        """In a child forked from this process: the parent's threads are gone, so a
+        lock one of them held at the fork would stay held for ever, and the holds
+        are the parent's to renew and release, not the child's."""
+        self._stats_lock = threading.Lock()
+        self._live.clear()
+        self._idle_until = None
 
     def _store_key(self, key: str) -> str:
         if not isinstance(key, str):
@@ -218,3 +229,16 @@ class HoldBase:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.key!r} lease {self.lease_id} {self.state}>"
+
+
+# Every limiter of this process, for the child of a fork (`Core._forked`).
+_LIMITERS: weakref.WeakSet[Core] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for limiter in list(_LIMITERS):
+        limiter._forked()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

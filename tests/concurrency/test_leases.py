@@ -309,3 +309,73 @@ def test_an_async_hold_in_a_new_loop_is_renewed_though_an_old_loop_left_its_rene
             return hold.held, await limiter.in_flight("k")
 
     assert asyncio.run(long()) == (True, 1)
+
+
+def _hold_long_in_a_child(limiter: ratewarden.ConcurrencyLimiter, out: Any) -> None:
+    with limiter.hold("k") as hold:
+        time.sleep(0.5)  # three leases
+        out.put((hold.held, limiter.in_flight("k")))
+
+
+def test_a_hold_in_a_forked_child_is_renewed_though_the_parent_had_a_renewer() -> None:
+    """Forked while the parent's renewer lingers, the child has the thread's
+    handle but not the thread: its holds get a renewer of their own."""
+    import multiprocessing  # noqa: PLC0415
+
+    limiter = ratewarden.ConcurrencyLimiter(1, lease=0.15, name="renewer-fork")
+    context = multiprocessing.get_context("fork")
+    for _ in range(3):
+        with limiter.hold("k"):
+            pass
+        out = context.Queue()
+        child = context.Process(target=_hold_long_in_a_child, args=(limiter, out))
+        child.start()
+        try:
+            assert out.get(timeout=10) == (True, 1)
+        finally:
+            child.join(10)
+            if child.exitcode is None:  # stuck: never left behind
+                child.kill()
+                child.join()
+        assert child.exitcode == 0
+    limiter.close()
+
+
+def _fork_holding(limiter: ratewarden.ConcurrencyLimiter, lock: Any) -> tuple[bool, int]:
+    """Fork while another thread holds ``lock``, and what the child's long hold saw."""
+    import multiprocessing  # noqa: PLC0415
+
+    held, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            held.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(5)
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_hold_long_in_a_child, args=(limiter, out))
+    try:
+        child.start()
+        done.set()
+        seen: tuple[bool, int] = out.get(timeout=5)
+    finally:
+        done.set()
+        thread.join()
+        child.join(5)
+        if child.exitcode is None:  # stuck on a lock it can never take: never left behind
+            child.kill()
+            child.join()
+    return seen
+
+
+def test_a_child_forked_while_a_thread_held_the_limiters_locks_can_hold() -> None:
+    """A lock another thread held at the fork stays held in the child for ever, but
+    for the limiter's reset at fork (the renewer holds one every time it looks)."""
+    limiter = ratewarden.ConcurrencyLimiter(1, lease=0.15, name="fork-lock")
+    assert _fork_holding(limiter, limiter._lock) == (True, 1)
+    assert _fork_holding(limiter, limiter._stats_lock) == (True, 1)
+    limiter.close()
