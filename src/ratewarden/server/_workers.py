@@ -28,7 +28,7 @@ from multiprocessing.connection import wait
 from multiprocessing.context import ForkContext
 from multiprocessing.synchronize import Event
 
-from ..primitives import ConfigurationError, RatewardenError
+from ..primitives import ConfigurationError, RatewardenError, StoreError
 
 __all__ = ["PARENT_POLL", "RESTART_GAP", "Ready", "supervise"]
 
@@ -59,12 +59,19 @@ def _main(target: Target, parent: int, ready: Event) -> None:
                      daemon=True).start()  # fmt: skip
     try:
         target(ready.set)
-    except ConfigurationError as exc:  # said as `serve` alone says it, with its code
+    except (RatewardenError, OSError) as exc:  # said as `serve` alone says it
         print(f"ratewarden serve: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except (RatewardenError, OSError) as exc:
-        print(f"ratewarden serve: {exc}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        sys.exit(_code(exc))
+
+
+def _code(exc: BaseException) -> int:
+    """The exit code `ratewarden serve` in one process gives the error (the CLI's
+    codes, ratewarden.cli's main: the server does not import the CLI)."""
+    if isinstance(exc, ConfigurationError | OSError):
+        return 2  # a usage error, or a file or address that cannot be had
+    if isinstance(exc, StoreError):
+        return 3  # the store does not answer
+    return 1
 
 
 def _stop_without(parent: int) -> None:
