@@ -188,8 +188,8 @@ class AsyncConcurrencyLimiter(Core):
             if renewer is None or renewer.done() or renewer.get_loop() is not loop:
                 self._renewer = loop.create_task(self._renew())
             # unasync: sync
-            # # a renewer that is not alive is one of the process this one was forked
-            # # from (or one an error ended): this process gets its own
+            # # a renewer an unforeseen error ended left its handle: another starts
+            # # (a forked child's limiters start with none, see Core._forked)
             # if self._renewer is None or not self._renewer.is_alive():
             #     self._renewer = threading.Thread(
             #         target=self._renew, name=f"ratewarden-leases-{self.name}", daemon=True

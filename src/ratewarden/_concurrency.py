@@ -158,8 +158,8 @@ class ConcurrencyLimiter(Core):
         with self._lock:
             hold.state = HELD
             self._live[hold] = time.monotonic()
-            # a renewer that is not alive is one of the process this one was forked
-            # from (or one an error ended): this process gets its own
+            # a renewer an unforeseen error ended left its handle: another starts
+            # (a forked child's limiters start with none, see Core._forked)
             if self._renewer is None or not self._renewer.is_alive():
                 self._renewer = threading.Thread(
                     target=self._renew, name=f"ratewarden-leases-{self.name}", daemon=True

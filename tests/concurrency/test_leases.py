@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -317,34 +319,40 @@ def _hold_long_in_a_child(limiter: ratewarden.ConcurrencyLimiter, out: Any) -> N
         out.put((hold.held, limiter.in_flight("k")))
 
 
+def _long_hold_in_a_child(
+    limiter: ratewarden.ConcurrencyLimiter, forked: Callable[[], None] = lambda: None
+) -> tuple[bool, int]:
+    """Fork, call ``forked``, and say what the child's long hold saw: held, and
+    the store's count of holds meanwhile. A child stuck is killed, never left."""
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_hold_long_in_a_child, args=(limiter, out))
+    child.start()
+    try:
+        forked()
+        seen: tuple[bool, int] = out.get(timeout=10)
+    finally:
+        child.join(10)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+    assert child.exitcode == 0
+    return seen
+
+
 def test_a_hold_in_a_forked_child_is_renewed_though_the_parent_had_a_renewer() -> None:
     """Forked while the parent's renewer lingers, the child has the thread's
     handle but not the thread: its holds get a renewer of their own."""
-    import multiprocessing  # noqa: PLC0415
-
     limiter = ratewarden.ConcurrencyLimiter(1, lease=0.15, name="renewer-fork")
-    context = multiprocessing.get_context("fork")
     for _ in range(3):
         with limiter.hold("k"):
             pass
-        out = context.Queue()
-        child = context.Process(target=_hold_long_in_a_child, args=(limiter, out))
-        child.start()
-        try:
-            assert out.get(timeout=10) == (True, 1)
-        finally:
-            child.join(10)
-            if child.exitcode is None:  # stuck: never left behind
-                child.kill()
-                child.join()
-        assert child.exitcode == 0
+        assert _long_hold_in_a_child(limiter) == (True, 1)
     limiter.close()
 
 
 def _fork_holding(limiter: ratewarden.ConcurrencyLimiter, lock: Any) -> tuple[bool, int]:
     """Fork while another thread holds ``lock``, and what the child's long hold saw."""
-    import multiprocessing  # noqa: PLC0415
-
     held, done = threading.Event(), threading.Event()
 
     def holder() -> None:
@@ -355,21 +363,11 @@ def _fork_holding(limiter: ratewarden.ConcurrencyLimiter, lock: Any) -> tuple[bo
     thread = threading.Thread(target=holder)
     thread.start()
     assert held.wait(5)
-    context = multiprocessing.get_context("fork")
-    out = context.Queue()
-    child = context.Process(target=_hold_long_in_a_child, args=(limiter, out))
     try:
-        child.start()
-        done.set()
-        seen: tuple[bool, int] = out.get(timeout=5)
+        return _long_hold_in_a_child(limiter, done.set)
     finally:
         done.set()
         thread.join()
-        child.join(5)
-        if child.exitcode is None:  # stuck on a lock it can never take: never left behind
-            child.kill()
-            child.join()
-    return seen
 
 
 def test_a_child_forked_while_a_thread_held_the_limiters_locks_can_hold() -> None:
