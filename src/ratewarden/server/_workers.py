@@ -3,8 +3,14 @@
 
 - SIGTERM and SIGINT sent to ``serve`` go on to every worker, which drains;
   SIGHUP goes on too, and each worker reloads its rules.
-- A worker that dies after it began serving is replaced, at most one a second:
-  a crash costs the service one process's share for a moment, not for good.
+- A worker that dies after it began serving is replaced: a crash costs the
+  service one process's share for a moment, not for good. Each worker's place
+  backs off on its own: the first replacement starts at once, the next one
+  RESTART_GAP later, each wait after it twice the last, up to RESTART_MAX, so
+  that a worker that dies on every start (a poison request, a full disk) forks
+  a few times a minute, not once a second for ever. A worker that served for
+  STABLE seconds (from its fork) gives its place the short wait again. A signal to stop ends
+  the waits at once.
 - A worker that dies before it served failed to start (its rules, its store, a
   port): the others are stopped and ``serve`` exits with that worker's code, as
   a single process that cannot start does.
@@ -17,6 +23,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -30,19 +37,44 @@ from multiprocessing.synchronize import Event
 
 from ..primitives import ConfigurationError, RatewardenError, StoreError
 
-__all__ = ["PARENT_POLL", "RESTART_GAP", "Ready", "supervise"]
+__all__ = ["PARENT_POLL", "RESTART_GAP", "RESTART_MAX", "STABLE", "Pace", "Ready", "supervise"]
 
 log = logging.getLogger("ratewarden.server")
 
 PARENT_POLL = 1.0  # seconds between a worker's looks for the process that forked it
-RESTART_GAP = 1.0  # seconds at least between two replacements: no fork loop
+RESTART_GAP = 1.0  # seconds between a place's first two replacements: no fork loop
+RESTART_MAX = 30.0  # seconds: the longest a place waits for its next worker
+STABLE = 60.0  # seconds a worker lives before its place's waits start again from the short one
+_SLICE = 0.2  # seconds: how long a signal to stop may wait while a replacement is due
 
 Ready = Callable[[], None]  # what a worker calls once it serves (its listeners open)
 Target = Callable[[Ready], None]  # a worker's body: it serves until told to stop
 
 
+class Pace:
+    """When one worker's place may start its next replacement (the module's
+    docstring says how it backs off). Times are ``time.monotonic()``'s."""
+
+    def __init__(self) -> None:
+        self.gap = RESTART_GAP
+        self.free = -math.inf  # the earliest the next replacement may start
+
+    def due(self, now: float, lived: float) -> float:
+        """When to replace a worker that died at ``now``, ``lived`` seconds after
+        it was forked."""
+        if lived >= STABLE:
+            self.gap = RESTART_GAP
+            self.free = -math.inf
+        at = max(now, self.free)
+        self.free = at + self.gap
+        self.gap = min(self.gap * 2, RESTART_MAX)
+        return at
+
+
 class _Worker:
-    def __init__(self, context: ForkContext, target: Target) -> None:
+    def __init__(self, context: ForkContext, target: Target, pace: Pace) -> None:
+        self.pace = pace
+        self.started = time.monotonic()
         self.ready = context.Event()
         self.process = context.Process(
             target=_main, args=(target, os.getpid(), self.ready), daemon=False
@@ -88,7 +120,7 @@ def supervise(count: int, target: Target, started: Callable[[], None] | None = N
     once they are forked); the exit code of the first that failed, 0 if none did.
     Call before anything starts a thread: the workers are forked."""
     context = multiprocessing.get_context("fork")
-    workers = [_Worker(context, target) for _ in range(count)]
+    workers = [_Worker(context, target, Pace()) for _ in range(count)]
     if started is not None:
         started()
     stopping = False
@@ -103,9 +135,20 @@ def supervise(count: int, target: Target, started: Callable[[], None] | None = N
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(number, forward)
     code = 0
-    replaced = -RESTART_GAP
-    while workers:
-        ended = wait([worker.process.sentinel for worker in workers])
+    due: list[tuple[float, Pace]] = []  # replacements waiting for their time
+    while True:
+        if stopping:
+            due.clear()
+        now = time.monotonic()
+        for entry in [entry for entry in due if entry[0] <= now]:
+            due.remove(entry)
+            workers.append(_Worker(context, target, entry[1]))
+        if not workers and not due:
+            return code
+        # a replacement due later is waited for in slices: a signal to stop
+        # (which retries the wait rather than ending it) is seen within one
+        timeout = min(_SLICE, min(at for at, _ in due) - now) if due else None
+        ended = wait([worker.process.sentinel for worker in workers], timeout)
         for worker in [w for w in workers if w.process.sentinel in ended]:
             worker.process.join()
             workers.remove(worker)
@@ -120,15 +163,12 @@ def supervise(count: int, target: Target, started: Callable[[], None] | None = N
                 for other in workers:
                     other.signal(signal.SIGTERM)
             else:
-                log.error("a worker (pid %s) died (%s): starting another",
-                          worker.process.pid, _how(exitcode))  # fmt: skip
-                pause = replaced + RESTART_GAP - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
-                replaced = time.monotonic()
-                if not stopping:  # a signal may have come meanwhile
-                    workers.append(_Worker(context, target))
-    return code
+                now = time.monotonic()
+                at = worker.pace.due(now, now - worker.started)
+                wait_ = f" in {at - now:.0f} s" if at > now else ""
+                log.error("a worker (pid %s) died (%s): starting another%s",
+                          worker.process.pid, _how(exitcode), wait_)  # fmt: skip
+                due.append((at, worker.pace))
 
 
 def _how(exitcode: int) -> str:

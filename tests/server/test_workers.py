@@ -1,0 +1,87 @@
+"""How `serve --workers` replaces a worker that dies: each place backs off on its
+own, and a signal to stop is not kept waiting by a replacement that is due later."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ratewarden.server._workers import RESTART_GAP, RESTART_MAX, STABLE, Pace
+
+
+def test_a_place_whose_workers_die_young_waits_twice_as_long_each_time() -> None:
+    pace = Pace()
+    now, starts = 100.0, []
+    for _ in range(8):
+        at = pace.due(now, lived=0.1)  # each dies a tenth of a second after its fork
+        starts.append(at - 100.0)
+        now = at + 0.1
+    assert starts == [0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 61.0, 91.0]
+    assert (RESTART_GAP, RESTART_MAX) == (1.0, 30.0)  # what the figures above assume
+
+
+def test_a_worker_that_lived_long_gives_its_place_the_short_wait_again() -> None:
+    pace = Pace()
+    for now in (0.0, 0.5, 1.5, 3.5):
+        pace.due(now, lived=0.5)
+    later = 1000.0
+    assert pace.due(later, lived=STABLE) == later  # at once
+    assert pace.due(later + 0.2, lived=0.2) == later + RESTART_GAP  # and then the short wait
+
+
+def test_places_back_off_apart() -> None:
+    """Workers that die together (all of them killed at once) are all replaced at once."""
+    paces = [Pace() for _ in range(4)]
+    assert [pace.due(50.0, lived=90.0) for pace in paces] == [50.0] * 4
+
+
+_DYING = textwrap.dedent("""
+    import logging, os, sys, time
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+    from ratewarden.server._workers import supervise
+
+    def target(ready):
+        ready()  # it served, then died: a crash, not a start that failed
+        time.sleep(0.05)
+        os._exit(9)
+
+    print("code", supervise(1, target), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_on_every_start_is_replaced_ever_more_slowly() -> None:
+    process = subprocess.Popen([sys.executable, "-c", _DYING], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert process.stderr is not None
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while sum("starting another" in line for line in lines) < 4:
+            assert time.monotonic() < deadline, "".join(lines)
+            line = process.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        # the fourth replacement is a few seconds away: a stop does not wait for it
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+        took = time.monotonic() - stopped
+    finally:
+        process.kill()
+        process.wait()
+    said = "".join(lines) + err
+    waits = [float(w or 0) for w in re.findall(r"starting another(?: in (\d+) s)?\n", said)]
+    assert len(waits) == 4, said
+    assert waits[0] == 0, said
+    assert 0 < waits[1] < waits[2] < waits[3], said
+    assert waits[3] >= 3, said  # once a second would be 1
+    assert took < 1.5, f"the stop waited {took:.1f} s for a replacement"
+    assert out.strip() == "code 0", (out, said)
+    assert "Traceback" not in said
