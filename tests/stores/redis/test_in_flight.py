@@ -76,3 +76,24 @@ def test_round_trips_that_start_together_share_one_connection(
         return opened
 
     assert asyncio.run(main()) == 1
+
+
+def test_a_turn_that_finds_no_round_trip_out_goes_in_two_halves(
+    redis_single: RedisServer,
+) -> None:
+    """Redis answers the first half while it runs the second: its callers' next
+    checks are made meanwhile, instead of client and server taking turns."""
+    admin = redis.Redis.from_url(redis_single.url)
+
+    async def main() -> list[Decision]:
+        store = AsyncRedisStore(redis_single.url, timeout=LIVE)
+        limiter = AsyncLimiter("1000/hour", algorithm="fixed_window", store=store, name="hv")
+        await limiter.hit("warm")
+        admin.config_resetstat()
+        decisions = await asyncio.gather(*(limiter.hit("k") for _ in range(9)))
+        await store.aclose()
+        return decisions
+
+    decisions = asyncio.run(main())
+    assert evalsha_calls(admin) == 2  # five checks, then four
+    assert [d.remaining for d in decisions] == list(range(999, 990, -1))

@@ -65,6 +65,14 @@ class Batcher:
     are go in the next; through redis-py (a cluster, Sentinel), one at a time. No
     timer: the batching window is the loop's own turn, microseconds.
 
+    A turn that finds no round trip out sends its checks in two halves, one after
+    the other: Redis answers the first while it runs the second, and the first
+    half's callers make their next checks meanwhile, which go out while the
+    second half is answered. Sent whole, a closed loop of callers (each waiting
+    for its answer to make its next check) leaves Redis idle while the client
+    works and the client idle while Redis does: 64 such callers made 100,000
+    checks a second sent whole and 165,000 in halves (bench/RESULTS.md).
+
     With a ``timeout``, each check is answered or failed within it of its
     submission: a batch must be over by its oldest check's deadline, connecting
     and reloading scripts included, so a check that waited behind a hung batch
@@ -115,20 +123,24 @@ class Batcher:
         try:
             while self.pending:
                 if self.wire is None:
-                    await self._send(self._next_batch())
+                    await self._send(self._next_batch(split=False))
                     continue
                 while len(self.sending) >= IN_FLIGHT:
                     self.slot = asyncio.get_running_loop().create_future()
                     await self.slot
-                task = asyncio.get_running_loop().create_task(self._send(self._next_batch()))
+                batch = self._next_batch(split=not self.sending)
+                task = asyncio.get_running_loop().create_task(self._send(batch))
                 self.sending.add(task)
                 task.add_done_callback(self._sent)
         finally:
             self.draining = False
 
-    def _next_batch(self) -> list[_Item]:
-        batch = self.pending[: self.max_batch]
-        del self.pending[: self.max_batch]
+    def _next_batch(self, *, split: bool) -> list[_Item]:
+        """At most ``max_batch`` of the checks waiting; with ``split``, half of
+        them (the first half of a turn that finds no round trip out)."""
+        size = min((len(self.pending) + 1) // 2 if split else len(self.pending), self.max_batch)
+        batch = self.pending[:size]
+        del self.pending[:size]
         return batch
 
     def _sent(self, task: asyncio.Task[None]) -> None:
