@@ -9,7 +9,7 @@ import pytest
 
 from ratewarden import ConfigurationError
 from ratewarden.envoy._runtime import apply_environment
-from ratewarden.server._serve import ServeOptions, add_arguments, options_from
+from ratewarden.server._serve_options import ServeOptions, add_arguments, options_from
 
 
 def parse(*argv: str) -> argparse.Namespace:

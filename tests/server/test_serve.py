@@ -418,7 +418,11 @@ def test_the_connection_cap_fits_the_open_file_limit(rules_file: Path, tmp_path:
 
 def test_instances_reach_the_store_and_bad_ones_are_refused(redis_single: RedisServer) -> None:
     from ratewarden import ConfigurationError  # noqa: PLC0415
-    from ratewarden.server._serve import ServeOptions, check_options, make_store  # noqa: PLC0415
+    from ratewarden.server._serve_options import (  # noqa: PLC0415
+        ServeOptions,
+        check_options,
+        make_store,
+    )
 
     with pytest.raises(ConfigurationError, match="--instances"):
         check_options(ServeOptions(config="rules.yaml", store=redis_single.url, instances=0))

@@ -12,7 +12,7 @@ import pytest
 from ratewarden import ConfigurationError
 from ratewarden.server import ServeOptions, add_arguments, options_from
 from ratewarden.server._connection_limits import ConnectionLimits, ServerLimits
-from ratewarden.server._serve import DEFAULT_GRPC, check_options
+from ratewarden.server._serve_options import DEFAULT_GRPC, check_options
 
 SERVICE_MD = Path(__file__).resolve().parents[2] / "docs" / "service.md"
 
@@ -129,7 +129,7 @@ def test_grpc_left_to_its_default_is_off_without_the_grpc_extra(
 ) -> None:
     assert options().grpc == DEFAULT_GRPC
     assert not options().grpc_missing
-    monkeypatch.setattr("ratewarden.server._serve.grpc_installed", lambda: False)
+    monkeypatch.setattr("ratewarden.server._serve_options.grpc_installed", lambda: False)
     assert options().grpc is None
     assert options().grpc_missing
     assert not options("--grpc", "off").grpc_missing

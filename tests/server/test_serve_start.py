@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ratewarden.server._serve import demo_rules
+from ratewarden.server._serve_options import demo_rules
 from tests.redis_server import free_port, redis_server
 from tests.server.conftest import ENVOY
 from tests.server.process import RATEWARDEN, Served, serving

@@ -7,8 +7,9 @@ gateway endpoint, over the rule engine (``pip install ratewarden[server,grpc]``)
 
 What each module holds:
 
-- the command: ``_serve`` (its options, the store, both servers on one event
-  loop, SIGTERM drains, SIGHUP and the watchers reload), ``_process`` (the
+- the command: ``_serve_options`` (its options, their checks, the store they
+  name), ``_serve`` (both servers on one event loop, SIGTERM drains, SIGHUP and
+  the watchers reload), ``_process`` (the
   open-file limit, the event loop, ``--workers``), ``_addresses`` (``HOST:PORT``
   options, the socket the workers share), ``_logging`` (lines with secrets
   blanked);
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from ._process import run
     from ._quotas import MAX_LISTED, summary
     from ._refusals import InvalidRequest
-    from ._serve import ServeOptions, add_arguments, options_from
+    from ._serve_options import ServeOptions, add_arguments, options_from
     from ._service import Service
     from ._shapes import BatchRequest, BatchResult, CheckRequest, CheckResult, DescriptorStatus
 
@@ -60,7 +61,8 @@ _WHERE = {
     "App": "_app", "auth_attributes": "_http_input", "openapi": "_openapi",
     "BatchRequest": "_shapes", "BatchResult": "_shapes", "CheckRequest": "_shapes",
     "CheckResult": "_shapes", "DescriptorStatus": "_shapes",
-    "ServeOptions": "_serve", "add_arguments": "_serve", "options_from": "_serve",
+    "ServeOptions": "_serve_options", "add_arguments": "_serve_options",
+    "options_from": "_serve_options",
     "run": "_process", "InvalidRequest": "_refusals", "Service": "_service",
     "MAX_LISTED": "_quotas", "summary": "_quotas", "outcome_result": "_check_json",
     "otel_available": "_otel",

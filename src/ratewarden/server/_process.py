@@ -23,7 +23,8 @@ from ..primitives import ConfigurationError
 from ._addresses import bind
 from ._connection_limits import ConnectionLimits
 from ._logging import setup_logging
-from ._serve import DEFAULT_LIMITS, ServeOptions, check_options, serve
+from ._serve import serve
+from ._serve_options import DEFAULT_LIMITS, ServeOptions, check_options
 from ._workers import Ready, supervise
 
 __all__ = ["SPARE_DESCRIPTORS", "fit_descriptors", "run"]
