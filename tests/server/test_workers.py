@@ -77,7 +77,7 @@ def test_a_worker_that_dies_on_every_start_is_replaced_ever_more_slowly() -> Non
         process.kill()
         process.wait()
     said = "".join(lines) + err
-    waits = [float(w or 0) for w in re.findall(r"starting another(?: in (\d+) s)?\n", said)]
+    waits = [float(w or 0) for w in re.findall(r"starting another(?: in ([\d.]+) s)?\n", said)]
     assert len(waits) == 4, said
     assert waits[0] == 0, said
     assert 0 < waits[1] < waits[2] < waits[3], said

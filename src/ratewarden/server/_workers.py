@@ -5,12 +5,12 @@
   SIGHUP goes on too, and each worker reloads its rules.
 - A worker that dies after it began serving is replaced: a crash costs the
   service one process's share for a moment, not for good. Each worker's place
-  backs off on its own: the first replacement starts at once, the next one
-  RESTART_GAP later, each wait after it twice the last, up to RESTART_MAX, so
-  that a worker that dies on every start (a poison request, a full disk) forks
-  a few times a minute, not once a second for ever. A worker that served for
-  STABLE seconds (from its fork) gives its place the short wait again. A signal to stop ends
-  the waits at once.
+  backs off on its own: its first replacement starts at once, and each later
+  one at least RESTART_GAP after the start before, then twice that, and so on
+  up to RESTART_MAX, so that a worker that dies on every start (a poison
+  request, a full disk) forks a few times a minute, not once a second for ever.
+  A worker that lived STABLE seconds (from its fork) starts its place over. A
+  signal to stop ends the waits at once.
 - A worker that dies before it served failed to start (its rules, its store, a
   port): the others are stopped and ``serve`` exits with that worker's code, as
   a single process that cannot start does.
@@ -165,7 +165,7 @@ def supervise(count: int, target: Target, started: Callable[[], None] | None = N
             else:
                 now = time.monotonic()
                 at = worker.pace.due(now, now - worker.started)
-                wait_ = f" in {at - now:.0f} s" if at > now else ""
+                wait_ = f" in {at - now:.1f} s" if at > now else ""
                 log.error("a worker (pid %s) died (%s): starting another%s",
                           worker.process.pid, _how(exitcode), wait_)  # fmt: skip
                 due.append((at, worker.pace))
