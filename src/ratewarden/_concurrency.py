@@ -70,6 +70,9 @@ class Hold(HoldBase):
 
     def release(self) -> None:
         """Give the slot back before the block ends; `LeaseNotHeld` if it is not held."""
+        if self.state == LOST:  # its lease ended unrenewed (a stalled process): said once
+            self.state = RELEASED
+            raise self._limiter._not_held(self.key, self.lease_id, EXPIRED, "release")
         if self.state != HELD:
             raise self._limiter._released_twice(self)
         self._limiter._give(self, quiet=False)

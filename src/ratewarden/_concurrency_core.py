@@ -66,6 +66,13 @@ class ConcurrencyStats:
         self.lost = 0  # holds of this limiter whose lease ended before their release
         self.waiting = 0  # callers waiting for a slot now
 
+    def __repr__(self) -> str:
+        said = ", ".join(f"{name}={getattr(self, name)}" for name in _STATS)
+        return f"ConcurrencyStats({said})"
+
+
+_STATS = ("taken", "timeouts", "reclaimed", "lost", "waiting")
+
 
 class Core:
     """What the sync and asyncio limiters share: options, keys, lease ids, the

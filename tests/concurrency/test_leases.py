@@ -24,6 +24,7 @@ from ratewarden import (
     MemoryStore,
     RateLimitTimeout,
 )
+from ratewarden._concurrency_core import LOST
 from ratewarden.stores.leases import BUSY, DUPLICATE, EXPIRED, OK, UNKNOWN, LeaseTable, Outcome
 
 T0 = 1_763_700_000_000_000
@@ -115,6 +116,22 @@ def test_release_of_an_expired_lease_says_so(fake: FakeClock) -> None:
     fake.advance(60.0)
     with pytest.raises(LeaseNotHeld, match=r"lease \(60.0s\) had ended before this release"):
         hold.release()
+
+
+def test_release_of_a_hold_whose_renewal_found_its_lease_ended_says_so_once(
+    fake: FakeClock,
+) -> None:
+    """A process stopped past its lease (SIGSTOP, a long pause): its renewer, back,
+    finds the lease gone and marks the hold lost; the one release is not a second."""
+    limiter = ConcurrencyLimiter(2, store=MemoryStore(clock=fake), lease=60.0)
+    with limiter.hold("k") as hold:
+        hold.state = LOST  # what the renewer does when a renewal finds the lease ended
+        with pytest.raises(LeaseNotHeld, match=r"lease \(60.0s\) had ended before this release"):
+            hold.release()
+    # the block's end says nothing more: it was said
+    assert repr(limiter.stats) == (
+        "ConcurrencyStats(taken=1, timeouts=0, reclaimed=0, lost=0, waiting=0)"
+    )
 
 
 def test_releasing_twice_does_not_free_a_second_slot(fake: FakeClock) -> None:
