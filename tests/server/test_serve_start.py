@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ratewarden.server._readiness import policies_said
 from ratewarden.server._serve_options import demo_rules
 from tests.redis_server import free_port, redis_server
 from tests.server.conftest import ENVOY
@@ -240,3 +241,26 @@ def test_junk_for_an_address_is_a_clear_error(flag: str, junk: str) -> None:
         f"ratewarden serve: {flag} takes HOST:PORT, a PORT (127.0.0.1:PORT) or 'off', got {junk!r}"
     )
     assert re.fullmatch(r"[^\n]+\n", done.stderr)
+
+
+@pytest.mark.parametrize(
+    ("on_failure", "envoy", "concurrency", "said"),
+    [
+        ([], False, 0, "no rules"),
+        (["fail_open", "fail_open"], False, 0, "the rules' on_failure: fail_open (2 limits)"),
+        ([], False, 1, "503 for the requests of 1 concurrency rule"),
+        (
+            ["raise"],
+            True,
+            2,
+            "the rules' on_failure: raise (1 limit); 503 for the requests of 2 concurrency"
+            " rules; envoy domains fail open",
+        ),
+    ],
+)
+def test_the_store_down_log_says_what_answers_meanwhile(
+    on_failure: list[str], envoy: bool, concurrency: int, said: str
+) -> None:
+    """Concurrency rules have no failure policy: their requests are refused, which
+    the log line says, rather than that no rules answer."""
+    assert policies_said(on_failure, envoy, concurrency) == said

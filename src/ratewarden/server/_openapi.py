@@ -63,7 +63,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
         return out
 
     def errs(*codes: int) -> dict[str, Any]:
-        words = {400: "Bad request", 401: "No valid bearer token", 404: "Unknown domain or rule",
+        words = {400: "Bad request", 401: "No valid bearer token", 404: "Unknown rule",
                  413: "Body too large",
                  422: "Invalid request", 503: "The store is unavailable"}  # fmt: skip
         return {str(c): {"description": words[c], **errors} for c in codes}
@@ -87,7 +87,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
                     "requestBody": body,
                     "responses": {
                         "200": answer("The decision", check_res),
-                        **errs(400, 401, 404, 413, 422, 503),
+                        **errs(400, 401, 413, 422, 503),
                     },
                 }
             },
@@ -98,7 +98,7 @@ def openapi(*, secured: bool = False, open_checks: bool = False) -> dict[str, An
                     "requestBody": batch_body,
                     "responses": {
                         "200": answer("One decision per check", batch_res),
-                        **errs(400, 401, 404, 413, 422, 503),
+                        **errs(400, 401, 413, 422, 503),
                     },
                 }
             },

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..primitives import RatewardenError
 from ..stores import AsyncStore
@@ -32,11 +32,17 @@ async def store_problem(store: AsyncStore) -> str | None:
     return None
 
 
-def policies_said(on_failure: list[str], envoy: bool) -> str:
-    """What answers the checks while the store does not, in a log line's words."""
+def policies_said(on_failure: Sequence[str], envoy: bool, concurrency: int = 0) -> str:
+    """What answers the checks while the store does not, in a log line's words:
+    the rate limits' failure policies (``on_failure``, one a limit), the
+    ``concurrency`` rules' refusals (a slot is never granted on a guess)."""
     counted = Counter(on_failure)
     parts = [f"{policy} ({n} limit{'s' if n > 1 else ''})" for policy, n in sorted(counted.items())]
-    said = "the rules' on_failure: " + ", ".join(parts) if parts else "no rules"
+    said = "the rules' on_failure: " + ", ".join(parts) if parts else ""
+    if concurrency:
+        rules = f"{concurrency} concurrency rule{'s' if concurrency > 1 else ''}"
+        said += ("; " if said else "") + f"503 for the requests of {rules}"
+    said = said or "no rules"
     if envoy:
         said += "; envoy domains fail open"
     return said

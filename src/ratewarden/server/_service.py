@@ -217,8 +217,9 @@ class Service:
             log.warning("runtime overrides not read yet: %s", exc)
 
     def _policies(self) -> str:
-        limits = self.engine.ruleset.limits
-        return policies_said([spec.on_failure for spec in limits], self.envoy is not None)
+        ruleset = self.engine.ruleset
+        on_failure = [spec.on_failure for spec in ruleset.limits]
+        return policies_said(on_failure, self.envoy is not None, len(ruleset.concurrent))
 
     async def aclose(self) -> None:
         await self.engine.aclose()
