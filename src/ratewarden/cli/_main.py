@@ -154,7 +154,9 @@ def build_parser(*, simulate_options: bool = True) -> argparse.ArgumentParser:
     )
     try:
         from ..server import add_arguments  # noqa: PLC0415 - the server extra, if installed
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if _missing_module(exc, "serve") is None:
+            raise  # not a package an extra brings: a broken install, shown as one
         serve.set_defaults(missing="server")
         serve.description = f"{serve.description} {_NOT_INSTALLED.format(extra='server')}"
     else:
