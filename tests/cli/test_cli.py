@@ -114,6 +114,32 @@ def test_a_missing_module_no_extra_brings_keeps_its_traceback(
         main(["check-config", "rules.yaml"])
 
 
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (ModuleNotFoundError("No module named 'yaml'", name="yaml"), None),
+        (ImportError("cannot import name 'add_arguments'"), "cannot import name"),
+        (ModuleNotFoundError("No module named 'rw.x'", name="rw.x"), "rw.x"),
+    ],
+)
+def test_serve_blames_its_extra_only_for_a_module_the_extra_brings(
+    error: ImportError, said: str | None, monkeypatch: pytest.MonkeyPatch, capsys: Capture
+) -> None:
+    """A broken install (modules of two versions) is not a missing extra."""
+    import ratewarden.server  # noqa: PLC0415
+
+    def lookup(name: str) -> object:
+        raise error
+
+    monkeypatch.setattr(ratewarden.server, "__getattr__", lookup)
+    if said is None:
+        assert main(["serve"]) == 4
+        assert one_line(capsys) == "ratewarden serve: needs: pip install 'ratewarden[server]'"
+    else:
+        with pytest.raises(ImportError, match=said):
+            main(["serve"])
+
+
 def test_an_unreachable_store_is_exit_code_3(capsys: Capture) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     assert main(["bench", "--store", url, "--seconds", "0.01"]) == 3
