@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis
 
 from ratewarden import AsyncLimiter, Decision
 from ratewarden.stores.redis import AsyncRedisStore
-from ratewarden.stores.redis._batcher import IN_FLIGHT
+from ratewarden.stores.redis._batcher import IN_FLIGHT, SPLIT_AT
 from tests.redis_server import LIVE, RedisServer
 
 TURNS = IN_FLIGHT + 2  # more turns of checks than round trips may be out
@@ -78,11 +79,13 @@ def test_round_trips_that_start_together_share_one_connection(
     assert asyncio.run(main()) == 1
 
 
-def test_a_turn_that_finds_no_round_trip_out_goes_in_two_halves(
-    redis_single: RedisServer,
+@pytest.mark.parametrize(("checks", "calls"), [(SPLIT_AT + 3, 2), (SPLIT_AT - 1, 1)])
+def test_a_large_turn_that_finds_no_round_trip_out_goes_in_two_halves(
+    redis_single: RedisServer, checks: int, calls: int
 ) -> None:
     """Redis answers the first half while it runs the second: its callers' next
-    checks are made meanwhile, instead of client and server taking turns."""
+    checks are made meanwhile, instead of client and server taking turns. A small
+    turn goes whole: a second call would cost more than it overlaps."""
     admin = redis.Redis.from_url(redis_single.url)
 
     async def main() -> list[Decision]:
@@ -90,10 +93,10 @@ def test_a_turn_that_finds_no_round_trip_out_goes_in_two_halves(
         limiter = AsyncLimiter("1000/hour", algorithm="fixed_window", store=store, name="hv")
         await limiter.hit("warm")
         admin.config_resetstat()
-        decisions = await asyncio.gather(*(limiter.hit("k") for _ in range(9)))
+        decisions = await asyncio.gather(*(limiter.hit(f"k{checks}") for _ in range(checks)))
         await store.aclose()
         return decisions
 
     decisions = asyncio.run(main())
-    assert evalsha_calls(admin) == 2  # five checks, then four
-    assert [d.remaining for d in decisions] == list(range(999, 990, -1))
+    assert evalsha_calls(admin) == calls
+    assert [d.remaining for d in decisions] == list(range(999, 999 - checks, -1))
