@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,53 @@ def test_a_worker_that_dies_on_every_start_is_replaced_ever_more_slowly() -> Non
     assert took < 1.5, f"the stop waited {took:.1f} s for a replacement"
     assert out.strip() == "code 0", (out, said)
     assert "Traceback" not in said
+
+
+_SLOW_REPLACEMENT = textwrap.dedent("""
+    import logging, os, sys, time
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+    from ratewarden.server._workers import supervise
+
+    MARK = sys.argv[1]
+
+    def target(ready):
+        if not os.path.exists(MARK):  # the first worker serves, then dies
+            open(MARK, "w").close()
+            ready()
+            time.sleep(0.05)
+            os._exit(9)
+        time.sleep(5)  # its replacement is slow to start: a stop comes meanwhile
+        ready()
+        time.sleep(60)
+
+    print("code", supervise(1, target), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_stop_while_a_replacement_starts_ends_it_cleanly(tmp_path: Path) -> None:
+    """The replacement is forked after the parent set its handlers: they must not
+    run in it (they signal the parent's workers, which a child cannot look at)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_REPLACEMENT, str(tmp_path / "mark")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stderr is not None
+    lines: list[str] = []
+    try:
+        while not any("starting another" in line for line in lines):
+            line = process.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        time.sleep(0.5)  # the replacement is forked, and starting
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+        took = time.monotonic() - stopped
+    finally:
+        process.kill()
+        process.wait()
+    said = "".join(lines) + err
+    assert "Traceback" not in said, said
+    assert out.strip() == "code 0", (out, said)
+    assert took < 2, f"the stop took {took:.1f} s"

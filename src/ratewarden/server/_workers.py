@@ -87,6 +87,14 @@ class _Worker:
 
 
 def _main(target: Target, parent: int, ready: Event) -> None:
+    # A replacement is forked from a parent whose handlers forward signals to its
+    # workers: run here, they would act on the parent's copies and fail. Until the
+    # worker's event loop takes them over (before it calls ``ready``), a stop ends
+    # a worker that serves nothing yet, with 0, and a reload is moot: its rules are
+    # read as it starts.
+    signal.signal(signal.SIGTERM, _stop_now)
+    signal.signal(signal.SIGINT, _stop_now)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     threading.Thread(target=_stop_without, args=(parent,), name="ratewarden-parent",
                      daemon=True).start()  # fmt: skip
     try:
@@ -94,6 +102,10 @@ def _main(target: Target, parent: int, ready: Event) -> None:
     except (RatewardenError, OSError) as exc:  # said as `serve` alone says it
         print(f"ratewarden serve: {exc}", file=sys.stderr, flush=True)
         sys.exit(_code(exc))
+
+
+def _stop_now(number: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def _code(exc: BaseException) -> int:
