@@ -136,3 +136,54 @@ def test_a_stop_while_a_replacement_starts_ends_it_cleanly(tmp_path: Path) -> No
     assert "Traceback" not in said, said
     assert out.strip() == "code 0", (out, said)
     assert took < 2, f"the stop took {took:.1f} s"
+
+
+_BROKEN_REPLACEMENTS = textwrap.dedent("""
+    import logging, os, sys, time
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+    from ratewarden.server._workers import supervise
+
+    MARK = sys.argv[1]
+
+    def target(ready):
+        if os.path.exists(MARK):  # the rule file is broken since the first started
+            os._exit(2)
+        open(MARK, "w").close()
+        ready()
+        time.sleep(0.05)
+        os._exit(9)
+
+    print("code", supervise(1, target), flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_replacement_that_cannot_start_is_tried_again_and_serve_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Only the first workers' failure to start stops serve: a replacement's is
+    a crash, tried again later, while the other workers serve on."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _BROKEN_REPLACEMENTS, str(tmp_path / "mark")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stderr is not None
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while sum("before it served: starting another" in line for line in lines) < 2:
+            assert time.monotonic() < deadline, "".join(lines)
+            line = process.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        assert process.poll() is None  # serve goes on
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+    finally:
+        process.kill()
+        process.wait()
+    said = "".join(lines) + err
+    assert "a replacement worker (pid" in said, said
+    assert "ended (exit code 2) before it served: starting another in" in said, said
+    assert "stopping the others" not in said, said
+    assert out.strip() == "code 0", (out, said)

@@ -11,9 +11,11 @@
   request, a full disk) forks a few times a minute, not once a second for ever.
   A worker that lived STABLE seconds (from its fork) starts its place over. A
   signal to stop ends the waits at once.
-- A worker that dies before it served failed to start (its rules, its store, a
-  port): the others are stopped and ``serve`` exits with that worker's code, as
-  a single process that cannot start does.
+- A worker of the first ones that dies before it served failed to start (its
+  rules, its store, a port): the others are stopped and ``serve`` exits with that
+  worker's code, as a single process that cannot start does. A replacement that
+  cannot start (the rule file broken since, which the running workers' reloads
+  refused) is tried again as a crash is, while the others serve on their rules.
 - Each worker stops, as on SIGTERM, once the process that forked it is gone: a
   ``serve`` killed outright (SIGKILL, the OOM killer) forwards no signal, and
   workers left behind would go on serving its ports, on rules no one reloads,
@@ -72,8 +74,11 @@ class Pace:
 
 
 class _Worker:
-    def __init__(self, context: ForkContext, target: Target, pace: Pace) -> None:
+    def __init__(
+        self, context: ForkContext, target: Target, pace: Pace, *, replacement: bool = False
+    ) -> None:
         self.pace = pace
+        self.replacement = replacement
         self.started = time.monotonic()
         self.ready = context.Event()
         self.process = context.Process(
@@ -154,7 +159,10 @@ def supervise(count: int, target: Target, started: Callable[[], None] | None = N
         now = time.monotonic()
         for entry in [entry for entry in due if entry[0] <= now]:
             due.remove(entry)
-            workers.append(_Worker(context, target, entry[1]))
+            worker = _Worker(context, target, entry[1], replacement=True)
+            workers.append(worker)
+            if stopping:  # a stop came while it was forked, maybe before the list had it
+                worker.signal(signal.SIGTERM)
         if not workers and not due:
             return code
         # a replacement due later is waited for in slices: a signal to stop
@@ -167,7 +175,7 @@ def supervise(count: int, target: Target, started: Callable[[], None] | None = N
             exitcode = worker.process.exitcode or 0
             if stopping:
                 code = code or exitcode
-            elif not worker.ready.is_set():
+            elif not worker.ready.is_set() and not worker.replacement:
                 log.error("a worker (pid %s) ended (%s) before it served: stopping the "
                           "others", worker.process.pid, _how(exitcode))  # fmt: skip
                 code = code or exitcode or 1
@@ -178,8 +186,13 @@ def supervise(count: int, target: Target, started: Callable[[], None] | None = N
                 now = time.monotonic()
                 at = worker.pace.due(now, now - worker.started)
                 wait_ = f" in {at - now:.1f} s" if at > now else ""
-                log.error("a worker (pid %s) died (%s): starting another%s",
-                          worker.process.pid, _how(exitcode), wait_)  # fmt: skip
+                if worker.ready.is_set():
+                    log.error("a worker (pid %s) died (%s): starting another%s",
+                              worker.process.pid, _how(exitcode), wait_)  # fmt: skip
+                else:  # the rule file broken since, say: the others serve on meanwhile
+                    log.error("a replacement worker (pid %s) ended (%s) before it served: "
+                              "starting another%s", worker.process.pid, _how(exitcode),
+                              wait_)  # fmt: skip
                 due.append((at, worker.pace))
 
 
