@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,40 @@ def test_places_back_off_apart() -> None:
     assert [pace.due(50.0, lived=90.0) for pace in paces] == [50.0] * 4
 
 
+@dataclass
+class Stopped:
+    said: str  # the supervisor's log, all of it
+    out: str  # what it printed: its code
+    took: float  # seconds from the SIGTERM to its end
+    alive: bool  # it still ran when the log said what was waited for
+
+
+def stop_once(script: str, args: list[str], said: str, times: int, pause: float = 0.0) -> Stopped:
+    """Run a supervisor ``script``; once its log has said ``said`` ``times`` times
+    (and ``pause`` seconds more), SIGTERM it and collect what it said."""
+    process = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert process.stderr is not None
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while sum(said in line for line in lines) < times:
+            assert time.monotonic() < deadline, "".join(lines)
+            line = process.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        time.sleep(pause)
+        alive = process.poll() is None
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=10)
+        took = time.monotonic() - stopped
+    finally:
+        process.kill()
+        process.wait()
+    return Stopped("".join(lines) + err, out.strip(), took, alive)
+
+
 _DYING = textwrap.dedent("""
     import logging, os, sys, time
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
@@ -58,33 +93,16 @@ _DYING = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_worker_that_dies_on_every_start_is_replaced_ever_more_slowly() -> None:
-    process = subprocess.Popen([sys.executable, "-c", _DYING], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert process.stderr is not None
-    lines: list[str] = []
-    try:
-        deadline = time.monotonic() + 30
-        while sum("starting another" in line for line in lines) < 4:
-            assert time.monotonic() < deadline, "".join(lines)
-            line = process.stderr.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-        # the fourth replacement is a few seconds away: a stop does not wait for it
-        stopped = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=10)
-        took = time.monotonic() - stopped
-    finally:
-        process.kill()
-        process.wait()
-    said = "".join(lines) + err
+    # stopped while the fourth replacement is a few seconds away: no wait for it
+    run = stop_once(_DYING, [], "starting another", 4)
+    said = run.said
     waits = [float(w or 0) for w in re.findall(r"starting another(?: in ([\d.]+) s)?\n", said)]
     assert len(waits) == 4, said
     assert waits[0] == 0, said
     assert 0 < waits[1] < waits[2] < waits[3], said
     assert waits[3] >= 3, said  # once a second would be 1
-    assert took < 1.5, f"the stop waited {took:.1f} s for a replacement"
-    assert out.strip() == "code 0", (out, said)
+    assert run.took < 1.5, f"the stop waited {run.took:.1f} s for a replacement"
+    assert run.out == "code 0", (run.out, said)
     assert "Traceback" not in said
 
 
@@ -113,29 +131,11 @@ _SLOW_REPLACEMENT = textwrap.dedent("""
 def test_a_stop_while_a_replacement_starts_ends_it_cleanly(tmp_path: Path) -> None:
     """The replacement is forked after the parent set its handlers: they must not
     run in it (they signal the parent's workers, which a child cannot look at)."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", _SLOW_REPLACEMENT, str(tmp_path / "mark")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert process.stderr is not None
-    lines: list[str] = []
-    try:
-        while not any("starting another" in line for line in lines):
-            line = process.stderr.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-        time.sleep(0.5)  # the replacement is forked, and starting
-        stopped = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=10)
-        took = time.monotonic() - stopped
-    finally:
-        process.kill()
-        process.wait()
-    said = "".join(lines) + err
-    assert "Traceback" not in said, said
-    assert out.strip() == "code 0", (out, said)
-    assert took < 2, f"the stop took {took:.1f} s"
+    # half a second after it was forked, the replacement is starting
+    run = stop_once(_SLOW_REPLACEMENT, [str(tmp_path / "mark")], "starting another", 1, 0.5)
+    assert "Traceback" not in run.said, run.said
+    assert run.out == "code 0", (run.out, run.said)
+    assert run.took < 2, f"the stop took {run.took:.1f} s"
 
 
 _BROKEN_REPLACEMENTS = textwrap.dedent("""
@@ -163,27 +163,11 @@ def test_a_replacement_that_cannot_start_is_tried_again_and_serve_goes_on(
 ) -> None:
     """Only the first workers' failure to start stops serve: a replacement's is
     a crash, tried again later, while the other workers serve on."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", _BROKEN_REPLACEMENTS, str(tmp_path / "mark")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert process.stderr is not None
-    lines: list[str] = []
-    try:
-        deadline = time.monotonic() + 30
-        while sum("before it served: starting another" in line for line in lines) < 2:
-            assert time.monotonic() < deadline, "".join(lines)
-            line = process.stderr.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-        assert process.poll() is None  # serve goes on
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=10)
-    finally:
-        process.kill()
-        process.wait()
-    said = "".join(lines) + err
+    run = stop_once(_BROKEN_REPLACEMENTS, [str(tmp_path / "mark")],
+                    "before it served: starting another", 2)  # fmt: skip
+    said = run.said
+    assert run.alive, said  # serve went on
     assert "a replacement worker (pid" in said, said
     assert "ended (exit code 2) before it served: starting another in" in said, said
     assert "stopping the others" not in said, said
-    assert out.strip() == "code 0", (out, said)
+    assert run.out == "code 0", (run.out, said)
