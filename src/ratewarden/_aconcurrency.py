@@ -104,28 +104,28 @@ class AsyncConcurrencyLimiter(Core):
                 " store with leases(), such as the memory or the Redis store"
             )
         self._leases = self.store.leases()
-        self._lock = threading.Lock()  # guards _live and _renewer (a thread's)
         self._released = 0  # releases so far: a waiter's cue to look again
+        # unasync: sync
+        # self._closed = threading.Event()
+        # unasync: end
+        self._per_process()
+
+    def _per_process(self) -> None:
+        """What this process's threads and event loop own: made at the start, and
+        made anew in a child forked from it (`Core._forked`)."""
+        self._lock = threading.Lock()  # guards _live and _renewer (a thread's)
         # unasync: async
         self._renewer: asyncio.Task[None] | None = None
         self._wakers: set[asyncio.Future[None]] = set()
         self._background: set[asyncio.Task[None]] = set()  # releases of abandoned takes
         # unasync: sync
         # self._renewer: threading.Thread | None = None
-        # self._closed = threading.Event()
         # self._wake = threading.Condition()
         # unasync: end
 
     def _forked(self) -> None:
         super()._forked()
-        self._lock = threading.Lock()
-        self._renewer = None
-        # unasync: async
-        self._wakers = set()
-        self._background = set()
-        # unasync: sync
-        # self._wake = threading.Condition()
-        # unasync: end
+        self._per_process()
 
     def hold(self, key: str, max_wait: float = 0.0, *, priority: int = 0) -> AsyncHold:
         """A hold of a slot of ``key``, taken on entering its block: it waits up to
