@@ -53,11 +53,14 @@ MAX_LEASE: Final = 86_400.0  # a day: a longer lease outlives any holder worth w
 NEW, HELD, RELEASED, LOST = "new", "held", "released", "lost"
 
 
+_STATS = ("taken", "timeouts", "reclaimed", "lost", "waiting")  # as the repr says them
+
+
 class ConcurrencyStats:
     """What a limiter has seen, for metrics: counters since it was made, and
     gauges of this process (``held``, ``waiting``)."""
 
-    __slots__ = ("lost", "reclaimed", "taken", "timeouts", "waiting")
+    __slots__ = _STATS
 
     def __init__(self) -> None:
         self.taken = 0  # holds that got a slot
@@ -67,11 +70,8 @@ class ConcurrencyStats:
         self.waiting = 0  # callers waiting for a slot now
 
     def __repr__(self) -> str:
-        said = ", ".join(f"{name}={getattr(self, name)}" for name in _STATS)
+        said = ", ".join(f"{name}={getattr(self, name)}" for name in self.__slots__)
         return f"ConcurrencyStats({said})"
-
-
-_STATS = ("taken", "timeouts", "reclaimed", "lost", "waiting")
 
 
 class Core:
