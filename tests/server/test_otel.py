@@ -38,7 +38,7 @@ RULES = """\
 rules:
   - name: login
     rate: 2/minute
-    algorithm: fixed_window
+    algorithm: sliding_window_log  # no minute's edge among the checks: exact on the wall clock
     by: user
     match: {paths: /login}
 """

@@ -288,7 +288,7 @@ PER_IP = textwrap.dedent("""
     rules:
       - name: per-ip
         rate: 5/minute
-        algorithm: fixed_window
+        algorithm: sliding_window_log  # no minute's edge among the checks (the wall clock)
         by: ip
 """)
 
