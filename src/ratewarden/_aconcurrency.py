@@ -46,13 +46,8 @@ class AsyncHold(HoldBase):
     ``hold.lease_id`` names its lease. Leaving the block releases the slot;
     `release` does it earlier, once."""
 
-    __slots__ = ("_limiter",)
-
-    def __init__(
-        self, limiter: AsyncConcurrencyLimiter, key: str, max_wait: float, priority: int
-    ) -> None:
-        super().__init__(limiter, key, max_wait, priority)
-        self._limiter = limiter
+    __slots__ = ()
+    _limiter: AsyncConcurrencyLimiter
 
     async def __aenter__(self) -> AsyncHold:
         await self._limiter._take(self)
@@ -191,11 +186,11 @@ class AsyncConcurrencyLimiter(Core):
             if renewer is None or renewer.done() or renewer.get_loop() is not loop:
                 self._renewer = loop.create_task(self._renew())
             # unasync: sync
-            # # a renewer an unforeseen error ended left its handle: another starts
-            # # (a forked child's limiters start with none, see Core._forked)
-            # if self._renewer is None or not self._renewer.is_alive():
+            # # a renewer that ended drops its handle, however it ended (see
+            # # _renewing); a forked child's limiters start with none (Core._forked)
+            # if self._renewer is None:
             #     self._renewer = threading.Thread(
-            #         target=self._renew, name=f"ratewarden-leases-{self.name}", daemon=True
+            #         target=self._renewing, name=f"ratewarden-leases-{self.name}", daemon=True
             #     )
             #     self._renewer.start()
             # unasync: end
@@ -305,6 +300,19 @@ class AsyncConcurrencyLimiter(Core):
         #     self._released += 1
         #     self._wake.notify_all()
         # unasync: end
+
+    # unasync: sync
+    # def _renewing(self) -> None:
+    #     """The renewer's thread. Its handle goes as it ends, by an unforeseen
+    #     error or `close` too, so that the next hold starts another; a take asks
+    #     no more than that, which is cheaper than asking the thread if it lives."""
+    #     try:
+    #         self._renew()
+    #     finally:
+    #         with self._lock:
+    #             if self._renewer is threading.current_thread():
+    #                 self._renewer = None
+    # unasync: end
 
     async def _renew(self) -> None:
         """The renewer: renews each hold as it falls due; ends when the limiter

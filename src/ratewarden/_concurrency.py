@@ -45,13 +45,8 @@ class Hold(HoldBase):
     ``hold.lease_id`` names its lease. Leaving the block releases the slot;
     `release` does it earlier, once."""
 
-    __slots__ = ("_limiter",)
-
-    def __init__(
-        self, limiter: ConcurrencyLimiter, key: str, max_wait: float, priority: int
-    ) -> None:
-        super().__init__(limiter, key, max_wait, priority)
-        self._limiter = limiter
+    __slots__ = ()
+    _limiter: ConcurrencyLimiter
 
     def __enter__(self) -> Hold:
         self._limiter._take(self)
@@ -164,11 +159,11 @@ class ConcurrencyLimiter(Core):
         with self._lock:
             hold.state = HELD
             self._live[hold] = time.monotonic()
-            # a renewer an unforeseen error ended left its handle: another starts
-            # (a forked child's limiters start with none, see Core._forked)
-            if self._renewer is None or not self._renewer.is_alive():
+            # a renewer that ended drops its handle, however it ended (see
+            # _renewing); a forked child's limiters start with none (Core._forked)
+            if self._renewer is None:
                 self._renewer = threading.Thread(
-                    target=self._renew, name=f"ratewarden-leases-{self.name}", daemon=True
+                    target=self._renewing, name=f"ratewarden-leases-{self.name}", daemon=True
                 )
                 self._renewer.start()
             self.stats.taken += 1
@@ -237,6 +232,17 @@ class ConcurrencyLimiter(Core):
         with self._wake:
             self._released += 1
             self._wake.notify_all()
+
+    def _renewing(self) -> None:
+        """The renewer's thread. Its handle goes as it ends, by an unforeseen
+        error or `close` too, so that the next hold starts another; a take asks
+        no more than that, which is cheaper than asking the thread if it lives."""
+        try:
+            self._renew()
+        finally:
+            with self._lock:
+                if self._renewer is threading.current_thread():
+                    self._renewer = None
 
     def _renew(self) -> None:
         """The renewer: renews each hold as it falls due; ends when the limiter

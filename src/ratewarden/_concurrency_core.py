@@ -218,9 +218,12 @@ def check_priority(priority: int) -> None:
 
 
 class HoldBase:
-    __slots__ = ("key", "lease_id", "max_wait", "priority", "queued_at", "state", "store_key")
+    __slots__ = (
+        "_limiter", "key", "lease_id", "max_wait", "priority", "queued_at", "state", "store_key"
+    )  # fmt: skip
 
     def __init__(self, core: Core, key: str, max_wait: float, priority: int) -> None:
+        self._limiter = core  # its limiter, which its subclass names more narrowly
         self.key = key
         self.store_key = core._store_key(key)
         self.lease_id = core._new_id()

@@ -296,6 +296,36 @@ def test_holds_one_after_another_share_one_renewer_thread_which_ends_when_idle()
     limiter.close()
 
 
+def test_a_renewer_an_error_ended_gives_way_to_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A take starts a renewer when the limiter has none; one that an unforeseen
+    error ends must drop its handle, or no hold after it would be renewed."""
+    limiter = ratewarden.ConcurrencyLimiter(1, lease=0.3, name="renewer-error")
+    broken = threading.Event()
+
+    def fails() -> Any:
+        broken.set()
+        raise RuntimeError("unforeseen")
+
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # its traceback, unprinted
+    monkeypatch.setattr(limiter, "_renewal_due", fails)
+    with limiter.hold("k"):
+        assert broken.wait(5)
+    deadline = time.monotonic() + 5
+
+    def renewer() -> threading.Thread | None:  # read anew each time (mypy narrows a field)
+        return limiter._renewer
+
+    while renewer() is not None:
+        assert time.monotonic() < deadline, "the failed renewer kept its handle"
+        time.sleep(0.01)
+    monkeypatch.undo()
+    with limiter.hold("k") as hold:
+        time.sleep(1.0)  # three leases: renewed by the new renewer
+        assert hold.held
+        assert limiter.in_flight("k") == 1
+    limiter.close()
+
+
 def test_a_hold_taken_while_the_renewer_lingers_is_renewed() -> None:
     limiter = ratewarden.ConcurrencyLimiter(1, lease=0.3, name="renewer-linger")
     with limiter.hold("k"):

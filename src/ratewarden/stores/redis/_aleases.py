@@ -20,7 +20,9 @@ from .scripts import LEASES
 
 __all__ = ["AsyncRedisLeases"]
 
-_NOT_IN_LINE = (0, 0, 0)
+# the script's reply is always its five integers: made an Outcome without
+# NamedTuple._make's count of them, which costs as much again
+_outcome = tuple.__new__
 
 
 class AsyncRedisLeases:
@@ -37,14 +39,16 @@ class AsyncRedisLeases:
         self, op: Op, key: str, lease_id: str, limit: int, lease_us: int, *, place: Place = NO_PLACE
     ) -> Outcome:
         now: int | str = "" if self._clock is None else self._clock.time_ns() // 1000
+        # the script's replies are its integers, as the client reads them
         if place is NO_PLACE:
             if op != "take":  # no ticket of its own to find: the lease key alone
                 reply = await self._call(LEASES, 1, [key, op, lease_id, limit, lease_us, now])
-                return Outcome._make(reply)
-            line = _NOT_IN_LINE
-        else:
-            line = (clamp_priority(place.priority), place.queued_at, place.ticket_us)
+                return _outcome(Outcome, reply)
+            # a take that never waits has no place in line to send (the script
+            # reads it as 0), but counts the tickets of those who wait
+            keys_args = [key, f"{key}:w", f"{key}:e", op, lease_id, limit, lease_us, now]
+            return _outcome(Outcome, await self._call(LEASES, 3, keys_args))
+        line = (clamp_priority(place.priority), place.queued_at, place.ticket_us)
         # the waiters' two sets share the lease set's hash tag (the whole key is one)
         keys_args = [key, f"{key}:w", f"{key}:e", op, lease_id, limit, lease_us, now, *line]
-        # the script's integers, as the client reads them
-        return Outcome._make(await self._call(LEASES, 3, keys_args))
+        return _outcome(Outcome, await self._call(LEASES, 3, keys_args))

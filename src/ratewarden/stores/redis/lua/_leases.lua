@@ -23,8 +23,9 @@ end
 local function int(x)
   return string.format("%d", x)
 end
--- a caller with no place in line (no ARGV[6..8]) and an op other than take sends
--- the lease key alone: no ticket is its to find, and ended ones wait for a take
+-- a caller with no place in line sends no ARGV[6..8] (read as 0); with an op
+-- other than take it sends the lease key alone: no ticket is its to find, and
+-- ended ones wait for a take
 local queued_at, ticket_us = tonumber(ARGV[7] or "0"), tonumber(ARGV[8] or "0")
 local arrival = queued_at
 if arrival == 0 then
