@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -95,51 +96,98 @@ def candidates(url: str, peer: str | None) -> tuple[dict[str, Op], list[object]]
     return ops, closing
 
 
-def measure(ops: dict[str, Op], rounds: int, n: int) -> dict[str, tuple[float, float]]:
-    """Per candidate, the minima over interleaved rounds: (wall, CPU) seconds per op."""
-    best = {name: (float("inf"), float("inf")) for name in ops}
+def server_cpu_ns(pid: int) -> int:
+    """redis-server's main thread's time on a CPU so far, in nanoseconds."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+class Figures:
+    """One candidate's figures per op: each round's wall, client CPU and
+    redis-server CPU, seconds."""
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[float, float, float]] = []
+
+    def best(self, field: int) -> float:
+        return min(r[field] for r in self.rounds)
+
+    def total_cpu(self) -> float:
+        return min(r[1] + r[2] for r in self.rounds)
+
+
+def measure(ops: dict[str, Op], rounds: int, n: int, pid: int) -> dict[str, Figures]:
+    """Interleaved rounds, the order turned each round so that none always
+    follows another; per candidate and round, per op: wall, client CPU
+    (``time.process_time``) and redis-server's CPU."""
+    found = {name: Figures() for name in ops}
     for op in ops.values():  # warm: scripts loaded, connections open
         for _ in range(200):
             op()
-    for _ in range(rounds):
-        for name, op in ops.items():
+    names = list(ops)
+    for r in range(rounds):
+        turn = r % len(names)
+        for name in names[turn:] + names[:turn]:
+            op = ops[name]
             gc.collect()
             gc.disable()
+            server0 = server_cpu_ns(pid)
             cpu0, wall0 = time.process_time(), time.perf_counter()
             for _ in range(n):
                 op()
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            server = (server_cpu_ns(pid) - server0) / 1e9
             gc.enable()
-            best[name] = (min(best[name][0], wall / n), min(best[name][1], cpu / n))
-    return best
+            found[name].rounds.append((wall / n, cpu / n, server / n))
+    return found
+
+
+def paired(
+    hold: Figures, hit: Figures, figure: Callable[[tuple[float, float, float]], float]
+) -> float:
+    """The median over rounds of a hold's ``figure`` over the hit's of the same
+    round: the machine's speed changes within seconds here, and a round's
+    two candidates ran a moment apart, where their minima may come from
+    different minutes."""
+    pairs = zip(hold.rounds, hit.rounds, strict=True)
+    return statistics.median(figure(h) / figure(b) for h, b in pairs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--ops", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--ops", type=int, default=1500)
     parser.add_argument("--peer", help="site-packages with redis-rate-limiters")
     args = parser.parse_args()
     with redis_server() as server:
+        assert server.process is not None
         ops, closing = candidates(server.url, args.peer)
         try:
-            best = measure(ops, args.rounds, args.ops)
+            found = measure(ops, args.rounds, args.ops, server.process.pid)
         finally:
             for thing in closing:
                 thing.close()  # type: ignore[attr-defined]
-    print(f"{args.rounds} interleaved rounds of {args.ops} ops; minima per op")
-    print(f"{'candidate':24} {'wall us':>8} {'CPU us':>8} {'wall/hit':>9} {'CPU/hit':>8}")
-    for name, (wall, cpu) in best.items():
-        base = best["memory hit" if name.startswith("memory") else "redis hit"]
-        print(f"{name:24} {wall * 1e6:8.2f} {cpu * 1e6:8.2f} {wall / base[0]:9.2f}"
-              f" {cpu / base[1]:8.2f}")  # fmt: skip
-    ratio = best["redis hold"][0] / best["redis hit"][0]
-    verdict = "met" if ratio <= 2.0 else "MISSED"
-    print(f"target: a Redis hold + release <= 2x one Redis hit (wall): {ratio:.2f}x, {verdict}")
-    if "redis peer semaphore" in best:
-        peer = best["redis peer semaphore"]
-        print(f"ours against the peer's semaphore: wall {best['redis hold'][0] / peer[0]:.2f}x,"
-              f" CPU {best['redis hold'][1] / peer[1]:.2f}x")  # fmt: skip
+    print(f"{args.rounds} interleaved rounds of {args.ops} ops; minima per op over the rounds")
+    print(f"{'candidate':24} {'wall us':>8} {'CPU us':>8} {'+server':>8} {'wall/hit':>9}"
+          f" {'CPU/hit':>8}")  # fmt: skip
+    for name, f in found.items():
+        base = found["memory hit" if name.startswith("memory") else "redis hit"]
+        wall, cpu, total = f.best(0), f.best(1), f.total_cpu()
+        server = "" if name.startswith("memory") else f"{total * 1e6:8.2f}"
+        print(f"{name:24} {wall * 1e6:8.2f} {cpu * 1e6:8.2f} {server:>8}"
+              f" {wall / base.best(0):9.2f} {cpu / base.best(1):8.2f}")  # fmt: skip
+    hold, hit = found["redis hold"], found["redis hit"]
+    ratio = hold.best(0) / hit.best(0)
+    pair_wall = paired(hold, hit, lambda r: r[0])
+    pair_cpu = paired(hold, hit, lambda r: r[1] + r[2])
+    print(f"redis hold over redis hit, the median of each round's ratio: wall {pair_wall:.2f}x,"
+          f" CPU (client + redis-server) {pair_cpu:.2f}x")  # fmt: skip
+    verdict = "met" if max(ratio, pair_wall) <= 2.0 else "MISSED"
+    print(f"target: a Redis hold + release <= 2x one Redis hit (wall): minima {ratio:.2f}x,"
+          f" paired {pair_wall:.2f}x, {verdict}")  # fmt: skip
+    if "redis peer semaphore" in found:
+        peer = found["redis peer semaphore"]
+        print(f"ours against the peer's semaphore: wall {hold.best(0) / peer.best(0):.2f}x,"
+              f" CPU {hold.best(1) / peer.best(1):.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
