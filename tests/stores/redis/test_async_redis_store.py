@@ -150,6 +150,42 @@ def test_async_hit_many_exact_under_concurrency(redis_single: RedisServer) -> No
     assert left == [100, 0]  # denied requests took nothing from the minute
 
 
+def test_hits_and_multi_tier_checks_in_one_batch_each_get_their_own_answer(
+    redis_single: RedisServer,
+) -> None:
+    """A turn's single checks go out as one _batch.lua call, a multi-tier check as
+    its own script in the same round trip: each caller must get its own answer
+    back, in its place, whatever the mix."""
+
+    async def main() -> tuple[list[int], list[int]]:
+        async with AsyncRedisStore(redis_single.url, timeout=LIVE) as store:
+            tag = name()
+            single = [
+                AsyncLimiter(f"{n}/hour", algorithm="fixed_window", store=store, name=f"{tag}{n}")
+                for n in (5, 9, 13)
+            ]
+            tiers = [
+                AsyncLimiter("7/hour", algorithm="token_bucket", store=store, name=tag + "t"),
+                AsyncLimiter("50/hour", algorithm="gcra", store=store, name=tag + "g"),
+            ]
+
+            async def one(i: int) -> tuple[int, bool]:
+                if i % 4 == 3:
+                    decision = await ahit_many([(limiter, "u") for limiter in tiers])
+                    return 3, decision.allowed
+                return i % 3, (await single[i % 3].hit("u")).allowed
+
+            admitted = [0, 0, 0, 0]
+            for which, allowed in await asyncio.gather(*(one(i) for i in range(240))):
+                admitted[which] += allowed
+            left = [(await limiter.peek("u")).remaining for limiter in single]
+            return admitted, left
+
+    admitted, left = asyncio.run(main())
+    assert admitted == [5, 9, 13, 7]
+    assert left == [0, 0, 0]
+
+
 def test_async_hit_many_failure_policy() -> None:
     async def main() -> None:
         async with AsyncRedisStore(f"redis://127.0.0.1:{free_port()}/0") as store:

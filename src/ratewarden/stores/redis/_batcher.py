@@ -168,12 +168,11 @@ class Batcher:
         scripts = self.scripts
         sha = scripts.sha
         commands: list[list[Any]] = [["SCRIPT", "LOAD", scripts.source(name)] for name in load]
-        merged = []
-        for script, numkeys, args, _, _ in batch:
-            if script == BATCH:
-                merged.append(args)
-            else:
-                commands.append(["EVALSHA", sha(script), numkeys, *args])
+        merged = [item[2] for item in batch if item[0] == BATCH]
+        if len(merged) < len(batch):
+            for script, numkeys, args, _, _ in batch:
+                if script != BATCH:
+                    commands.append(["EVALSHA", sha(script), numkeys, *args])
         if merged:
             keys = [args[0] for args in merged]
             checks = b"".join([args[1] for args in merged])
@@ -209,7 +208,10 @@ class Batcher:
                 self.remap = True
         if not merged:
             return results
-        together, spread, rest, at = results[-1], [], iter(results), 0
+        together = results[-1]
+        if len(merged) == len(batch) and type(together) is list:  # the usual batch: 4 each
+            return [together[at : at + 4] for at in range(0, len(together), 4)]
+        spread, rest, at = [], iter(results), 0
         for script, *_ in batch:
             if script != BATCH:
                 spread.append(next(rest))
@@ -295,10 +297,13 @@ class Batcher:
             if isinstance(exc, Exception):
                 return  # each caller has it; the drain goes on with the next batch
             raise
-        for (*_, future, _), result in zip(batch, results, strict=True):
+        for item, result in zip(batch, results, strict=True):
+            future = item[3]
             if future.done():  # its caller was cancelled
                 continue
-            if isinstance(result, StoreError):
+            if type(result) is list:  # a script's answer: the usual case first
+                future.set_result(result)
+            elif isinstance(result, StoreError):
                 future.set_exception(result)
             elif isinstance(result, Exception):
                 error = StoreUnavailable(f"redis: {result}")

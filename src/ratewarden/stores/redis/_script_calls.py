@@ -23,7 +23,8 @@ __all__ = [
 ]  # fmt: skip
 
 INF = math.inf
-_DOUBLE, _PAIR = struct.Struct(">d"), struct.Struct(">dd")
+_DOUBLE = struct.Struct(">d")
+_BATCH_HEAD = struct.Struct(">dddd")  # _batch.lua's per check: step, peek, cost, now
 _ONE = _DOUBLE.pack(1)  # _many.lua's tier at cost 1
 # How far this machine's clock may be from the Redis server's for a calendar limit
 # (calendar_window.lua's SKEW_US): the periods the client sends cover this much
@@ -51,10 +52,6 @@ class Limit:
         self.packed, self.tick_us = pack(params, tick_us), tick_us
         self.head = struct.pack(">d", self.step_id)
         self.tier_one = self.head + _DOUBLE.pack(1) + self.packed  # _many.lua's tier, cost 1
-        # _batch.lua's per-check head, by mode
-        self.heads = {
-            mode: struct.pack(">dd", self.step_id, mode == "peek") for mode in ("hit", "peek")
-        }
         self.hz, self.rule = params.hz, params.rule
         self.size = params.burst if algorithm.uses_burst else params.limit
         self.prefix, self.policy = options["prefix"], options["on_failure"]
@@ -86,8 +83,9 @@ class Limit:
         clock = self.test_clock
         now_us = -1 if clock is None else clock.time_ns() // 1000
         # a cost past 2^53 is denied all the same, and would not pack as a double
-        packed_cost = _PAIR.pack(min(cost, EXACT), now_us)
-        return [self.prefix + key, self.heads[mode] + packed_cost + self.packed]
+        cost = cost if cost < EXACT else EXACT
+        head = _BATCH_HEAD.pack(self.step_id, mode == "peek", cost, now_us)
+        return [self.prefix + key, head + self.packed]
 
     def answer(self, result: list[int]) -> Decision:
         if self.breaker.failures:
