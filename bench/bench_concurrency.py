@@ -9,11 +9,15 @@ that our redis-py serves both. Without it the peer is left out.
 
 Starts its own redis-server on a free loopback port. Single thread, sync, one
 key, a free slot every time (the cost of taking and giving back, not of
-waiting). Candidates run interleaved in rounds; per candidate the minimum over
-the rounds of the wall time and of the process's CPU time (user + system,
-``time.process_time``) per operation, and each as a ratio to the bare hit on
-the same store. The target: a Redis hold plus its release costs at most 2x one
-Redis hit (wall), marked met or missed.
+waiting). Candidates run interleaved in rounds, the order turned each round;
+per candidate the minimum over the rounds of the wall time, of the process's CPU
+time (user + system, ``time.process_time``) and, on Redis, of that plus
+redis-server's (its main thread's ``/proc/<pid>/schedstat``), per operation, and
+each as a ratio to the bare hit on the same store. Beside the minima, the median
+over rounds of a round's hold-to-hit ratio: this machine's speed moves within
+seconds, and two minima may come from different moments. The target: a Redis
+hold plus its release costs at most 2x one Redis hit (wall), by both, marked met
+or missed.
 
 What each does per operation:
 

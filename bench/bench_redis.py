@@ -23,7 +23,10 @@ marked met or missed: the async checks/s against limits', four tiers in one
 cheapest strategy.
 
 The minimum is the figure to read: the machine has two cores, shared by the client,
-the server and whatever else runs. Beside every peer, what it promises less than
+the server and whatever else runs. Its speed also moves within seconds, so one
+candidate's minimum may come from a quick moment that another never met; each
+target is also judged by the median over rounds of the ratio within a round,
+whose candidates ran a moment apart. Beside every peer, what it promises less than
 ours (ours: Redis's clock, a denied request counts nowhere, windows aligned to the
 epoch, exact integers, one atomic script call per check).
 """
@@ -294,38 +297,57 @@ def main() -> None:
         for label, c in rates.items():
             print(f"{label:<50}{min(c.wall):>7.1f}{min(c.client):>8.1f}{min(c.server):>8.1f}"
                   f"{min(c.cpu):>7.1f}{1e6 / min(c.wall):>10.0f}")  # fmt: skip
-    print("\ntargets (minima over the rounds):")
+    print("\ntargets (by the minima over the rounds, and by the median of each round's ratio):")
     for line in targets(funcs, rates):
         print(f"  {line}")
 
 
-def targets(funcs: dict[str, Candidate], rates: dict[str, Candidate]) -> list[str]:
-    """The three figures the issue asks for, each with whether it is met."""
+def per_round(a: list[float], b: list[float]) -> float:
+    """The median over rounds of ``a``'s figure over ``b``'s in the same round. The
+    machine's speed moves within seconds here, so one candidate's minimum can come
+    from a quick moment the other never met; a round's candidates ran a moment apart."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "MISSED"
+
+def targets(funcs: dict[str, Candidate], rates: dict[str, Candidate]) -> list[str]:
+    """The three figures the issue asks for, each with whether it is met: by the
+    minima over the rounds, and by the median of each round's own ratio."""
+
+    def verdict(ok: bool, paired_ok: bool) -> str:
+        return f"minima {'met' if ok else 'MISSED'}, rounds {'met' if paired_ok else 'MISSED'}"
 
     lines = []
     if rates:
         ours, limits = (rates[k] for k in rates)
         speed = min(limits.wall) / min(ours.wall)
+        paired = per_round(limits.wall, ours.wall)
         cpu = min(limits.cpu) / min(ours.cpu)
-        lines.append(f"async, 64 callers: {speed:.1f}x limits' checks/s (target >= 10x:"
-                     f" {verdict(speed >= 10)}); {cpu:.1f}x less CPU per check")  # fmt: skip
+        lines.append(f"async, 64 callers: {speed:.1f}x limits' checks/s, {paired:.1f}x by rounds"
+                     f" (target >= 10x: {verdict(speed >= 10, paired >= 10)});"
+                     f" {cpu:.1f}x less CPU per check")  # fmt: skip
     one, four = (funcs[f"ratewarden hit_many, {n}"] for n in ("1 tier", "4 tiers"))
     for label, pick in (("wall", "wall"), ("CPU", "cpu")):
         ratio = min(getattr(four, pick)) / min(getattr(one, pick))
-        lines.append(f"4 tiers in one hit_many, {label}: {ratio:.2f}x one tier (target <= 1.3x:"
-                     f" {verdict(ratio <= 1.3)})")  # fmt: skip
-    # ours: the costliest of our algorithms; each peer: its cheapest strategy
-    ours_cpu = max(min(funcs[f"ratewarden {a}"].cpu) for a in ALGORITHMS)
+        paired = per_round(getattr(four, pick), getattr(one, pick))
+        said = verdict(ratio <= 1.3, paired <= 1.3)
+        lines.append(f"4 tiers in one hit_many, {label}: {ratio:.2f}x one tier, {paired:.2f}x by"
+                     f" rounds (target <= 1.3x: {said})")  # fmt: skip
+    # ours: the costliest of our algorithms; each peer: its cheapest strategy (in a
+    # round: that round's costliest and cheapest)
+    ours = [funcs[f"ratewarden {a}"].cpu for a in ALGORITHMS]
+    ours_cpu = max(min(c) for c in ours)
+    ours_rounds = [max(r) for r in zip(*ours, strict=True)]
     for peer in ("limits", "throttled-py", "pyrate-limiter"):
+        theirs_all = [c for k, c in funcs.items() if k.startswith(peer + " ")]
         name, c = min(((k, c) for k, c in funcs.items() if k.startswith(peer + " ")),
                       key=lambda kc: min(kc[1].cpu))  # fmt: skip
         theirs = min(c.cpu)
+        paired = per_round([min(r) for r in zip(*(c.cpu for c in theirs_all), strict=True)],
+                           ours_rounds)  # fmt: skip
+        said = verdict(ours_cpu < theirs, paired > 1)
         lines.append(f"sync CPU per check, client + server: ours (costliest algorithm)"
-                     f" {ours_cpu:.1f} us vs {name} {theirs:.1f} us:"
-                     f" {theirs / ours_cpu:.2f}x ({verdict(ours_cpu < theirs)})")  # fmt: skip
+                     f" {ours_cpu:.1f} us vs {name} {theirs:.1f} us: {theirs / ours_cpu:.2f}x,"
+                     f" {paired:.2f}x by rounds ({said})")  # fmt: skip
     return lines
 
 
