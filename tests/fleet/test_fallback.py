@@ -73,7 +73,7 @@ class Fleet:
                 self.clock.now = edge
             else:
                 self.clock.now = self.due[i]
-                self.members[i].share.asked += self.rates[i] * self.intervals[i] // 10**9
+                self.members[i].share.demand.asked += self.rates[i] * self.intervals[i] // 10**9
                 self.refresh(self.members[i])
                 self.due[i] += self.intervals[i]
             assert self.spending() <= self.total, self.state()
@@ -149,8 +149,8 @@ def test_a_record_that_ends_while_its_member_spends_holds_the_others_back() -> N
     fleet = Fleet(2, config, [1000, 1000])
     big, small = fleet.members
     for _ in range(3):
-        big.share.asked += 900
-        small.share.asked += 2_000
+        big.share.demand.asked += 900
+        small.share.demand.asked += 2_000
         fleet.clock.now += 1_000_000_000
         fleet.refresh(big)
         fleet.refresh(small)
@@ -158,10 +158,10 @@ def test_a_record_that_ends_while_its_member_spends_holds_the_others_back() -> N
     fleet.up = False
     fleet.refresh(big)  # cut off alone; its lease has not ended yet
     fleet.up = True
-    small.share.asked += 5_000
+    small.share.demand.asked += 5_000
     fleet.refresh(small)
     fleet.clock.now += 600_000_000  # big's record has ended, big still spends
-    small.share.asked += 5_000
+    small.share.demand.asked += 5_000
     fleet.refresh(small)
     fleet.clock.now += 1_000_000_000  # past the window edge
     assert fleet.spending() <= fleet.total, fleet.state()
@@ -174,8 +174,8 @@ def test_leases_that_end_one_after_another_shrink_before_anyone_grows() -> None:
     fleet = Fleet(2, config, [1000, 1000])
     big, small = fleet.members
     for _ in range(3):
-        big.share.asked += 900
-        small.share.asked += 100
+        big.share.demand.asked += 900
+        small.share.demand.asked += 100
         fleet.clock.now += 1_000_000_000
         fleet.refresh(small)
         fleet.refresh(big)

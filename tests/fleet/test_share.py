@@ -129,7 +129,7 @@ def test_a_cut_scales_the_grant_at_once() -> None:
 def test_report_measures_asked_and_used_per_window() -> None:
     share = Share(S, now=0)
     given_grant(share, 10_000, 0)
-    share.asked = 30
+    share.demand.asked = 30
     for _ in range(10):
         share.take(S // 2)
     assert share.report(2 * S) == (15_000, 10_000, 5_000)  # over two windows
@@ -204,21 +204,21 @@ def test_demand_that_stops_is_dropped_at_once() -> None:
     callers that stopped have stopped."""
     share = Share(S, now=0)
     given_grant(share, 1_000_000, 0)
-    share.asked = 851
+    share.demand.asked = 851
     assert share.report(S)[0] == 851_000
     assert share.report(2 * S)[0] == 0
-    share.asked = 3
+    share.demand.asked = 3
     assert share.report(3 * S)[0] == 1_500  # 3 in the 2 quiet seconds, not the busy one
 
 
 def test_a_period_too_short_to_measure_repeats_the_last_figures() -> None:
     share = Share(S, now=0)
     given_grant(share, 10_000, 0)
-    share.asked = 8
+    share.demand.asked = 8
     assert share.report(S, S // 2)[0] == 8_000
-    share.asked = 1  # one call a millisecond after: not a rate of 1000 a second
+    share.demand.asked = 1  # one call a millisecond after: not a rate of 1000 a second
     assert share.report(S + 1_000_000, S // 2)[0] == 8_000
-    share.asked += 3
+    share.demand.asked += 3
     # the period went on (4 calls), and too few calls bring the period before in: 12 in 2 s
     assert share.report(2 * S, S // 2)[0] == 6_000
 
@@ -249,7 +249,7 @@ def test_a_call_more_or_less_is_the_same_demand() -> None:
     given_grant(share, 200_000, 0)
     wants = []
     for k, asked in enumerate([147, 148, 147, 147, 148, 150, 160]):
-        share.asked = asked
+        share.demand.asked = asked
         wants.append(share.report((k + 1) * S)[0])
     assert wants == [147_000] * 5 + [150_000, 160_000]
 

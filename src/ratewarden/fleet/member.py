@@ -128,7 +128,7 @@ class Member:
             least = int(self.known.get("refresh_ms", "1000")) * 500_000  # half, in ns
             restore = {k: v for k, v in self.known.items() if k not in _TRANSIENT}
         now = self.clock.time_ns()
-        if self.known is not None and now - self.share.period_start >= least:
+        if self.known is not None and now - self.share.demand.period_start >= least:
             self.measured += 1  # a period long enough to measure a rate ends
         wants, has, used = self.share.report(now, least)
         told = self._told()
