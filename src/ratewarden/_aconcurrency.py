@@ -187,12 +187,15 @@ class AsyncConcurrencyLimiter(Core):
                 self._renewer = loop.create_task(self._renew())
             # unasync: sync
             # # a renewer that ended drops its handle, however it ended (see
-            # # _renewing); a forked child's limiters start with none (Core._forked)
+            # # _renewing); a forked child's limiters start with none (Core._forked).
+            # # The handle is kept once the thread runs: one that failed to start
+            # # leaves none, and the next take tries again
             # if self._renewer is None:
-            #     self._renewer = threading.Thread(
+            #     renewer = threading.Thread(
             #         target=self._renewing, name=f"ratewarden-leases-{self.name}", daemon=True
             #     )
-            #     self._renewer.start()
+            #     renewer.start()  # it waits for this lock before it reads the handle
+            #     self._renewer = renewer
             # unasync: end
             self.stats.taken += 1
 

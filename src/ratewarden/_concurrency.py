@@ -160,12 +160,15 @@ class ConcurrencyLimiter(Core):
             hold.state = HELD
             self._live[hold] = time.monotonic()
             # a renewer that ended drops its handle, however it ended (see
-            # _renewing); a forked child's limiters start with none (Core._forked)
+            # _renewing); a forked child's limiters start with none (Core._forked).
+            # The handle is kept once the thread runs: one that failed to start
+            # leaves none, and the next take tries again
             if self._renewer is None:
-                self._renewer = threading.Thread(
+                renewer = threading.Thread(
                     target=self._renewing, name=f"ratewarden-leases-{self.name}", daemon=True
                 )
-                self._renewer.start()
+                renewer.start()  # it waits for this lock before it reads the handle
+                self._renewer = renewer
             self.stats.taken += 1
 
     def _wait(self, hold: Hold, outcome: Outcome) -> None:

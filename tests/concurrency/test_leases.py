@@ -326,6 +326,28 @@ def test_a_renewer_an_error_ended_gives_way_to_another(monkeypatch: pytest.Monke
     limiter.close()
 
 
+def test_a_renewer_that_failed_to_start_is_started_by_the_next_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread that cannot start (the process out of threads) must leave no
+    handle behind, or no later hold of the limiter would be renewed."""
+    limiter = ratewarden.ConcurrencyLimiter(1, lease=0.3, name="renewer-start")
+
+    def cannot_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    with pytest.raises(RuntimeError, match="can't start new thread"), limiter.hold("k"):
+        pass
+    monkeypatch.undo()
+    time.sleep(0.35)  # the first hold's lease, never released, ends
+    with limiter.hold("k") as hold:
+        time.sleep(1.0)  # three leases: renewed by a renewer that did start
+        assert hold.held
+        assert limiter.in_flight("k") == 1
+    limiter.close()
+
+
 def test_a_hold_taken_while_the_renewer_lingers_is_renewed() -> None:
     limiter = ratewarden.ConcurrencyLimiter(1, lease=0.3, name="renewer-linger")
     with limiter.hold("k"):

@@ -209,7 +209,8 @@ class Batcher:
         if not merged:
             return results
         together = results[-1]
-        if len(merged) == len(batch) and type(together) is list:  # the usual batch: 4 each
+        # the usual batch: single checks only, four integers each
+        if len(merged) == len(batch) and type(together) is list and len(together) == 4 * len(batch):
             return [together[at : at + 4] for at in range(0, len(together), 4)]
         spread, rest, at = [], iter(results), 0
         for script, *_ in batch:
