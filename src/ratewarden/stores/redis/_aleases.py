@@ -40,15 +40,13 @@ class AsyncRedisLeases:
     ) -> Outcome:
         now: int | str = "" if self._clock is None else self._clock.time_ns() // 1000
         # the script's replies are its integers, as the client reads them
-        if place is NO_PLACE:
-            if op != "take":  # no ticket of its own to find: the lease key alone
-                reply = await self._call(LEASES, 1, [key, op, lease_id, limit, lease_us, now])
-                return _outcome(Outcome, reply)
-            # a take that never waits has no place in line to send (the script
-            # reads it as 0), but counts the tickets of those who wait
-            keys_args = [key, f"{key}:w", f"{key}:e", op, lease_id, limit, lease_us, now]
-            return _outcome(Outcome, await self._call(LEASES, 3, keys_args))
-        line = (clamp_priority(place.priority), place.queued_at, place.ticket_us)
-        # the waiters' two sets share the lease set's hash tag (the whole key is one)
-        keys_args = [key, f"{key}:w", f"{key}:e", op, lease_id, limit, lease_us, now, *line]
+        if place is NO_PLACE and op != "take":  # no ticket to find: the lease key alone
+            reply = await self._call(LEASES, 1, [key, op, lease_id, limit, lease_us, now])
+            return _outcome(Outcome, reply)
+        # the waiters' two sets share the lease set's hash tag (the whole key is one);
+        # a take that never waits has no place in line to send (the script reads it
+        # as 0), but counts the tickets of those who wait
+        keys_args = [key, f"{key}:w", f"{key}:e", op, lease_id, limit, lease_us, now]
+        if place is not NO_PLACE:
+            keys_args += (clamp_priority(place.priority), place.queued_at, place.ticket_us)
         return _outcome(Outcome, await self._call(LEASES, 3, keys_args))
