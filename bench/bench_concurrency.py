@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -44,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.redis_server import redis_server
 
+from _rounds import per_round, server_cpu_ns
 from ratewarden import ConcurrencyLimiter, Limiter, MemoryStore
 from ratewarden.stores.redis import RedisStore
 
@@ -100,11 +100,6 @@ def candidates(url: str, peer: str | None) -> tuple[dict[str, Op], list[object]]
     return ops, closing
 
 
-def server_cpu_ns(pid: int) -> int:
-    """redis-server's main thread's time on a CPU so far, in nanoseconds."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
-
-
 class Figures:
     """One candidate's figures per op: each round's wall, client CPU and
     redis-server CPU, seconds."""
@@ -148,12 +143,8 @@ def measure(ops: dict[str, Op], rounds: int, n: int, pid: int) -> dict[str, Figu
 def paired(
     hold: Figures, hit: Figures, figure: Callable[[tuple[float, float, float]], float]
 ) -> float:
-    """The median over rounds of a hold's ``figure`` over the hit's of the same
-    round: the machine's speed changes within seconds here, and a round's
-    two candidates ran a moment apart, where their minima may come from
-    different minutes."""
-    pairs = zip(hold.rounds, hit.rounds, strict=True)
-    return statistics.median(figure(h) / figure(b) for h, b in pairs)
+    """A hold's ``figure`` over the hit's, judged round by round (see `_rounds`)."""
+    return per_round([figure(r) for r in hold.rounds], [figure(r) for r in hit.rounds])
 
 
 def main() -> None:

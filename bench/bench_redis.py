@@ -58,6 +58,7 @@ from pyrate_limiter import Limiter as PyrateLimiter
 from pyrate_limiter import Rate as PyrateRate
 from tests.redis_server import redis_server
 
+from _rounds import per_round, server_cpu_ns
 from ratewarden import AsyncLimiter, Limiter, hit_many
 from ratewarden.stores.redis import AsyncRedisStore, RedisStore
 
@@ -169,11 +170,6 @@ def server_cmd_us(admin: redis.Redis) -> float:
     stats = {k: v for k, v in stats.items() if k not in ("config|resetstat", "info", "config")}
     scripts = {k: v for k, v in stats.items() if k.startswith(("eval", "fcall"))}
     return float(sum(v["usec"] for v in (scripts or stats).values()))
-
-
-def server_cpu_ns(pid: int) -> int:
-    """redis-server's main thread's time on a CPU so far, in nanoseconds."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 async def async_rates(
@@ -300,13 +296,6 @@ def main() -> None:
     print("\ntargets (by the minima over the rounds, and by the median of each round's ratio):")
     for line in targets(funcs, rates):
         print(f"  {line}")
-
-
-def per_round(a: list[float], b: list[float]) -> float:
-    """The median over rounds of ``a``'s figure over ``b``'s in the same round. The
-    machine's speed moves within seconds here, so one candidate's minimum can come
-    from a quick moment the other never met; a round's candidates ran a moment apart."""
-    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 def targets(funcs: dict[str, Candidate], rates: dict[str, Candidate]) -> list[str]:
