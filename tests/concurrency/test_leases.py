@@ -272,6 +272,26 @@ def test_a_store_without_lease_tables_is_refused() -> None:
         ConcurrencyLimiter(1, store=DictStore(FakeClock()))  # type: ignore[arg-type]
 
 
+def _wait_for_no_renewer(limiter: ratewarden.ConcurrencyLimiter, why: str) -> None:
+    """Until the limiter's renewer has dropped its handle (5 s at most: else ``why``)."""
+    deadline = time.monotonic() + 5
+
+    def renewer() -> threading.Thread | None:  # read anew each time (mypy narrows a field)
+        return limiter._renewer
+
+    while renewer() is not None:
+        assert time.monotonic() < deadline, why
+        time.sleep(0.01)
+
+
+def _held_through_three_leases(limiter: ratewarden.ConcurrencyLimiter) -> None:
+    """A hold of a limiter of a 0.3 s lease, 1 s long: held all along, so renewed."""
+    with limiter.hold("k") as hold:
+        time.sleep(1.0)
+        assert hold.held
+        assert limiter.in_flight("k") == 1
+
+
 def test_holds_one_after_another_share_one_renewer_thread_which_ends_when_idle() -> None:
     """The renewer outlives a release by `LINGER` (here a third of the lease):
     holds one after another each started a thread of their own before."""
@@ -283,16 +303,10 @@ def test_holds_one_after_another_share_one_renewer_thread_which_ends_when_idle()
             renewers.add(limiter._renewer)
     assert len(renewers) == 1
     assert threading.active_count() <= started + 1
-    deadline = time.monotonic() + 5
-
-    def renewer() -> threading.Thread | None:  # read anew each time (mypy narrows a field)
-        return limiter._renewer
-
-    while renewer() is not None:  # nothing held for 0.1 s: it ends
-        assert time.monotonic() < deadline, "the renewer did not end with nothing held"
-        time.sleep(0.01)
+    # nothing held for 0.1 s: it ends
+    _wait_for_no_renewer(limiter, "the renewer did not end with nothing held")
     with limiter.hold("k"):  # and the next hold starts another
-        assert renewer() is not None
+        assert limiter._renewer is not None
     limiter.close()
 
 
@@ -310,19 +324,9 @@ def test_a_renewer_an_error_ended_gives_way_to_another(monkeypatch: pytest.Monke
     monkeypatch.setattr(limiter, "_renewal_due", fails)
     with limiter.hold("k"):
         assert broken.wait(5)
-    deadline = time.monotonic() + 5
-
-    def renewer() -> threading.Thread | None:  # read anew each time (mypy narrows a field)
-        return limiter._renewer
-
-    while renewer() is not None:
-        assert time.monotonic() < deadline, "the failed renewer kept its handle"
-        time.sleep(0.01)
+    _wait_for_no_renewer(limiter, "the failed renewer kept its handle")
     monkeypatch.undo()
-    with limiter.hold("k") as hold:
-        time.sleep(1.0)  # three leases: renewed by the new renewer
-        assert hold.held
-        assert limiter.in_flight("k") == 1
+    _held_through_three_leases(limiter)  # renewed by the new renewer
     limiter.close()
 
 
@@ -341,10 +345,7 @@ def test_a_renewer_that_failed_to_start_is_started_by_the_next_hold(
         pass
     monkeypatch.undo()
     time.sleep(0.35)  # the first hold's lease, never released, ends
-    with limiter.hold("k") as hold:
-        time.sleep(1.0)  # three leases: renewed by a renewer that did start
-        assert hold.held
-        assert limiter.in_flight("k") == 1
+    _held_through_three_leases(limiter)  # renewed by a renewer that did start
     limiter.close()
 
 
@@ -353,10 +354,7 @@ def test_a_hold_taken_while_the_renewer_lingers_is_renewed() -> None:
     with limiter.hold("k"):
         pass
     time.sleep(0.05)  # the renewer lingers, nothing held
-    with limiter.hold("k") as hold:
-        time.sleep(1.0)  # three leases: renewed all along
-        assert hold.held
-        assert limiter.in_flight("k") == 1
+    _held_through_three_leases(limiter)
     assert limiter.in_flight("k") == 0
     limiter.close()
 
