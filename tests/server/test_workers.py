@@ -77,17 +77,24 @@ def stop_once(script: str, args: list[str], said: str, times: int, pause: float 
     return Stopped("".join(lines) + err, out.strip(), took, alive)
 
 
-_DYING = textwrap.dedent("""
-    import logging, os, sys, time
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
-    from ratewarden.server._workers import supervise
+def supervisor(target: str) -> str:
+    """A script that runs one worker of ``target`` (the source that defines it)
+    under `supervise`, logs to stderr and prints ``code`` and its exit code."""
+    head = """
+        import logging, os, sys, time
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+        from ratewarden.server._workers import supervise
+    """
+    end = 'print("code", supervise(1, target), flush=True)'
+    return textwrap.dedent(head) + textwrap.dedent(target) + end + "\n"
+
+
+_DYING = supervisor("""
 
     def target(ready):
         ready()  # it served, then died: a crash, not a start that failed
         time.sleep(0.05)
         os._exit(9)
-
-    print("code", supervise(1, target), flush=True)
 """)
 
 
@@ -106,10 +113,7 @@ def test_a_worker_that_dies_on_every_start_is_replaced_ever_more_slowly() -> Non
     assert "Traceback" not in said
 
 
-_SLOW_REPLACEMENT = textwrap.dedent("""
-    import logging, os, sys, time
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
-    from ratewarden.server._workers import supervise
+_SLOW_REPLACEMENT = supervisor("""
 
     MARK = sys.argv[1]
 
@@ -122,8 +126,6 @@ _SLOW_REPLACEMENT = textwrap.dedent("""
         time.sleep(5)  # its replacement is slow to start: a stop comes meanwhile
         ready()
         time.sleep(60)
-
-    print("code", supervise(1, target), flush=True)
 """)
 
 
@@ -138,10 +140,7 @@ def test_a_stop_while_a_replacement_starts_ends_it_cleanly(tmp_path: Path) -> No
     assert run.took < 2, f"the stop took {run.took:.1f} s"
 
 
-_BROKEN_REPLACEMENTS = textwrap.dedent("""
-    import logging, os, sys, time
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
-    from ratewarden.server._workers import supervise
+_BROKEN_REPLACEMENTS = supervisor("""
 
     MARK = sys.argv[1]
 
@@ -152,8 +151,6 @@ _BROKEN_REPLACEMENTS = textwrap.dedent("""
         ready()
         time.sleep(0.05)
         os._exit(9)
-
-    print("code", supervise(1, target), flush=True)
 """)
 
 
