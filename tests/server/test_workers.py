@@ -3,6 +3,8 @@ own, and a signal to stop is not kept waiting by a replacement that is due later
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -54,8 +56,10 @@ class Stopped:
 def stop_once(script: str, args: list[str], said: str, times: int, pause: float = 0.0) -> Stopped:
     """Run a supervisor ``script``; once its log has said ``said`` ``times`` times
     (and ``pause`` seconds more), SIGTERM it and collect what it said."""
-    process = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # a session of its own: a worker the test leaves behind, hung, is killed with it
+    process = subprocess.Popen([sys.executable, "-c", script, *args], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)  # fmt: skip
     assert process.stderr is not None
     lines: list[str] = []
     try:
@@ -72,7 +76,8 @@ def stop_once(script: str, args: list[str], said: str, times: int, pause: float 
         out, err = process.communicate(timeout=10)
         took = time.monotonic() - stopped
     finally:
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     return Stopped("".join(lines) + err, out.strip(), took, alive)
 
@@ -168,3 +173,35 @@ def test_a_replacement_that_cannot_start_is_tried_again_and_serve_goes_on(
     assert "ended (exit code 2) before it served: starting another in" in said, said
     assert "stopping the others" not in said, said
     assert run.out == "code 0", (run.out, said)
+
+
+_STUBBORN_START = supervisor("""
+
+    import asyncio
+
+    async def stubborn():  # a task of the start that a cancel does not end
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+
+    def target(ready):
+        async def start():
+            asyncio.get_running_loop().create_task(stubborn())
+            print("starting", file=sys.stderr, flush=True)
+            await asyncio.sleep(3600)  # its listeners never open: no ready()
+
+        asyncio.run(start())
+""")
+
+
+@pytest.mark.slow
+def test_a_stop_while_a_worker_starts_its_event_loop_ends_it_at_once() -> None:
+    """A stop that comes while a worker's event loop starts (before the loop
+    takes the signals over) must end the worker, not unwind into the loop's
+    shutdown, which waits for every task: one a cancel does not end hung serve."""
+    run = stop_once(_STUBBORN_START, [], "starting", 1)
+    assert run.out == "code 0", (run.out, run.said)
+    assert run.took < 2, f"the stop took {run.took:.1f} s"
+    assert "Traceback" not in run.said, run.said

@@ -95,8 +95,8 @@ def _main(target: Target, parent: int, ready: Event) -> None:
     # A replacement is forked from a parent whose handlers forward signals to its
     # workers: run here, they would act on the parent's copies and fail. Until the
     # worker's event loop takes them over (before it calls ``ready``), a stop ends
-    # a worker that serves nothing yet, with 0, and a reload is moot: its rules are
-    # read as it starts.
+    # a worker that serves nothing yet at once, with 0, and a reload is moot: its
+    # rules are read as it starts.
     signal.signal(signal.SIGTERM, _stop_now)
     signal.signal(signal.SIGINT, _stop_now)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -110,7 +110,11 @@ def _main(target: Target, parent: int, ready: Event) -> None:
 
 
 def _stop_now(number: int, frame: object) -> None:
-    raise SystemExit(0)
+    # Not an exception: raised wherever the start has got to, inside an event
+    # loop half made, it unwinds through the loop's shutdown, which waits for
+    # every task to end and can wait for ever on one that a cancel does not end.
+    # A worker that serves nothing yet has nothing to drain or flush.
+    os._exit(0)
 
 
 def _code(exc: BaseException) -> int:
